@@ -1,0 +1,141 @@
+"""Engine throughput, side by side in one process on the same requests:
+the engine at --max-rows B, the same engine one row at a time (max_rows 1), optionally the
+uncached reference loop, and (with --references) prefix reuse on vs off.
+
+Every row runs its full frame budget (EOS stopping off) so each mode does identical work."""
+from __future__ import annotations
+
+import json
+import resource
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from .engine import Engine, EngineConfig
+from .reference import reference_generate
+from .types import Request, upstream_sampling
+
+FRAME_RATE = 44100 / 2048  # codec frames per second of audio
+
+
+def _workload(loaded, args) -> list[Request]:
+    rng = np.random.default_rng(args.seed)
+    c = loaded.config
+    sampling = upstream_sampling(c.family)
+    refs = []
+    for i in range(args.references):
+        codes = rng.integers(0, c.codebook_size, (c.num_codebooks, args.reference_frames))
+        prefix = np.zeros((1 + c.num_codebooks, args.reference_frames + 2), np.int64)
+        prefix[0, 0] = loaded.im_end_id  # a text column, then the reference frames
+        prefix[0, 1:-1] = codes[0] + c.semantic_begin_id
+        prefix[1:, 1:-1] = codes
+        prefix[0, -1] = loaded.im_end_id
+        refs.append(prefix)
+    requests = []
+    for i in range(args.rows):
+        text_len = max(1, int(args.prompt_len * rng.uniform(0.5, 1.5)))
+        frames = max(1, int(args.frames * rng.uniform(0.5, 1.5)))
+        text = np.zeros((1 + c.num_codebooks, text_len), np.int64)
+        text[0] = rng.integers(32, 127, text_len)  # printable byte tokens
+        if refs:
+            ref = refs[i % len(refs)]
+            prompt = np.concatenate([ref, text], axis=1)
+            requests.append(Request(f"r{i}", prompt, frames, replace(sampling, seed=i), stop_on_eos=False,
+                                    prefix_key=f"ref{i % len(refs)}", prefix_len=ref.shape[1]))
+        else:
+            requests.append(Request(f"r{i}", text, frames, replace(sampling, seed=i), stop_on_eos=False))
+    return requests
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _row(mode: str, results, wall: float, kv_bytes: int) -> dict:
+    frames = sum(r.frames for r in results)
+    errors = [r.error for r in results if r.error]
+    if errors:
+        raise RuntimeError(f"{mode}: {len(errors)} request(s) failed, e.g. {errors[0]}")
+    first = sorted(r.first_frame_ms for r in results)
+    return {
+        "mode": mode, "rows": len(results), "frames": frames, "wall_s": wall,
+        "frames_per_s": frames / wall, "rows_per_s": len(results) / wall,
+        "rtf": frames / FRAME_RATE / wall,
+        "ttff_ms_p50": first[len(first) // 2], "ttff_ms_first": first[0],
+        # per row, decode wall time per frame (one step's latency as that row saw it)
+        "decode_step_ms": sum(r.decode_ms for r in results) / max(1, frames),
+        "peak_rss_mib": _rss_mib(), "kv_bytes": kv_bytes,
+    }
+
+
+def _run_engine(loaded, requests, max_rows, args, use_prefix=True) -> tuple[dict, list]:
+    max_tokens = max(r.prompt.shape[1] + r.max_frames for r in requests)
+    engine = Engine(loaded, EngineConfig(max_rows=max_rows, max_tokens=max_tokens,
+                                         prefix_cache_entries=max(8, args.references)))
+    if not use_prefix:
+        requests = [replace(r, prefix_key=None, prefix_len=0) for r in requests]
+    engine.generate(requests[:1])  # warm-up (allocator, kernels); not timed
+    if use_prefix:  # start cold: the warm-up must not pre-fill the prefix cache
+        engine.prefixes = type(engine.prefixes)(engine.prefixes.capacity)
+    t0 = time.perf_counter()
+    results = engine.generate(requests)
+    wall = time.perf_counter() - t0
+    mode = f"engine max_rows={max_rows}" + ("" if use_prefix or not args.references else " no-prefix-reuse")
+    row = _row(mode, results, wall, engine.kv_bytes()["total"])
+    row["prefix_hits"] = engine.prefixes.hits
+    del engine
+    return row, results
+
+
+def run_bench(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    if args.checkpoint:
+        from .loader import load_model
+        loaded = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
+    else:
+        from .tiny import random_model
+        loaded = random_model(args.size, seed=args.seed, device=args.device, dtype=args.dtype,
+                              max_seq_len=max(4096, 2 * (args.prompt_len + args.frames + args.reference_frames)))
+    load_s = time.perf_counter() - t0
+    requests = _workload(loaded, args)
+    rows = []
+    batched, batched_results = _run_engine(loaded, requests, args.max_rows, args)
+    rows.append(batched)
+    if args.references:
+        rows.append(_run_engine(loaded, requests, args.max_rows, args, use_prefix=False)[0])
+    single, single_results = _run_engine(loaded, requests, 1, args)
+    rows.append(single)
+    same = all(np.array_equal(a.codes, b.codes) for a, b in zip(batched_results, single_results))
+    if args.uncached:
+        t = time.perf_counter()
+        results = [reference_generate(loaded, replace(r, prefix_key=None)) for r in requests]
+        rows.append(_row("uncached reference", results, time.perf_counter() - t, 0))
+    report = {
+        "model": str(loaded.checkpoint_dir), "parameters": sum(p.numel() for p in loaded.model.parameters()),
+        "dtype": str(loaded.dtype), "device": str(loaded.device), "threads": torch.get_num_threads(),
+        "rows": args.rows, "max_rows": args.max_rows, "prompt_len": args.prompt_len, "frames": args.frames,
+        "references": args.references, "load_s": load_s,
+        "speedup_batched_vs_single": batched["frames_per_s"] / single["frames_per_s"],
+        "batched_codes_equal_single": same, "modes": rows,
+    }
+    print(f"model {report['model']} ({report['parameters'] / 1e6:.1f}M params, {report['dtype']}, "
+          f"{report['device']}, {report['threads']} threads), {args.rows} rows, prompt ~{args.prompt_len}, "
+          f"frames ~{args.frames}, references {args.references}")
+    header = f"{'mode':<34}{'frames/s':>10}{'rows/s':>9}{'RTF':>8}{'TTFF p50 ms':>13}{'step ms':>9}{'peak RSS MiB':>14}{'KV MiB':>9}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['mode']:<34}{r['frames_per_s']:>10.1f}{r['rows_per_s']:>9.2f}{r['rtf']:>8.2f}"
+              f"{r['ttff_ms_p50']:>13.0f}{r['decode_step_ms']:>9.1f}{r['peak_rss_mib']:>14.0f}"
+              f"{r['kv_bytes'] / 2**20:>9.1f}")
+    print(f"batched / one-row-at-a-time frames/s: {report['speedup_batched_vs_single']:.2f}x; "
+          f"batched codes identical to one-at-a-time: {same}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0

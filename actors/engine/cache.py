@@ -1,0 +1,130 @@
+"""The slot KV cache: fixed `max_rows` slots x `max_tokens` positions, allocated once per
+engine and reused; who owns which slot and how long each slot's sequence is; a bounded cache
+of shared prompt prefixes (e.g. one reference voice used by many rows)."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .config import ModelConfig
+from .model import LayerKV
+
+
+class CacheMismatchError(RuntimeError):
+    pass
+
+
+class SlotKVCache:
+    def __init__(self, config: ModelConfig, max_rows: int, max_tokens: int,
+                 device: torch.device, dtype: torch.dtype, model_id: int):
+        if max_rows < 1 or max_tokens < 2:
+            raise ValueError(f"the KV cache needs max_rows >= 1 and max_tokens >= 2, got {max_rows}, {max_tokens}")
+        self.config, self.max_rows, self.max_tokens = config, max_rows, max_tokens
+        self.device, self.dtype, self.model_id = device, dtype, model_id
+        c = config
+
+        def alloc(slots, heads, length, head_dim):
+            return LayerKV(k=torch.zeros(slots, heads, length, head_dim, device=device, dtype=dtype),
+                           v=torch.zeros(slots, heads, length, head_dim, device=device, dtype=dtype))
+
+        self.slow = [alloc(max_rows, c.n_local_heads, max_tokens, c.head_dim) for _ in range(c.n_layer)]
+        # The fast stack's cache lives for one frame (num_codebooks positions) and is indexed
+        # by batch position, not slot: every decode step rebuilds it from position 0.
+        self.fast = [alloc(max_rows, c.fast_n_local_heads, c.num_codebooks, c.fast_head_dim)
+                     for _ in range(c.n_fast_layer)]
+        self.lengths = [0] * max_rows
+        self.owner: list[Optional[str]] = [None] * max_rows
+
+    # -- contracts ---------------------------------------------------------------------
+    def check_compatible(self, model_id: int, device: torch.device, dtype: torch.dtype) -> None:
+        """A cache never serves another model, dtype or device (DESIGN.md §3.2)."""
+        if model_id != self.model_id:
+            raise CacheMismatchError("this KV cache was allocated for a different model instance")
+        if torch.device(device) != torch.device(self.device) or dtype != self.dtype:
+            raise CacheMismatchError(f"this KV cache holds {self.dtype} on {self.device}, "
+                                     f"the model runs {dtype} on {device}")
+
+    # -- slots -------------------------------------------------------------------------
+    def free_slots(self) -> int:
+        return sum(o is None for o in self.owner)
+
+    def allocate(self, owner: str) -> int:
+        for slot, o in enumerate(self.owner):  # lowest free slot keeps live slots contiguous
+            if o is None:
+                self.owner[slot] = owner
+                self.lengths[slot] = 0
+                return slot
+        raise RuntimeError("no free KV slot")
+
+    def release(self, slot: int) -> None:
+        self.owner[slot] = None
+        self.lengths[slot] = 0
+
+    # -- sizes -------------------------------------------------------------------------
+    @property
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def bytes(self) -> dict:
+        """Allocated bytes, which equal the formulas of DESIGN.md §3.8."""
+        c, e = self.config, self.element_size
+        slow = 2 * c.n_layer * self.max_rows * self.max_tokens * c.n_local_heads * c.head_dim * e
+        fast = 2 * c.n_fast_layer * self.max_rows * c.num_codebooks * c.fast_n_local_heads * c.fast_head_dim * e
+        return {"slow": slow, "fast": fast, "total": slow + fast}
+
+    def allocated_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for layer in self.slow + self.fast for t in (layer.k, layer.v))
+
+
+@dataclass
+class _Prefix:
+    tokens: np.ndarray
+    layers: list[LayerKV]  # [n_kv, P, head_dim] per layer
+
+
+class PrefixCache:
+    """LRU of prompt-prefix K/V keyed by the caller's prefix key, verified against the exact
+    prefix tokens so a stale or colliding key can never leak another prompt's K/V."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._entries: "OrderedDict[str, _Prefix]" = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def lookup(self, key: str, tokens: np.ndarray) -> Optional[_Prefix]:
+        entry = self._entries.get(key)
+        if entry is None or entry.tokens.shape != tokens.shape or not np.array_equal(entry.tokens, tokens):
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return entry
+
+    def store(self, key: str, tokens: np.ndarray, cache: SlotKVCache, slot: int) -> None:
+        if self.capacity <= 0:
+            return
+        n = tokens.shape[1]
+        layers = [LayerKV(k=l.k[slot, :, :n].clone(), v=l.v[slot, :, :n].clone()) for l in cache.slow]
+        self._entries[key] = _Prefix(tokens=tokens.copy(), layers=layers)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    @staticmethod
+    def restore(entry: _Prefix, cache: SlotKVCache, slot: int) -> int:
+        n = entry.tokens.shape[1]
+        for src, dst in zip(entry.layers, cache.slow):
+            dst.k[slot, :, :n] = src.k
+            dst.v[slot, :, :n] = src.v
+        return n
+
+    def bytes(self) -> int:
+        return sum(l.k.numel() * l.k.element_size() * 2 for e in self._entries.values() for l in e.layers)
+
+    def __len__(self) -> int:
+        return len(self._entries)

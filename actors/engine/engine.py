@@ -1,0 +1,312 @@
+"""The batched dual-AR generation engine: continuous batching over fixed KV slots.
+
+Roles follow vLLM: the scheduler (`Engine.generate`) admits queued requests into free slots,
+prefills them (chunked, offset causal masks), then every step decodes one frame for all live
+rows together — one batched slow step, then the batched fast stack over the codebooks — and
+retires rows that stop, freeing their slot at once for the next request. Each row keeps its
+own slot, random stream and stop state, so its result is what it would have produced alone.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import numpy as np
+import torch
+
+from .cache import PrefixCache, SlotKVCache
+from .decoding import Candidates, RowDecoder, first_code, pick_code, pick_main
+from .loader import LoadedModel
+from .types import STOP_BUDGET, STOP_EOS, STOP_ERROR, Request, Result
+
+
+@dataclass
+class EngineConfig:
+    """max_rows: KV slots = rows decoded together. max_tokens: positions per slot (prompt +
+    frames); size it to the work, not the model's context. prefill_chunk: prompt columns per
+    prefill call. static_shapes: decode over every slot with full-capacity masks so the step
+    has one shape (for torch.compile / CUDA graphs); off = attend over real lengths only.
+    codebook_limits: optional per-codebook upper bounds for sampled codes (e.g. the codec's
+    sizes); None samples all codebook_size ids, as current upstream. prefix_cache_entries:
+    how many shared prompt prefixes keep their K/V."""
+
+    max_rows: int = 16
+    max_tokens: int = 1024
+    prefill_chunk: int = 512
+    static_shapes: bool = False
+    compile: bool = False
+    codebook_limits: Optional[tuple[int, ...]] = None
+    prefix_cache_entries: int = 8
+    record_steps: bool = False
+
+
+@dataclass
+class StepRecord:
+    kind: str  # "prefill" | "decode"
+    slots: tuple[int, ...]
+    input_len: int
+    cache_before: tuple[int, ...]
+    cache_after: tuple[int, ...]
+
+
+@dataclass
+class _Row:
+    index: int
+    request: Request
+    decoder: RowDecoder
+    slot: int = -1
+    frames: list = field(default_factory=list)
+    next_column: Optional[torch.Tensor] = None  # [1+C] fed at the next decode step
+    logits: Optional[torch.Tensor] = None  # candidates' logits, ready to sample
+    hidden: Optional[torch.Tensor] = None  # [fast_dim]
+    admitted_at: float = 0.0
+    prefill_s: float = 0.0
+    first_frame_at: float = 0.0
+    reused: int = 0
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()):
+        self.loaded, self.config = loaded, config
+        self.model, self.mc = loaded.model, loaded.config
+        self.device, self.dtype = loaded.device, loaded.dtype
+        if config.prefill_chunk < 1:
+            raise ValueError("prefill_chunk must be >= 1")
+        self.cache = SlotKVCache(self.mc, config.max_rows, config.max_tokens, self.device, self.dtype,
+                                 model_id=id(self.model))
+        self.prefixes = PrefixCache(config.prefix_cache_entries)
+        self.candidates = Candidates(self.mc, loaded.im_end_id, self.device)
+        limits = config.codebook_limits
+        if limits is not None and len(limits) != self.mc.num_codebooks:
+            raise ValueError(f"codebook_limits needs {self.mc.num_codebooks} values, got {len(limits)}")
+        self.limits = limits
+        self.steps: list[StepRecord] = []
+        self._slow_step = self._slow_forward
+        if config.compile:
+            self._slow_step = torch.compile(self._slow_forward, dynamic=not config.static_shapes)
+
+    # -- public ------------------------------------------------------------------------
+    def kv_bytes(self) -> dict:
+        return self.cache.bytes()
+
+    def validate(self, request: Request) -> Optional[str]:
+        """Why a request cannot run (None if it can): a per-request error, never an exception."""
+        c = self.mc
+        p = request.prompt
+        if not isinstance(p, np.ndarray) or p.ndim != 2 or p.shape[0] != 1 + c.num_codebooks:
+            shape = list(p.shape) if isinstance(p, np.ndarray) else type(p).__name__
+            return f"prompt must be an int array of shape [{1 + c.num_codebooks}, T], got {shape}"
+        if not np.issubdtype(p.dtype, np.integer):
+            return f"prompt must hold integers, got {p.dtype}"
+        if p.shape[1] == 0:
+            return "prompt is empty"
+        if p[0].min() < 0 or p[0].max() >= c.vocab_size:
+            return f"prompt token ids must lie in [0, {c.vocab_size})"
+        if p[1:].size and (p[1:].min() < 0 or p[1:].max() >= c.codebook_size):
+            return f"prompt codes must lie in [0, {c.codebook_size})"
+        if request.max_frames < 0:
+            return f"max_frames must be >= 0, got {request.max_frames}"
+        try:
+            request.sampling.validate()
+        except ValueError as e:
+            return f"bad sampling settings: {e}"
+        need = p.shape[1] + request.max_frames
+        if need > self.config.max_tokens or need > c.max_seq_len:
+            return (f"prompt ({p.shape[1]} tokens) + max_frames ({request.max_frames}) = {need} positions "
+                    f"exceeds the per-row budget (engine max_tokens {self.config.max_tokens}, model "
+                    f"max_seq_len {c.max_seq_len}); shorten the text/reference or lower max_frames "
+                    f"(no sliding window is applied)")
+        if not (0 <= request.prefix_len <= p.shape[1]):
+            return f"prefix_len {request.prefix_len} is outside the prompt (0..{p.shape[1]})"
+        return None
+
+    @torch.inference_mode()
+    def generate(self, requests: Iterable[Request]) -> list[Result]:
+        """Run every request to completion; results in input order."""
+        self.cache.check_compatible(id(self.model), self.device, self.dtype)
+        start = time.perf_counter()
+        requests = list(requests)
+        results: list[Optional[Result]] = [None] * len(requests)
+        queue: deque[_Row] = deque()
+        for i, req in enumerate(requests):
+            problem = self.validate(req)
+            if problem:
+                results[i] = self._error(req, problem, start)
+            elif req.max_frames == 0:  # a zero budget stops at once, no work needed
+                results[i] = self._finish(_Row(i, req, RowDecoder(req.sampling, req.stop_on_eos),
+                                               admitted_at=start), STOP_BUDGET, start)
+            else:
+                queue.append(_Row(i, req, RowDecoder(req.sampling, req.stop_on_eos)))
+        live: list[_Row] = []
+        try:
+            while queue or live:
+                while queue and self.cache.free_slots():
+                    row = queue.popleft()
+                    try:
+                        self._admit(row)
+                    except Exception as e:  # a row that breaks in prefill must not take others down
+                        self._release(row)
+                        results[row.index] = self._error(row.request, f"prefill failed: {e!r}", start)
+                        continue
+                    live.append(row)
+                if not live:
+                    continue
+                for row, reason in self._decode_step(live):
+                    live.remove(row)
+                    self._release(row)
+                    results[row.index] = self._finish(row, reason, start)
+        finally:
+            for row in live:  # only reached on an engine-level failure: leave the cache clean
+                self._release(row)
+        return results
+
+    # -- scheduler pieces --------------------------------------------------------------
+    def _release(self, row: _Row) -> None:
+        if row.slot >= 0:
+            self.cache.release(row.slot)
+            row.slot = -1
+
+    def _error(self, req: Request, message: str, start: float) -> Result:
+        now = time.perf_counter()
+        return Result(request_id=req.request_id, codes=np.zeros((self.mc.num_codebooks, 0), np.int64),
+                      stop_reason=STOP_ERROR, error=message, prompt_tokens=int(getattr(req.prompt, "shape", (0, 0))[-1]),
+                      total_ms=(now - start) * 1e3)
+
+    def _finish(self, row: _Row, reason: str, start: float) -> Result:
+        now = time.perf_counter()
+        c = self.mc.num_codebooks
+        codes = torch.stack(row.frames, dim=1).cpu().numpy() if row.frames else np.zeros((c, 0), np.int64)
+        queue_ms = (row.admitted_at - start) * 1e3
+        return Result(
+            request_id=row.request.request_id, codes=codes.astype(np.int64), stop_reason=reason,
+            prompt_tokens=int(row.request.prompt.shape[1]), frames=codes.shape[1], prefix_reused_tokens=row.reused,
+            queue_ms=queue_ms, prefill_ms=row.prefill_s * 1e3,
+            decode_ms=max(0.0, (now - row.admitted_at - row.prefill_s) * 1e3),
+            first_frame_ms=(row.first_frame_at - start) * 1e3 if row.frames else 0.0,
+            total_ms=(now - start) * 1e3)
+
+    def _admit(self, row: _Row) -> None:
+        """Take a slot and prefill the prompt in chunks. Chunk boundaries depend only on the
+        request (the shared prefix is always its own chunk run), never on what is cached, so
+        a row computes bit-identical numbers whether or not its prefix was reused."""
+        t0 = time.perf_counter()
+        row.admitted_at = t0
+        req = row.request
+        row.slot = self.cache.allocate(req.request_id)
+        prompt = torch.from_numpy(np.ascontiguousarray(req.prompt, dtype=np.int64)).to(self.device)
+        total = prompt.shape[1]
+        prefix = req.prefix_len if req.prefix_key else 0
+        pos = 0
+        if prefix:
+            entry = self.prefixes.lookup(req.prefix_key, req.prompt[:, :prefix])
+            if entry is not None:
+                pos = row.reused = PrefixCache.restore(entry, self.cache, row.slot)
+                self.cache.lengths[row.slot] = pos
+        bounds = [b for b in range(0, prefix, self.config.prefill_chunk)] + \
+                 [b for b in range(prefix, total, self.config.prefill_chunk)] + [total]
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            if e <= pos:
+                continue
+            last = e == total
+            out = self._prefill_chunk(row.slot, prompt[:, s:e], s, want_logits=last)
+            if e == prefix and row.reused == 0:
+                self.prefixes.store(req.prefix_key, req.prompt[:, :prefix], self.cache, row.slot)
+            if last:
+                row.logits, row.hidden = out.logits[0, -1], out.hidden[0, -1]
+        row.prefill_s = time.perf_counter() - t0
+
+    def _prefill_chunk(self, slot: int, chunk: torch.Tensor, start: int, want_logits: bool):
+        n = chunk.shape[1]
+        before = self.cache.lengths[slot]
+        positions = torch.arange(start, start + n, device=self.device).unsqueeze(0)
+        out = self.model.forward_slow(chunk.unsqueeze(0), positions, cache=self.cache.slow,
+                                      rows=slice(slot, slot + 1), attend_len=start + n, last_only=True,
+                                      logit_rows=self.candidates.ids, want_logits=want_logits)
+        self.cache.lengths[slot] = start + n
+        if self.config.record_steps:
+            self.steps.append(StepRecord("prefill", (slot,), n, (before,), (start + n,)))
+        return out
+
+    def _slow_forward(self, tokens, positions, rows, attend_len):
+        return self.model.forward_slow(tokens, positions, cache=self.cache.slow, rows=rows,
+                                       attend_len=attend_len, last_only=True,
+                                       logit_rows=self.candidates.ids)
+
+    def _run_slow(self, rows: list[_Row]) -> None:
+        """One batched decode forward for the rows whose last frame still has to be fed."""
+        need = [r for r in rows if r.logits is None]
+        if not need:
+            return
+        slots = [r.slot for r in need]
+        before = tuple(self.cache.lengths[s] for s in slots)
+        if self.config.static_shapes:
+            # every slot, full capacity: one shape for every step (free slots compute junk that
+            # lands beyond any live row's length and is overwritten before it is ever read)
+            batch = self.config.max_rows
+            by_slot = {r.slot: r for r in need}
+            tokens = torch.zeros(batch, 1 + self.mc.num_codebooks, 1, dtype=torch.int64, device=self.device)
+            lengths = torch.tensor(self.cache.lengths, device=self.device)
+            for s, r in by_slot.items():
+                tokens[s, :, 0] = r.next_column
+            out = self._slow_step(tokens, lengths.unsqueeze(1), slice(0, batch), self.config.max_tokens)
+            index = torch.tensor(slots, device=self.device)
+            logits, hidden = out.logits[index, -1], out.hidden[index, -1]
+        else:
+            tokens = torch.stack([r.next_column for r in need]).unsqueeze(-1)  # [B, 1+C, 1]
+            positions = torch.tensor(before, device=self.device).unsqueeze(1)
+            contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+            rows_index = slice(slots[0], slots[-1] + 1) if contiguous else torch.tensor(slots, device=self.device)
+            out = self._slow_step(tokens, positions, rows_index, max(before) + 1)
+            logits, hidden = out.logits[:, -1], out.hidden[:, -1]
+        for i, r in enumerate(need):
+            self.cache.lengths[r.slot] += 1
+            r.logits, r.hidden = logits[i], hidden[i]
+        if self.config.record_steps:
+            self.steps.append(StepRecord("decode", tuple(slots), 1, before,
+                                         tuple(self.cache.lengths[s] for s in slots)))
+
+    def _decode_step(self, live: list[_Row]) -> list[tuple[_Row, str]]:
+        """Sample one frame for every live row; return the rows that stopped."""
+        live.sort(key=lambda r: r.slot)
+        self._run_slow(live)
+        logits = torch.stack([r.logits for r in live])
+        hidden = torch.stack([r.hidden for r in live])
+        decoders = [r.decoder for r in live]
+        main_index = pick_main(logits, decoders, self.candidates)
+        main = self.candidates.ids[main_index]
+        codes = self._fast_frame(hidden, main, decoders)  # [B, C]
+        now = time.perf_counter()
+        stopped = []
+        main_list, index_list = main.tolist(), main_index.tolist()
+        for i, row in enumerate(live):
+            row.logits = row.hidden = None
+            row.decoder.main_history.append(index_list[i])
+            row.decoder.code_history.append(codes[i].tolist())
+            if main_list[i] == self.candidates.im_end_id and row.request.stop_on_eos:
+                stopped.append((row, STOP_EOS))
+                continue
+            row.frames.append(codes[i])
+            if len(row.frames) == 1:
+                row.first_frame_at = now
+            if len(row.frames) >= row.request.max_frames:
+                stopped.append((row, STOP_BUDGET))
+                continue
+            row.next_column = torch.cat([main[i : i + 1], codes[i]])
+        return stopped
+
+    def _fast_frame(self, hidden: torch.Tensor, main: torch.Tensor, decoders) -> torch.Tensor:
+        """The batched fast stack for one frame: position 0 gets the slow hidden (its logits
+        are ignored), position k gets the embedding of codebook k-1 and yields codebook k."""
+        b = hidden.shape[0]
+        rows = slice(0, b)
+        self.model.forward_fast(hidden.unsqueeze(1), start=0, cache=self.cache.fast, rows=rows)
+        code = first_code(main, self.mc)
+        codes = [code]
+        for k in range(1, self.mc.num_codebooks):
+            logits = self.model.forward_fast(self.model.fast_codebook_input(code), start=k,
+                                             cache=self.cache.fast, rows=rows)[:, -1]
+            code = pick_code(logits, k, decoders, None if self.limits is None else self.limits[k])
+            codes.append(code)
+        return torch.stack(codes, dim=1)

@@ -1,0 +1,84 @@
+"""Checkpoint directory -> a ready model + tokenizer on the requested device and dtype."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .checkpoint import LoadReport, load_weights
+from .config import ModelConfig, load_config, with_semantic_ids
+from .model import DualARModel
+from .tokenizer import Tokenizer, load_tokenizer
+
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "float64": torch.float64, "fp64": torch.float64,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | None = None) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device is not None and device.type == "cuda" else torch.float32
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)} or 'auto'") from None
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    model: DualARModel
+    tokenizer: Tokenizer
+    checkpoint_dir: Path
+    device: torch.device
+    dtype: torch.dtype
+    report: LoadReport
+
+    @property
+    def name(self) -> str:
+        return self.checkpoint_dir.name
+
+    @property
+    def im_end_id(self) -> int:
+        from .tokenizer import IM_END
+        return self.tokenizer.token_id(IM_END)
+
+
+def build_empty_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> DualARModel:
+    """Parameters allocated once, uninitialised, directly in the target dtype/device."""
+    with torch.device("meta"):
+        model = DualARModel(config)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    return model.eval().requires_grad_(False)
+
+
+def load_model(checkpoint_dir: str | Path, device: str | torch.device = "auto",
+               dtype: str | torch.dtype = "auto", tokenizer: str = "auto") -> LoadedModel:
+    checkpoint_dir = Path(checkpoint_dir)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    config = load_config(checkpoint_dir)
+    tok = load_tokenizer(checkpoint_dir, prefer=tokenizer)
+    config = with_semantic_ids(config, tok.semantic_begin_id, tok.semantic_end_id, tok.source)
+    model = build_empty_model(config, dev, dt)
+    report = load_weights(model, checkpoint_dir)
+    return LoadedModel(config=config, model=model, tokenizer=tok, checkpoint_dir=checkpoint_dir,
+                       device=dev, dtype=dt, report=report)
+
+
+def with_dtype(loaded: LoadedModel, dtype: str | torch.dtype) -> LoadedModel:
+    dt = resolve_dtype(dtype, loaded.device)
+    return dataclasses.replace(loaded, model=loaded.model.to(dt), dtype=dt)

@@ -1,0 +1,318 @@
+"""The dual-AR transformer (slow + fast stack), gpt-fast style: plain modules, a functional
+KV cache handed in by the caller, numerics matching upstream fish-speech (DESIGN.md §2).
+
+Shapes: B rows, T new columns, C = num_codebooks, S = cache capacity per slot.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Norms and RoPE run in float32 (upstream), or float64 when the whole engine does."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class RMSNorm(nn.Module):
+    """Upstream's RMSNorm: normalise in float32, cast back, then times the weight."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.to(_compute_dtype(x.dtype))
+        normed = xf * torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight
+
+
+class HeadRMSNorm(nn.Module):
+    """q/k norm: torch's nn.RMSNorm semantics (computed in the input dtype)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_table(n_positions: int, head_dim: int, base: float, device=None) -> Tensor:
+    """[n_positions, head_dim // 2, 2] (cos, sin), computed in float32 and rounded to
+    bfloat16 exactly as upstream stores it (the rounding is part of the numerics: ~1e-2 on
+    logits if skipped)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(n_positions, device=device), inv_freq)
+    table = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
+    return table.to(torch.bfloat16)
+
+
+def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
+    """Rotate ADJACENT pairs (x[2i], x[2i+1]). x: [B, T, H, D]; cos_sin: [B, T, D/2, 2]."""
+    cdt = _compute_dtype(x.dtype)
+    pairs = x.to(cdt).reshape(*x.shape[:-1], -1, 2)
+    cs = cos_sin.to(cdt).unsqueeze(2)  # [B, T, 1, D/2, 2]
+    cos, sin = cs[..., 0], cs[..., 1]
+    re, im = pairs[..., 0], pairs[..., 1]
+    out = torch.stack([re * cos - im * sin, im * cos + re * sin], dim=-1)
+    return out.flatten(3).to(x.dtype)
+
+
+@dataclass
+class LayerKV:
+    """One layer's cache: k, v [slots, n_kv_heads, S, head_dim]."""
+
+    k: Tensor
+    v: Tensor
+
+
+@dataclass
+class CacheView:
+    """Where a forward call reads and writes K/V.
+
+    layers: per-layer caches. rows: slot ids of the batch rows, either a `slice` of
+    consecutive slots (read as a view: no copy) or an int64 tensor [B]. positions: [B, T]
+    absolute positions of the new columns. attend_len: keys 0..attend_len-1 are read (the
+    longest row's real length, or the full capacity when shapes must stay static)."""
+
+    layers: list[LayerKV]
+    rows: object
+    positions: Tensor
+    attend_len: int
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Grouped-query attention without materialising repeated K/V.
+
+    q [B, H, T, D]; k, v [B, Hkv, L, D]; mask [B, T, L] bool (True = may attend). Query head h
+    uses kv head h // (H / Hkv) (repeat_interleave semantics), so fold each group of query
+    heads into the query length of its kv head."""
+    b, h, t, d = q.shape
+    hkv = k.shape[1]
+    group = h // hkv
+    qg = q.reshape(b, hkv, group * t, d)
+    m = mask.unsqueeze(1)
+    if group > 1:
+        m = m.repeat(1, 1, group, 1)
+    y = F.scaled_dot_product_attention(qg, k, v, attn_mask=m)
+    return y.reshape(b, h, t, d)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, n_head, n_kv, head_dim, qkv_bias, o_bias, qk_norm, eps):
+        super().__init__()
+        self.n_head, self.n_kv, self.head_dim = n_head, n_kv, head_dim
+        self.wqkv = nn.Linear(dim, (n_head + 2 * n_kv) * head_dim, bias=qkv_bias)
+        self.wo = nn.Linear(n_head * head_dim, dim, bias=o_bias)
+        if qk_norm:
+            self.q_norm = HeadRMSNorm(head_dim, eps)
+            self.k_norm = HeadRMSNorm(head_dim, eps)
+        self.qk_norm = qk_norm
+
+    def forward(self, x: Tensor, cos_sin: Tensor, mask: Tensor,
+                cache: Optional[LayerKV] = None, view: Optional[CacheView] = None) -> Tensor:
+        b, t, _ = x.shape
+        q_size, kv_size = self.n_head * self.head_dim, self.n_kv * self.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(b, t, self.n_head, self.head_dim)
+        k = k.view(b, t, self.n_kv, self.head_dim)
+        v = v.view(b, t, self.n_kv, self.head_dim)
+        if self.qk_norm:  # before RoPE, as upstream
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+        if cache is not None:
+            rows = view.rows
+            if isinstance(rows, slice):
+                slot_ids = torch.arange(rows.start, rows.stop, device=x.device)
+            else:
+                slot_ids = rows
+            # cache[slot, :, pos] <- new K/V (advanced indices first: [B, T, Hkv, D])
+            cache.k[slot_ids[:, None], :, view.positions] = k
+            cache.v[slot_ids[:, None], :, view.positions] = v
+            # a slice of consecutive slots reads a view; a tensor of slot ids gathers a copy
+            keys = cache.k[rows, :, : view.attend_len]
+            values = cache.v[rows, :, : view.attend_len]
+        else:
+            keys, values = k.transpose(1, 2), v.transpose(1, 2)
+        y = _attend(q.transpose(1, 2), keys, values, mask)
+        return self.wo(y.transpose(1, 2).reshape(b, t, q_size))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, n_head, n_kv, head_dim, ffn, qkv_bias, o_bias, qk_norm, eps):
+        super().__init__()
+        self.attention = Attention(dim, n_head, n_kv, head_dim, qkv_bias, o_bias, qk_norm, eps)
+        self.feed_forward = FeedForward(dim, ffn)
+        self.attention_norm = RMSNorm(dim, eps)
+        self.ffn_norm = RMSNorm(dim, eps)
+
+    def forward(self, x, cos_sin, mask, cache=None, view=None):
+        h = x + self.attention(self.attention_norm(x), cos_sin, mask, cache, view)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+@dataclass
+class SlowOutput:
+    logits: Optional[Tensor]  # [B, T', V'] (T' = 1 when last_only; V' = len(logit_rows) when given)
+    hidden: Tensor  # [B, T', fast_dim]: what the fast stack's position 0 receives
+
+
+class DualARModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = self.config = config
+        self.embeddings = nn.Embedding(c.vocab_size, c.dim)
+        self.codebook_embeddings = nn.Embedding(c.codebook_size * c.num_codebooks, c.dim)
+        self.layers = nn.ModuleList(
+            Block(c.dim, c.n_head, c.n_local_heads, c.head_dim, c.intermediate_size,
+                  c.attention_qkv_bias, c.attention_o_bias, c.attention_qk_norm, c.norm_eps)
+            for _ in range(c.n_layer))
+        self.norm = RMSNorm(c.dim, c.norm_eps)
+        if not c.tie_word_embeddings:
+            self.output = nn.Linear(c.dim, c.vocab_size, bias=False)
+        if c.fast_dim != c.dim:
+            self.fast_project_in = nn.Linear(c.dim, c.fast_dim)
+        self.fast_embeddings = nn.Embedding(c.codebook_size, c.fast_dim)
+        self.fast_layers = nn.ModuleList(
+            Block(c.fast_dim, c.fast_n_head, c.fast_n_local_heads, c.fast_head_dim,
+                  c.fast_intermediate_size, c.fast_attention_qkv_bias, c.fast_attention_o_bias,
+                  c.fast_attention_qk_norm, c.norm_eps)
+            for _ in range(c.n_fast_layer))
+        self.fast_norm = RMSNorm(c.fast_dim, c.norm_eps)
+        self.fast_output = nn.Linear(c.fast_dim, c.codebook_size, bias=False)
+        self._rope_slow: Optional[Tensor] = None
+        self._rope_fast: Optional[Tensor] = None
+
+    # -- tables -------------------------------------------------------------------------
+    def _slow_rope(self, n_positions: int, device) -> Tensor:
+        if self._rope_slow is None or self._rope_slow.shape[0] < n_positions or self._rope_slow.device != device:
+            # grow geometrically so long runs do not rebuild the table every step
+            size = max(n_positions, 2 * (0 if self._rope_slow is None else self._rope_slow.shape[0]), 256)
+            self._rope_slow = rope_table(size, self.config.head_dim, self.config.rope_base, device)
+        return self._rope_slow
+
+    def _fast_rope(self, device) -> Tensor:
+        if self._rope_fast is None or self._rope_fast.device != device:
+            self._rope_fast = rope_table(self.config.num_codebooks, self.config.fast_head_dim,
+                                         self.config.rope_base, device)
+        return self._rope_fast
+
+    # -- slow stack ---------------------------------------------------------------------
+    def embed(self, tokens: Tensor) -> Tensor:
+        """tokens [B, 1+C, T] -> x [B, T, dim] (the inference embedding rule of DESIGN.md §2)."""
+        c = self.config
+        main = tokens[:, 0]
+        offsets = torch.arange(c.num_codebooks, device=tokens.device) * c.codebook_size
+        codes = tokens[:, 1:].transpose(1, 2) + offsets  # [B, T, C]: codebook i at row offset i*cb
+        codebook_sum = self.codebook_embeddings(codes).sum(dim=2)
+        semantic = (main >= c.semantic_begin_id) & (main <= c.semantic_end_id)
+        x = self.embeddings(main) + codebook_sum * semantic.unsqueeze(-1).to(codebook_sum.dtype)
+        if c.scale_codebook_embeddings:
+            x = torch.where(semantic.unsqueeze(-1), x / math.sqrt(c.num_codebooks + 1), x)
+        return x
+
+    def forward_slow(self, tokens: Tensor, positions: Tensor, cache: Optional[list[LayerKV]] = None,
+                     rows=None, attend_len: Optional[int] = None, last_only: bool = True,
+                     logit_rows: Optional[Tensor] = None, want_logits: bool = True) -> SlowOutput:
+        """tokens [B, 1+C, T]; positions [B, T] absolute positions of the columns.
+
+        Without a cache the call is a full causal recompute of exactly these columns (the
+        uncached reference path; positions must then start at 0). With a cache the new K/V
+        are written to slots `rows` at `positions` and queries attend to keys
+        0..attend_len-1 of their slot, masked to key position <= query position."""
+        b, _, t = tokens.shape
+        x = self.embed(tokens)
+        n_pos = int(positions.max()) + 1
+        cos_sin = self._slow_rope(n_pos, x.device)[positions]
+        if cache is None:
+            key_pos = positions  # [B, T]
+            view = None
+        else:
+            attend_len = attend_len or n_pos
+            key_pos = torch.arange(attend_len, device=x.device).expand(b, attend_len)
+            view = CacheView(cache, rows, positions, attend_len)
+        mask = key_pos.unsqueeze(1) <= positions.unsqueeze(2)  # [B, T, L]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos_sin, mask, None if cache is None else cache[i], view)
+        if last_only and t > 1:
+            x = x[:, -1:]
+        normed = self.norm(x)
+        logits = None
+        if want_logits:
+            weight = self.embeddings.weight if self.config.tie_word_embeddings else self.output.weight
+            if logit_rows is not None:
+                weight = weight[logit_rows]
+            logits = F.linear(normed, weight)
+        hidden = normed if self.config.norm_fastlayer_input else x
+        return SlowOutput(logits=logits, hidden=self.project_to_fast(hidden))
+
+    def project_to_fast(self, hidden: Tensor) -> Tensor:
+        if self.config.fast_dim != self.config.dim:
+            return self.fast_project_in(hidden)
+        return hidden
+
+    # -- fast stack ---------------------------------------------------------------------
+    def forward_fast(self, x: Tensor, start: int = 0, cache: Optional[list[LayerKV]] = None,
+                     rows=None) -> Tensor:
+        """Fast-stack logits [B, T, codebook_size] for inputs x [B, T, fast_dim] at frame
+        positions start..start+T-1. Without a cache: a full causal pass (T = C for the
+        teacher-forced score path). With a cache: K/V of this frame live in slots `rows`."""
+        b, t, _ = x.shape
+        table = self._fast_rope(x.device)
+        positions = torch.arange(start, start + t, device=x.device).expand(b, t)
+        cos_sin = table[positions]
+        if cache is None:
+            key_pos = positions
+            view = None
+        else:
+            key_pos = torch.arange(start + t, device=x.device).expand(b, start + t)
+            view = CacheView(cache, rows, positions, start + t)
+        mask = key_pos.unsqueeze(1) <= positions.unsqueeze(2)
+        for i, layer in enumerate(self.fast_layers):
+            x = layer(x, cos_sin, mask, None if cache is None else cache[i], view)
+        return self.fast_output(self.fast_norm(x))
+
+    def fast_codebook_input(self, codes: Tensor) -> Tensor:
+        """fast_embeddings of the previous codebook's codes [B] -> [B, 1, fast_dim]."""
+        return self.fast_embeddings(codes).unsqueeze(1)
+
+    # -- the uncached reference: one call, no cache, every position -----------------------
+    @torch.inference_mode()
+    def score(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher-forced logits of one token matrix [1+C, T]: slow [T, vocab] at every
+        position and fast [T, C, codebook_size] where entry t is the fast stack fed the
+        hidden of column t then codes 0..C-2 of column t+1 (last column zeros)."""
+        c = self.config
+        tokens = tokens.unsqueeze(0)
+        t = tokens.shape[-1]
+        positions = torch.arange(t, device=tokens.device).unsqueeze(0)
+        out = self.forward_slow(tokens, positions, last_only=False)
+        slow = out.logits[0]
+        fast = torch.zeros(t, c.num_codebooks, c.codebook_size, dtype=slow.dtype, device=slow.device)
+        if t > 1:
+            hidden = out.hidden[0, : t - 1].unsqueeze(1)  # [T-1, 1, fast_dim]
+            next_codes = tokens[0, 1:c.num_codebooks, 1:].T  # [T-1, C-1]: codes 0..C-2 of column t+1
+            x = torch.cat([hidden, self.fast_embeddings(next_codes)], dim=1)
+            fast[: t - 1] = self.forward_fast(x)
+        return slow, fast
