@@ -68,13 +68,15 @@ def cmd_score(args) -> int:
 def cmd_generate(args) -> int:
     from .engine import Engine, EngineConfig
     from .loader import load_model
-    from .types import Request, upstream_sampling
+    from .types import Request, SamplingParams
 
     lm = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
     prompt = np.load(args.prompt_tokens)
     overrides = {k: v for k, v in dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                       seed=args.seed).items() if v is not None}
-    sampling = upstream_sampling(lm.config.family, **overrides)
+                                       seed=args.seed, repetition_penalty=args.repetition_penalty).items()
+                 if v is not None}
+    # current upstream's loop, for either format: repetition-aware sampling over 10 frames
+    sampling = SamplingParams(ras_window=10, **overrides)
     engine = Engine(lm, EngineConfig(max_rows=1, max_tokens=prompt.shape[-1] + args.max_frames,
                                      prefill_chunk=args.prefill_chunk))
     result = engine.generate([Request("cli", prompt, args.max_frames, sampling, stop_on_eos=not args.no_eos)])[0]
@@ -128,6 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--top-p", type=float)
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--repetition-penalty", type=float, help="S1-era penalty (e.g. 1.1); default off")
     p.add_argument("--no-eos", action="store_true", help="ignore <|im_end|>: always run the full budget")
     p.add_argument("--prefill-chunk", type=int, default=512)
     p.add_argument("--out", required=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 import torch
@@ -40,6 +40,10 @@ class EngineConfig:
     codebook_limits: Optional[tuple[int, ...]] = None
     prefix_cache_entries: int = 8
     record_steps: bool = False
+
+
+# observer(request_id, frame_index, slow_logits [n_candidates], fast_logits [C-1, codebook_size])
+LogitObserver = Callable[[str, int, torch.Tensor, torch.Tensor], None]
 
 
 @dataclass
@@ -123,8 +127,9 @@ class Engine:
         return None
 
     @torch.inference_mode()
-    def generate(self, requests: Iterable[Request]) -> list[Result]:
-        """Run every request to completion; results in input order."""
+    def generate(self, requests: Iterable[Request], observe: Optional[LogitObserver] = None) -> list[Result]:
+        """Run every request to completion; results in input order. `observe` sees every
+        row's raw logits at every frame (tests compare them with the uncached reference)."""
         self.cache.check_compatible(id(self.model), self.device, self.dtype)
         start = time.perf_counter()
         requests = list(requests)
@@ -153,7 +158,7 @@ class Engine:
                     live.append(row)
                 if not live:
                     continue
-                for row, reason in self._decode_step(live):
+                for row, reason in self._decode_step(live, observe):
                     live.remove(row)
                     self._release(row)
                     results[row.index] = self._finish(row, reason, start)
@@ -267,7 +272,7 @@ class Engine:
             self.steps.append(StepRecord("decode", tuple(slots), 1, before,
                                          tuple(self.cache.lengths[s] for s in slots)))
 
-    def _decode_step(self, live: list[_Row]) -> list[tuple[_Row, str]]:
+    def _decode_step(self, live: list[_Row], observe: Optional[LogitObserver] = None) -> list[tuple[_Row, str]]:
         """Sample one frame for every live row; return the rows that stopped."""
         live.sort(key=lambda r: r.slot)
         self._run_slow(live)
@@ -276,7 +281,12 @@ class Engine:
         decoders = [r.decoder for r in live]
         main_index = pick_main(logits, decoders, self.candidates)
         main = self.candidates.ids[main_index]
-        codes = self._fast_frame(hidden, main, decoders)  # [B, C]
+        fast_logits = [] if observe else None
+        codes = self._fast_frame(hidden, main, decoders, fast_logits)  # [B, C]
+        if observe:
+            fast = torch.stack(fast_logits, dim=1) if fast_logits else logits[:, :0]
+            for i, row in enumerate(live):
+                observe(row.request.request_id, len(row.decoder.main_history), logits[i], fast[i])
         now = time.perf_counter()
         stopped = []
         main_list, index_list = main.tolist(), main_index.tolist()
@@ -296,7 +306,8 @@ class Engine:
             row.next_column = torch.cat([main[i : i + 1], codes[i]])
         return stopped
 
-    def _fast_frame(self, hidden: torch.Tensor, main: torch.Tensor, decoders) -> torch.Tensor:
+    def _fast_frame(self, hidden: torch.Tensor, main: torch.Tensor, decoders,
+                    keep_logits: Optional[list] = None) -> torch.Tensor:
         """The batched fast stack for one frame: position 0 gets the slow hidden (its logits
         are ignored), position k gets the embedding of codebook k-1 and yields codebook k."""
         b = hidden.shape[0]
@@ -307,6 +318,8 @@ class Engine:
         for k in range(1, self.mc.num_codebooks):
             logits = self.model.forward_fast(self.model.fast_codebook_input(code), start=k,
                                              cache=self.cache.fast, rows=rows)[:, -1]
+            if keep_logits is not None:
+                keep_logits.append(logits)
             code = pick_code(logits, k, decoders, None if self.limits is None else self.limits[k])
             codes.append(code)
         return torch.stack(codes, dim=1)

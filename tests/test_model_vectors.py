@@ -1,0 +1,74 @@
+"""The upstream-made vectors reproduce: slow and fast logits within 1e-4 (float32), greedy
+codes token for token, prompts token for token."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from actors.engine import Engine, EngineConfig, PromptBuilder, Request, SamplingParams, load_model
+from helpers import DUALAR_SETS, run_module, vector_set
+
+ATOL = 1e-4
+
+
+@pytest.mark.parametrize("name", DUALAR_SETS)
+def test_score_cli_reproduces_upstream_logits(name, tmp_path):
+    v = vector_set(name)
+    out = tmp_path / "score.npz"
+    proc = run_module("actors.engine", "score", "--checkpoint", str(v / "checkpoint"),
+                      "--tokens", str(v / "vectors/score_tokens.npy"), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    got = np.load(out)
+    slow, fast = np.load(v / "vectors/score_slow_logits.npy"), np.load(v / "vectors/score_fast_logits.npy")
+    assert got["slow_logits"].dtype == np.float32 and got["slow_logits"].shape == slow.shape
+    assert got["fast_logits"].shape == fast.shape
+    assert np.abs(got["slow_logits"] - slow).max() <= ATOL
+    assert np.abs(got["fast_logits"] - fast).max() <= ATOL
+
+
+@pytest.mark.parametrize("name", DUALAR_SETS)
+def test_greedy_codes_reproduce_through_engine_and_cli(name, tmp_path):
+    v = vector_set(name)
+    prompt = np.load(v / "vectors/greedy_prompt.npy")
+    expected = np.load(v / "vectors/greedy_codes.npy")
+    meta = json.loads((v / "vectors/greedy_meta.json").read_text())
+    lm = load_model(v / "checkpoint", device="cpu", dtype="float32")
+    engine = Engine(lm, EngineConfig(max_rows=2, max_tokens=prompt.shape[1] + 48, prefill_chunk=32))
+    result = engine.generate([Request("g", prompt, meta["max_new_tokens"], SamplingParams(temperature=0))])[0]
+    assert np.array_equal(result.codes, expected)
+    assert result.stop_reason == ("eos" if meta["stopped_on_eos"] else "budget")
+    out = tmp_path / "codes.npy"
+    proc = run_module("actors.engine", "generate", "--checkpoint", str(v / "checkpoint"), "--prompt-tokens",
+                      str(v / "vectors/greedy_prompt.npy"), "--max-frames", "48", "--temperature", "0",
+                      "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert np.array_equal(np.load(out), expected)
+
+
+@pytest.mark.parametrize("name", DUALAR_SETS)
+def test_prompt_builder_matches_upstream_prompt(name):
+    v = vector_set(name)
+    prompt = np.load(v / "vectors/greedy_prompt.npy")
+    meta = json.loads((v / "vectors/greedy_meta.json").read_text())["prompt_text"]
+    lm = load_model(v / "checkpoint", device="cpu", dtype="float32")
+    c = lm.config
+    semantic = (prompt[0] >= c.semantic_begin_id) & (prompt[0] <= c.semantic_end_id)
+    ref_codes = prompt[1:, semantic]
+    assert ref_codes.shape[1] == meta["ref_frames"]
+    built = PromptBuilder.for_model(lm).build(meta["text"], ref_text=meta["ref_text"], ref_codes=ref_codes)
+    assert built.tokens.dtype == np.int64
+    assert np.array_equal(built.tokens, prompt)
+    # the shared prefix ends after the reference (and the S2 user header), before the text
+    assert semantic[: built.prefix_len].sum() == meta["ref_frames"]
+    assert not semantic[built.prefix_len:].any()
+
+
+def test_score_in_float64_agrees_with_float32_vectors():
+    v = vector_set("dualar-s2-tiny")
+    lm = load_model(v / "checkpoint", device="cpu", dtype="float64")
+    slow, fast = lm.model.score(torch.from_numpy(np.load(v / "vectors/score_tokens.npy")))
+    assert slow.dtype == torch.float64
+    # upstream's own float64 run differs from its float32 files by up to 1.2e-5
+    assert np.abs(slow.numpy() - np.load(v / "vectors/score_slow_logits.npy")).max() <= 5e-5
+    assert np.abs(fast.numpy() - np.load(v / "vectors/score_fast_logits.npy")).max() <= 5e-5
