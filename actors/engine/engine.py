@@ -87,6 +87,7 @@ class Engine:
             raise ValueError(f"codebook_limits needs {self.mc.num_codebooks} values, got {len(limits)}")
         self.limits = limits
         self.steps: list[StepRecord] = []
+        self.model._slow_rope(config.max_tokens, self.device)  # build once, before any compiled step
         self._slow_step = self._slow_forward
         if config.compile:
             self._slow_step = torch.compile(self._slow_forward, dynamic=not config.static_shapes)

@@ -233,23 +233,24 @@ class DualARModel(nn.Module):
         return x
 
     def forward_slow(self, tokens: Tensor, positions: Tensor, cache: Optional[list[LayerKV]] = None,
-                     rows=None, attend_len: Optional[int] = None, last_only: bool = True,
+                     rows=None, attend_len: int = 0, last_only: bool = True,
                      logit_rows: Optional[Tensor] = None, want_logits: bool = True) -> SlowOutput:
         """tokens [B, 1+C, T]; positions [B, T] absolute positions of the columns.
 
         Without a cache the call is a full causal recompute of exactly these columns (the
-        uncached reference path; positions must then start at 0). With a cache the new K/V
-        are written to slots `rows` at `positions` and queries attend to keys
-        0..attend_len-1 of their slot, masked to key position <= query position."""
+        uncached reference path; positions must then be 0..T-1). With a cache the new K/V
+        are written to slots `rows` at `positions` (all < attend_len) and queries attend to
+        keys 0..attend_len-1 of their slot, masked to key position <= query position."""
         b, _, t = tokens.shape
         x = self.embed(tokens)
-        n_pos = int(positions.max()) + 1
+        # every position is below attend_len (cached) or T (uncached, positions from 0): the
+        # table size is known without reading `positions`, so compiled steps never sync
+        n_pos = t if cache is None else attend_len
         cos_sin = self._slow_rope(n_pos, x.device)[positions]
         if cache is None:
             key_pos = positions  # [B, T]
             view = None
         else:
-            attend_len = attend_len or n_pos
             key_pos = torch.arange(attend_len, device=x.device).expand(b, attend_len)
             view = CacheView(cache, rows, positions, attend_len)
         mask = key_pos.unsqueeze(1) <= positions.unsqueeze(2)  # [B, T, L]

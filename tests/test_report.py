@@ -1,0 +1,376 @@
+"""pipeline.report: report.html from a run's output directory.
+
+A synthetic run (real FLAC bytes, ok and error rows, two Parquet files with small row
+groups, summary.json) is rendered and the page is checked as HTML (plots, playable data
+URIs that decode to the right durations, escaping of user data), on degenerate runs
+(empty, all errors, audio by path, no finish times), through the CLI without torch, and in
+a real headless Chromium (no console errors, every audio element loads and plays, a
+screenshot kept under artifacts/)."""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+
+from pipeline.report import write_report
+from helpers import REPO
+
+CHROMIUM = Path("/usr/bin/chromium")
+SR = 24000
+EVIL_ID = '<script>alert("id")</script>&\'"'
+EVIL_TEXT = 'Hello </td></table><script>alert(1)</script><img src=x onerror=alert(2)> & "bye"'
+EVIL_ERROR = "RuntimeError: <b>bold</b> & broken"
+COMMON_ERROR = "ValueError: text is empty"
+
+AUDIO_TYPE = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])
+
+
+def flac_tone(seconds: float, freq: float = 440.0) -> bytes:
+    t = np.arange(int(round(SR * seconds))) / SR
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), SR, format="FLAC")
+    return buf.getvalue()
+
+
+def make_rows(n: int = 30, *, n_err: int = 4, audio_as: str = "bytes", finished_at: bool = True,
+              out: Path | None = None) -> list[dict]:
+    """Rows shaped like DESIGN.md §4 output. Row 0 is ok and has a hostile id and text; the
+    last n_err rows are errors (three share one message, one is hostile)."""
+    rows = []
+    t0 = 1_700_000_000.0
+    for i in range(n):
+        rid = EVIL_ID if i == 0 else f"row-{i:03d}"
+        row = {"id": rid, "text": EVIL_TEXT if i == 0 else f"Sentence number {i}.",
+               "sample_rate": SR, "actor": f"actor-{i % 2}", "node": "node-a", "device": "cpu",
+               "model": "tiny-s2", "seed": i, "queue_ms": 5.0 + i, "prefill_ms": 20.0 + i,
+               "decode_ms": 300.0 + 10 * i, "codec_ms": 40.0}
+        if finished_at:
+            row["finished_at"] = t0 + 0.35 * i
+        if i >= n - n_err:
+            msg = EVIL_ERROR if i == n - 1 else COMMON_ERROR
+            row.update(status="error", error=msg, stop_reason="error", audio=None, n_frames=None,
+                       audio_seconds=None, total_ms=12.0, rtf=None)
+        else:
+            seconds = 0.5 + 0.25 * (i % 5)
+            data = flac_tone(seconds, 220.0 + 20 * i)
+            if audio_as == "bytes":
+                audio = {"bytes": data, "path": None}
+            else:
+                rel = f"audio/{i:03d} {rid[:1]}.flac"  # a space: the src must be URL-quoted
+                (out / "audio").mkdir(parents=True, exist_ok=True)
+                (out / rel).write_bytes(data)
+                audio = {"bytes": None, "path": rel}
+            total = row["queue_ms"] + row["prefill_ms"] + row["decode_ms"] + row["codec_ms"]
+            row.update(status="ok", error=None, stop_reason="budget" if i % 7 == 3 else "eos",
+                       audio=audio, n_frames=int(seconds * 21.53), audio_seconds=seconds,
+                       total_ms=total, rtf=total / 1000 / seconds)
+        rows.append(row)
+    return rows
+
+
+def write_run(out: Path, rows: list[dict], *, summary: dict | None = None, split: int = 2) -> Path:
+    (out / "data" / "part-1").mkdir(parents=True, exist_ok=True)
+    chunks = np.array_split(np.arange(len(rows)), split) if rows else [np.arange(0)]
+    for k, idx in enumerate(chunks):
+        part = [rows[i] for i in idx]
+        table = pa.Table.from_pylist(part) if part else pa.table({"id": pa.array([], pa.string())})
+        if "audio" in table.column_names:
+            table = table.set_column(table.column_names.index("audio"), "audio",
+                                     table.column("audio").cast(AUDIO_TYPE))
+        # the second file sits one folder down: the report globs everything below data/
+        sub = out / "data" / ("part-1" if k else "")
+        pq.write_table(table, sub / f"{k:05d}.parquet", row_group_size=4)
+    if summary is not None:
+        (out / "summary.json").write_text(json.dumps(summary))
+    return out
+
+
+SUMMARY = {"rows_ok": 26, "rows_error": 4, "audio_hours": 0.0086, "wall_s": 11.5, "rows_per_s": 2.6,
+           "frames_per_s": 58.1, "rtf": 0.37, "model": "tiny-s2",
+           "per_actor": {"actor-0": {"rows": 15, "audio_s": 16.0}, "actor-1": {"rows": 15, "audio_s": 15.0}}}
+BENCH = {"name": "slots sweep", "configs": [{"slots": 4, "rows_per_s": 1.5}, {"slots": 8, "rows_per_s": 2.7}]}
+
+
+class Page(HTMLParser):
+    """Collects what the assertions need: tag counts, audio srcs with their row id, table
+    rows as text, and the page's text."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: dict[str, int] = {}
+        self.audio: list[tuple[str, str]] = []   # (row id, src)
+        self.rows: list[list[str]] = []
+        self.srcs: list[str] = []
+        self.text: list[str] = []
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+        self._stack: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+        for k in ("src", "href"):
+            if k in a:
+                self.srcs.append(a[k])
+        if tag == "tr":
+            self._row = []
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "audio":
+            rid = self._row[0] if self._row else ""
+            self.audio.append((rid, a.get("src", "")))
+        if tag not in ("br", "meta", "img", "input", "link", "path", "use", "rect", "line"):
+            self._stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None and self._row is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self.rows.append(self._row)
+            self._row = None
+        if self._stack and self._stack[-1] == tag:
+            self._stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def parse(path: str) -> tuple[str, Page]:
+    doc = Path(path).read_text(encoding="utf-8")
+    page = Page()
+    page.feed(doc)
+    page.close()
+    return doc, page
+
+
+def audio_seconds(src: str) -> float:
+    assert src.startswith("data:audio/flac;base64,"), src[:60]
+    data, sr = sf.read(io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
+    return len(data) / sr
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    return write_run(out, make_rows(), summary=SUMMARY)
+
+
+@pytest.fixture(scope="module")
+def report(run_dir) -> str:
+    return write_report(str(run_dir), title="Run <1> & co", max_audio_rows=12, bench=BENCH)
+
+
+def test_report_page(run_dir, report):
+    assert report == str(run_dir / "report.html")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["data", "report.html", "summary.json"]  # no temp left
+    doc, page = parse(report)
+    assert doc.startswith("<!DOCTYPE html>")
+
+    # plots: inline SVG, at least throughput, latency, RTF, outcomes
+    assert page.tags.get("svg", 0) >= 4
+    # self-contained: nothing to fetch (no scripts, links or non-data sources)
+    assert "script" not in page.tags and "link" not in page.tags
+    assert all(s.startswith("data:") or s.startswith("#") for s in page.srcs), [s[:40] for s in page.srcs]
+
+    # audio: 12 ok rows (spread over the run, the first included), each decodes to its row's length
+    rows = {r["id"]: r for r in make_rows()}
+    assert len(page.audio) == 12
+    for rid, src in page.audio:
+        assert rows[rid]["status"] == "ok"
+        assert audio_seconds(src) == pytest.approx(rows[rid]["audio_seconds"], abs=1e-3)
+    assert EVIL_ID in [rid for rid, _ in page.audio]
+    assert any(rows[rid]["stop_reason"] == "budget" for rid, _ in page.audio)  # budget rows get a listen
+
+    # user data is escaped: the hostile id/text/error read back as text, never as markup
+    assert "<script" not in doc and "<img" not in doc and "<b>bold" not in doc
+    assert html.escape(EVIL_ID, quote=True) in doc
+    text = "".join(page.text)
+    for s in (EVIL_ID, EVIL_TEXT, EVIL_ERROR):
+        assert s in text
+    assert "Run <1> & co" in text  # the title too
+
+    # the error table counts messages, most common first
+    errors = [r for r in page.rows if len(r) == 3 and r[2] in (COMMON_ERROR, EVIL_ERROR)]
+    assert errors[0][:1] == ["3"] and errors[0][2] == COMMON_ERROR
+    assert errors[1][0] == "1" and errors[1][2] == EVIL_ERROR
+    # error rows also appear among the sample rows (status cell)
+    assert sum(1 for r in page.rows if "error" in r and any(c in (COMMON_ERROR, EVIL_ERROR) for c in r)) >= 4
+
+    # summary.json scalars, a nested per-actor table, and the bench configs table
+    assert ["wall_s", "11.5"] in page.rows and ["rows_per_s", "2.6"] in page.rows
+    assert any(r[:1] == ["actor-0"] for r in page.rows)
+    assert ["4", "1.5"] in page.rows and ["8", "2.7"] in page.rows
+    assert "rows ok" in text and "26" in text
+
+
+def test_report_is_rewritten_atomically(run_dir, report, monkeypatch):
+    before = Path(report).read_text(encoding="utf-8")
+    import pipeline.report as rep
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(rep.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        write_report(str(run_dir))
+    assert Path(report).read_text(encoding="utf-8") == before  # the old page survives
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".report-")]
+
+
+def test_empty_and_all_error_runs(tmp_path):
+    # no data/ at all
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    doc, page = parse(write_report(str(empty)))
+    assert "no Parquet files" in doc and page.tags.get("audio", 0) == 0
+
+    # a zero-row file
+    zero = write_run(tmp_path / "zero", [], split=1)
+    doc, page = parse(write_report(str(zero)))
+    assert "No rows yet" in doc
+
+    # every row failed: outcome plot and error table, no audio, no crash on empty histograms
+    rows = make_rows(n=6, n_err=6)
+    errs = write_run(tmp_path / "errs", rows, summary={"rows_ok": 0, "rows_error": 6})
+    doc, page = parse(write_report(str(errs), max_audio_rows=0))
+    assert page.tags.get("audio", 0) == 0
+    assert page.tags.get("svg", 0) >= 2  # throughput + outcomes
+    assert any(r[0] == "5" and r[2] == COMMON_ERROR for r in page.rows if len(r) == 3)
+    assert "no data" in doc  # the histograms say so instead of plotting nothing
+
+
+def test_audio_by_path_and_no_finish_times(tmp_path):
+    out = tmp_path / "files"
+    rows = make_rows(n=8, n_err=1, audio_as="path", finished_at=False, out=out)
+    write_run(out, rows)
+    doc, page = parse(write_report(str(out), max_audio_rows=3))
+    assert len(page.audio) == 3
+    for rid, src in page.audio:
+        assert not src.startswith("data:") and not src.startswith("/")
+        data, sr = sf.read(out / unquote(src))
+        assert len(data) / sr == pytest.approx(next(r for r in rows if r["id"] == rid)["audio_seconds"], abs=1e-3)
+    assert "output order" in doc  # throughput falls back to cumulative order
+
+
+def test_cli_without_torch(run_dir, tmp_path):
+    out = shutil.copytree(run_dir, tmp_path / "copy")
+    (out / "report.html").unlink()
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(BENCH))
+    code = ("import runpy, sys; sys.argv = ['pipeline.report', sys.argv[1], '--title', 'cli run', '--bench', "
+            "sys.argv[2]]\ntry:\n    runpy.run_module('pipeline.report', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "assert 'torch' not in sys.modules, 'pipeline.report imported torch'\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code, str(out), str(bench)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(out / "report.html")
+    assert "cli run" in (out / "report.html").read_text(encoding="utf-8")
+    # a missing directory is a usage error, not a traceback
+    proc = subprocess.run([sys.executable, "-m", "pipeline.report", str(tmp_path / "nope")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+# ---- the real browser -------------------------------------------------------------------
+
+CHECK_SCRIPT = """
+<script>
+console.error("%(canary)s");
+(function () {
+  const audios = Array.from(document.querySelectorAll("audio"));
+  const results = [];
+  let pending = audios.length;
+  function publish() {
+    const pre = document.createElement("pre");
+    pre.id = "chorus-audio-check";
+    pre.textContent = JSON.stringify(results);
+    document.body.appendChild(pre);
+    document.title = "checked";
+  }
+  function settle(r) { results.push(r); if (--pending === 0) publish(); }
+  if (!pending) publish();
+  audios.forEach(function (a) {
+    const cell = a.closest("tr") && a.closest("tr").querySelector("td.id");
+    const r = {id: cell ? cell.textContent : null};
+    a.addEventListener("loadedmetadata", function () {
+      r.readyState = a.readyState; r.duration = a.duration; a.muted = true;
+      a.play().then(function () { r.played = true; a.pause(); settle(r); },
+                    function (e) { r.played = false; r.playError = String(e); settle(r); });
+    }, {once: true});
+    a.addEventListener("error", function () { r.error = a.error ? a.error.code : -1; settle(r); }, {once: true});
+    a.load();
+  });
+})();
+</script>
+"""
+
+
+def chromium(args: list[str], profile: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+           "--disable-quic", "--no-first-run", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--mute-audio",
+           "--autoplay-policy=no-user-gesture-required", f"--user-data-dir={profile}",
+           "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def console_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium not installed at /usr/bin/chromium "
+                    "(apt-get install -y chromium chromium-driver)")
+def test_report_in_chromium(report, tmp_path):
+    rows = {r["id"]: r for r in make_rows()}
+
+    # 1. the page as written: renders with no console output at all, and a screenshot is kept
+    shot = tmp_path / "report-screenshot.png"
+    proc = chromium([f"--screenshot={shot}", "--window-size=1280,2000", Path(report).as_uri()],
+                    tmp_path / "profile-shot")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert console_lines(proc.stderr) == []
+    assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size > 50_000  # plots and tables drawn, not a blank page
+    artifacts = REPO / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    shutil.copyfile(shot, artifacts / "report-screenshot.png")
+
+    # 2. a copy with a probe script: every <audio> loads its data URI and plays
+    canary = f"chorus-canary-{uuid.uuid4().hex}"
+    probe = tmp_path / "probe.html"
+    doc = Path(report).read_text(encoding="utf-8")
+    probe.write_text(doc.replace("</body>", CHECK_SCRIPT % {"canary": canary} + "</body>"), encoding="utf-8")
+    proc = chromium(["--dump-dom", probe.as_uri()], tmp_path / "profile-dom")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # console capture works (the canary is seen) and nothing else was logged: no errors
+    lines = console_lines(proc.stderr)
+    assert any(canary in ln for ln in lines), proc.stderr[-2000:]
+    assert [ln for ln in lines if canary not in ln] == []
+    m = re.search(r'<pre id="chorus-audio-check">(.*?)</pre>', proc.stdout, re.S)
+    assert m, "the probe did not finish: " + proc.stdout[-500:]
+    results = json.loads(html.unescape(m.group(1)))
+    assert len(results) == 12
+    for r in results:
+        assert "error" not in r, r
+        assert r["readyState"] >= 1 and r["played"] is True, r
+        assert r["duration"] == pytest.approx(rows[r["id"]]["audio_seconds"], abs=0.01)
