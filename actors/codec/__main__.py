@@ -1,0 +1,134 @@
+"""Codec command line.
+
+    python -m actors.codec encode --checkpoint codec.pth IN.wav OUT.npy
+    python -m actors.codec decode --checkpoint codec.pth IN.npy OUT.flac|OUT.wav
+    python -m actors.codec make-tiny --out DIR [--seed N]
+    python -m actors.codec bench --size tiny|real [--seconds 5] [--json OUT]
+
+encode/decode read and write audio through actors.audio (soundfile + soxr);
+it is imported only by those two commands, so the codec library itself keeps
+to torch and numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def _dtype(name: str) -> torch.dtype:
+    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in choices:
+        raise argparse.ArgumentTypeError(f"dtype must be one of {sorted(choices)}")
+    return choices[name]
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True, help="codec.pth, or a directory holding it")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", type=_dtype, default=torch.float32)
+
+
+def _encode(args: argparse.Namespace) -> int:
+    from actors.audio import load_reference_audio
+
+    from .loader import load_codec
+
+    codec = load_codec(args.checkpoint, device=args.device, dtype=args.dtype)
+    wave = load_reference_audio(
+        str(args.input), target_sample_rate=codec.sample_rate, max_seconds=float("inf"), min_rms=0.0
+    )
+    (codes,) = codec.encode_batch([wave])
+    np.save(args.output, codes.astype(np.int64))
+    print(f"{args.input}: {len(wave) / codec.sample_rate:.2f} s -> codes {list(codes.shape)} in {args.output}")
+    return 0
+
+
+def _decode(args: argparse.Namespace) -> int:
+    from actors.audio import encode_audio
+
+    from .loader import load_codec
+
+    suffix = Path(args.output).suffix.lower()
+    if suffix not in (".wav", ".flac"):
+        raise SystemExit(f"output must end in .wav or .flac, got {args.output}")
+    codec = load_codec(args.checkpoint, device=args.device, dtype=args.dtype)
+    codes = np.load(args.input)
+    if codes.ndim == 3 and codes.shape[0] == 1:
+        codes = codes[0]
+    (wave,) = codec.decode_batch([codes])
+    Path(args.output).write_bytes(encode_audio(wave, codec.sample_rate, suffix[1:]))
+    print(f"{args.input}: codes {list(codes.shape)} -> {len(wave) / codec.sample_rate:.2f} s in {args.output}")
+    return 0
+
+
+def _make_tiny(args: argparse.Namespace) -> int:
+    from .tiny import make_tiny
+
+    path = make_tiny(
+        args.out, seed=args.seed, semantic_codebook_size=args.semantic_codebook_size,
+        codebook_size=args.codebook_size,
+    )
+    print(path)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import format_table, run_bench
+
+    result = run_bench(
+        size=args.size, seconds=args.seconds, repeats=args.repeats, big_batch=args.batch,
+        big_batch_repeats=args.batch_repeats, threads=args.threads, dtype=args.dtype,
+    )
+    print(format_table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m actors.codec", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    encode = commands.add_parser("encode", help="audio file -> codes .npy (int64 [codebooks, frames])")
+    _add_model_arguments(encode)
+    encode.add_argument("input", type=Path)
+    encode.add_argument("output", type=Path)
+    encode.set_defaults(run=_encode)
+
+    decode = commands.add_parser("decode", help="codes .npy -> .wav (float32) or .flac (16-bit)")
+    _add_model_arguments(decode)
+    decode.add_argument("input", type=Path)
+    decode.add_argument("output", type=Path)
+    decode.set_defaults(run=_decode)
+
+    tiny = commands.add_parser("make-tiny", help="write a deterministic random tiny codec")
+    tiny.add_argument("--out", required=True, type=Path)
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--semantic-codebook-size", type=int, default=128)
+    tiny.add_argument("--codebook-size", type=int, default=128)
+    tiny.set_defaults(run=_make_tiny)
+
+    bench = commands.add_parser("bench", help="decode/encode throughput on random weights")
+    bench.add_argument("--size", choices=["tiny", "real"], default="tiny")
+    bench.add_argument("--seconds", type=float, default=5.0)
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--batch", type=int, default=16, help="the larger decode batch")
+    bench.add_argument("--batch-repeats", type=int, default=1)
+    bench.add_argument("--threads", type=int, default=None)
+    bench.add_argument("--dtype", type=_dtype, default=torch.float32,
+                       help="bfloat16 is ~2x faster on CPUs with bf16 units, ~1.5%% error")
+    bench.add_argument("--json", type=Path, default=None)
+    bench.set_defaults(run=_bench)
+
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

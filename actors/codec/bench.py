@@ -1,0 +1,157 @@
+"""Codec throughput on this machine: seconds of audio per wall-clock second.
+
+Decode at batch 1 and batch 16, encode at batch 1, on random weights (tiny
+or real size, built in memory) and random in-range codes / a synthetic clip.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from .config import CodecConfig
+from .model import Codec
+from .tiny import random_codec
+
+
+@dataclass
+class BenchRow:
+    operation: str
+    batch: int
+    audio_seconds: float  # audio per call, all rows together
+    best_wall_s: float
+    median_wall_s: float
+    repeats: int
+
+    @property
+    def best_speed(self) -> float:
+        return self.audio_seconds / self.best_wall_s
+
+    @property
+    def median_speed(self) -> float:
+        return self.audio_seconds / self.median_wall_s
+
+
+def peak_rss_gib() -> float:
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def bench_config(size: str) -> CodecConfig:
+    if size == "tiny":
+        return CodecConfig.tiny(semantic_codebook_size=128, codebook_size=128)
+    if size == "real":
+        return CodecConfig.real()
+    raise ValueError(f"unknown size {size!r}; use 'tiny' or 'real'")
+
+
+def _time_calls(call: Callable[[], object], repeats: int) -> list[float]:
+    walls = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        walls.append(time.perf_counter() - start)
+    return walls
+
+
+def random_codes(codec: Codec, batch: int, frames: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(0, size, (batch, 1, frames), generator=generator) for size in codec.codebook_sizes]
+    return torch.cat(rows, dim=1)
+
+
+def synthetic_clip(samples: int, sample_rate: int, seed: int) -> np.ndarray:
+    t = np.arange(samples) / sample_rate
+    noise = np.random.default_rng(seed).standard_normal(samples)
+    wave = 0.3 * np.sin(2 * np.pi * 220 * t) + 0.1 * np.sin(2 * np.pi * 1375.5 * t) + 0.05 * noise
+    return wave.astype(np.float32)
+
+
+def run_bench(
+    size: str = "tiny",
+    seconds: float = 5.0,
+    repeats: int = 3,
+    big_batch: int = 16,
+    big_batch_repeats: int = 1,
+    threads: Optional[int] = None,
+    dtype: torch.dtype = torch.float32,
+    log: Callable[[str], None] = print,
+) -> dict:
+    if threads:
+        torch.set_num_threads(threads)
+    build_start = time.perf_counter()
+    codec = random_codec(bench_config(size), seed=0, dtype=dtype)
+    build_s = time.perf_counter() - build_start
+    log(f"built {size} codec with random weights in {build_s:.1f} s "
+        f"(peak RSS {peak_rss_gib():.2f} GiB)")
+    frames = math.ceil(seconds * codec.sample_rate / codec.frame_length)
+    clip_seconds = frames * codec.frame_length / codec.sample_rate
+    rows: list[BenchRow] = []
+    rss: dict[str, float] = {"after_build": peak_rss_gib()}
+
+    def measure(operation: str, batch: int, call: Callable[[], object], count: int) -> None:
+        walls = _time_calls(call, count)
+        row = BenchRow(operation, batch, clip_seconds * batch, min(walls), statistics.median(walls), count)
+        rows.append(row)
+        rss[f"{operation}_b{batch}"] = peak_rss_gib()
+        log(f"  {operation} batch {batch}: best {row.best_wall_s:.3f} s "
+            f"({row.best_speed:.3f} s audio / s), peak RSS {peak_rss_gib():.2f} GiB")
+
+    codes_one = random_codes(codec, 1, frames, seed=1)
+    codec.decode(codes_one)  # warm-up: allocator, oneDNN kernel selection
+    measure("decode", 1, lambda: codec.decode(codes_one), repeats)
+
+    codes_many = random_codes(codec, big_batch, frames, seed=2)
+    codec.decode(codes_many[:, :, :2])
+    measure("decode", big_batch, lambda: codec.decode(codes_many), big_batch_repeats)
+
+    clip = torch.from_numpy(synthetic_clip(frames * codec.frame_length, codec.sample_rate, 3))
+    clip = clip.view(1, 1, -1).to(dtype)
+    codec.encode(clip)
+    measure("encode", 1, lambda: codec.encode(clip), repeats)
+
+    return {
+        "size": size,
+        "dtype": str(dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+        "clip_seconds": clip_seconds,
+        "frames": frames,
+        "build_seconds": build_s,
+        "load_average": _load_average(),
+        "rows": [asdict(r) | {"best_speed": r.best_speed, "median_speed": r.median_speed} for r in rows],
+        "peak_rss_gib": rss,
+        "torch": torch.__version__,
+    }
+
+
+def format_table(result: dict) -> str:
+    lines = [
+        f"codec bench: size={result['size']} dtype={result['dtype']} threads={result['threads']} "
+        f"clip={result['clip_seconds']:.2f} s ({result['frames']} frames) "
+        f"load average={result['load_average']}",
+        f"{'operation':<10}{'batch':>6}{'audio s':>10}{'best wall s':>13}{'median wall s':>15}"
+        f"{'audio s / s (best)':>20}{'(median)':>10}",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"{row['operation']:<10}{row['batch']:>6}{row['audio_seconds']:>10.2f}"
+            f"{row['best_wall_s']:>13.3f}{row['median_wall_s']:>15.3f}"
+            f"{row['best_speed']:>20.3f}{row['median_speed']:>10.3f}"
+        )
+    lines.append("peak RSS (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in result["peak_rss_gib"].items()))
+    return "\n".join(lines)
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "n/a"

@@ -1,0 +1,216 @@
+"""The codec: audio <-> codes, one module tree with upstream's key names."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import CodecConfig
+from .layers import Decoder, Encoder
+from .quantizer import DownsampleResidualVectorQuantize
+
+# decode_batch / encode_batch group rows so that one forward pass holds at most
+# this many (padded) audio samples. The decoder keeps its last two stage
+# outputs alive (decoder_dim/16 channels at audio rate plus twice that at half
+# rate: ~1.6 GB at 2**21 samples for the real codec); CPU throughput does not
+# improve with more rows, so larger groups would only cost memory.
+DEFAULT_MAX_BATCH_SAMPLES = 2**21
+DEFAULT_MAX_BATCH_ROWS = 16
+
+
+class Codec(nn.Module):
+    """Causal modded DAC (OpenAudio S1 / S2-Pro codec).
+
+    Module names match upstream (`encoder.block...`, `quantizer...`,
+    `decoder.model...`); weight norm is folded at load, so every conv holds a
+    plain `weight`.
+    """
+
+    def __init__(self, config: CodecConfig):
+        super().__init__()
+        self.config = config.validate()
+        self.encoder = Encoder(config)
+        self.quantizer = DownsampleResidualVectorQuantize(config)
+        self.decoder = Decoder(config)
+
+    # ---- sizes ----------------------------------------------------------
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    @property
+    def frame_length(self) -> int:
+        return self.config.frame_length
+
+    @property
+    def num_codebooks(self) -> int:
+        return self.config.num_codebooks
+
+    @property
+    def codebook_sizes(self) -> list[int]:
+        return self.config.codebook_sizes
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    # ---- tensor API (upstream semantics) --------------------------------
+    @torch.inference_mode()
+    def encode(
+        self, audio: torch.Tensor, lengths: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio [B, 1, T] (or [B, T]) -> (codes [B, C, F] int64, frame_lengths [B]).
+
+        The input is right-padded with zeros to F = ceil(T / frame_length)
+        frames; frame_lengths[b] = ceil(lengths[b] / frame_length). Codes past
+        a row's frame length encode padding and should be dropped.
+        """
+        if audio.dim() == 2:
+            audio = audio.unsqueeze(1)
+        if audio.dim() != 3 or audio.shape[1] != 1:
+            raise ValueError(f"encode expects audio [B, 1, T], got {tuple(audio.shape)}")
+        batch, _, length = audio.shape
+        if lengths is None:
+            lengths = torch.full((batch,), length, dtype=torch.long)
+        lengths = torch.as_tensor(lengths, dtype=torch.long).reshape(-1)
+        if lengths.numel() != batch:
+            raise ValueError(f"lengths has {lengths.numel()} entries for a batch of {batch}")
+        if bool((lengths < 0).any()) or bool((lengths > length).any()):
+            raise ValueError(f"lengths {lengths.tolist()} must lie in [0, {length}]")
+        frames = -(-length // self.frame_length)
+        frame_lengths = (lengths + self.frame_length - 1) // self.frame_length
+        if frames == 0:
+            empty = torch.zeros(batch, self.num_codebooks, 0, dtype=torch.long, device=self.device)
+            return empty, frame_lengths.to(self.device)
+        padded = torch.zeros(batch, 1, frames * self.frame_length, dtype=self.dtype, device=self.device)
+        padded[..., :length] = audio
+        codes = self.quantizer.encode(self.encoder(padded))
+        return codes, frame_lengths.to(codes.device)
+
+    @torch.inference_mode()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, C, F] -> audio [B, 1, F * frame_length].
+
+        Out-of-range codes are clamped like upstream (row 0 to the semantic
+        codebook, the others to the residual one) and also from below at 0;
+        the caller's tensor is left untouched.
+        """
+        if codes.dim() != 3 or codes.shape[1] != self.num_codebooks:
+            raise ValueError(
+                f"decode expects codes [B, {self.num_codebooks}, F], got {tuple(codes.shape)}"
+            )
+        if codes.dtype.is_floating_point or codes.dtype == torch.bool:
+            raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
+        limits = torch.tensor(
+            [size - 1 for size in self.codebook_sizes], dtype=torch.long, device=self.device
+        ).view(1, -1, 1)
+        safe = torch.minimum(codes.to(device=self.device, dtype=torch.long).clamp(min=0), limits)
+        if safe.shape[-1] == 0:
+            return torch.zeros(codes.shape[0], 1, 0, dtype=self.dtype, device=self.device)
+        return self.decoder(self.quantizer.decode(safe))
+
+    # ---- numpy batch API -------------------------------------------------
+    def encode_batch(
+        self,
+        waves: Sequence[np.ndarray],
+        *,
+        max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        max_batch_samples: int = DEFAULT_MAX_BATCH_SAMPLES,
+    ) -> list[np.ndarray]:
+        """Mono float waves at `sample_rate` -> codes [C, ceil(len / frame_length)].
+
+        Rows are grouped by length and right-padded; since every layer is
+        causal, a row's codes do not depend on the rows batched with it.
+        """
+        arrays = []
+        for index, wave in enumerate(waves):
+            array = np.asarray(wave, dtype=np.float32)
+            if array.ndim != 1:
+                raise ValueError(f"wave {index} must be 1-D mono samples, got shape {array.shape}")
+            arrays.append(array)
+        results: list[Optional[np.ndarray]] = [None] * len(arrays)
+        lengths = [len(array) for array in arrays]
+        for group in _length_groups(lengths, max_batch_rows, max_batch_samples, self.frame_length):
+            longest = max(lengths[i] for i in group)
+            if longest == 0:
+                for i in group:
+                    results[i] = np.zeros((self.num_codebooks, 0), dtype=np.int64)
+                continue
+            audio = torch.zeros(len(group), 1, longest, dtype=self.dtype, device=self.device)
+            for row, i in enumerate(group):
+                audio[row, 0, : lengths[i]] = torch.from_numpy(arrays[i])
+            codes, frame_lengths = self.encode(audio, torch.tensor([lengths[i] for i in group]))
+            codes = codes.cpu().numpy()
+            for row, i in enumerate(group):
+                results[i] = np.ascontiguousarray(codes[row, :, : int(frame_lengths[row])])
+        return results  # type: ignore[return-value]
+
+    def decode_batch(
+        self,
+        codes: Sequence[np.ndarray],
+        *,
+        max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        max_batch_samples: int = DEFAULT_MAX_BATCH_SAMPLES,
+    ) -> list[np.ndarray]:
+        """Codes [C, F_i] -> float32 waves of F_i * frame_length samples.
+
+        Rows are grouped by length and right-padded with code 0; every layer
+        is causal, so the padding never reaches a row's own samples.
+        """
+        arrays = []
+        for index, row_codes in enumerate(codes):
+            array = np.asarray(row_codes)
+            if array.ndim != 2 or array.shape[0] != self.num_codebooks:
+                raise ValueError(
+                    f"codes {index} must have shape [{self.num_codebooks}, frames], got {array.shape}"
+                )
+            if not np.issubdtype(array.dtype, np.integer):
+                raise ValueError(f"codes {index} must be integers, got {array.dtype}")
+            arrays.append(array.astype(np.int64, copy=False))
+        frames = [array.shape[1] for array in arrays]
+        results: list[Optional[np.ndarray]] = [None] * len(arrays)
+        samples = [f * self.frame_length for f in frames]
+        for group in _length_groups(samples, max_batch_rows, max_batch_samples, 1):
+            longest = max(frames[i] for i in group)
+            if longest == 0:
+                for i in group:
+                    results[i] = np.zeros(0, dtype=np.float32)
+                continue
+            batch = torch.zeros(len(group), self.num_codebooks, longest, dtype=torch.long)
+            for row, i in enumerate(group):
+                batch[row, :, : frames[i]] = torch.from_numpy(arrays[i])
+            audio = self.decode(batch).float().cpu().numpy()
+            for row, i in enumerate(group):
+                results[i] = np.ascontiguousarray(audio[row, 0, : samples[i]])
+        return results  # type: ignore[return-value]
+
+
+def _length_groups(
+    lengths: Sequence[int], max_rows: int, max_samples: int, quantum: int
+) -> Iterable[list[int]]:
+    """Indices grouped longest first so padded groups waste little work; a
+    group holds at most max_rows rows and max_samples padded samples (a single
+    row longer than that still forms its own group)."""
+    if max_rows < 1:
+        raise ValueError(f"max_batch_rows must be >= 1, got {max_rows}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    group: list[int] = []
+    group_width = 0
+    for i in order:
+        width = -(-lengths[i] // quantum) * quantum
+        if group:
+            if len(group) + 1 > max_rows or (len(group) + 1) * group_width > max_samples:
+                yield group
+                group = []
+        if not group:
+            group_width = width
+        group.append(i)
+    if group:
+        yield group
