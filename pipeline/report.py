@@ -38,10 +38,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline import schema as S
+from pipeline.output import SUMMARY_FILE as SUMMARY_NAME
 
 REPORT_NAME = "report.html"
-SUMMARY_NAME = "summary.json"
-FINISHED_AT = "finished_at"        # optional: unix time a row finished
 MAX_EMBED_BYTES = 8 * 1024 * 1024  # a larger clip is linked or left out, not inlined
 MAX_ERROR_SAMPLES = 5              # error rows shown in the sample table
 MAX_ERROR_KINDS = 10               # distinct error messages listed
@@ -299,7 +298,7 @@ class _Plots:
 
 def _plot_throughput(p: _Plots, run: _Run, ok: np.ndarray) -> tuple[str, str]:
     seconds = run.floats(S.AUDIO_SECONDS)
-    finished = run.floats(FINISHED_AT)
+    finished = run.floats(S.FINISHED_AT)
     have_time = np.isfinite(finished)
     if have_time.any():
         t = finished[have_time]
@@ -326,7 +325,7 @@ def _plot_throughput(p: _Plots, run: _Run, ok: np.ndarray) -> tuple[str, str]:
             a2.set_ylim(0, 1)
         a2.set_xlabel("seconds since the first row finished")
         missing = int((~have_time).sum())
-        note = f" ({missing} rows without {FINISHED_AT} left out)" if missing else ""
+        note = f" ({missing} rows without {S.FINISHED_AT} left out)" if missing else ""
         return p.svg(fig, "throughput"), "Rows and seconds of audio finished per second of wall time." + note
     # no finish times: show the run's progress in output order
     fig, (a1,) = p.figure(1, 3.0)
@@ -339,7 +338,7 @@ def _plot_throughput(p: _Plots, run: _Run, ok: np.ndarray) -> tuple[str, str]:
     a1.set_xlabel("row (output order)")
     a1.set_ylabel("cumulative audio seconds")
     a1.set_title("Audio produced, in output order")
-    return p.svg(fig, "throughput"), f"The rows have no {FINISHED_AT} column, so progress is shown in output order."
+    return p.svg(fig, "throughput"), f"The rows have no {S.FINISHED_AT} column, so progress is shown in output order."
 
 
 def _hist(p: _Plots, name: str, values: np.ndarray, *, title: str, xlabel: str, unit: str,
@@ -545,7 +544,7 @@ def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]
     frames = run.floats(S.N_FRAMES)
     total_ms = run.floats(S.TOTAL_MS)
     rtf = run.floats(S.RTF)
-    finished = run.floats(FINISHED_AT)
+    finished = run.floats(S.FINISHED_AT)
     summ = run.summary
 
     audio_s = float(np.nansum(seconds[ok])) if n else 0.0

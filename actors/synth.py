@@ -1,0 +1,455 @@
+"""SynthActor: the Ray Data callable class. One instance holds one loaded model, its codec and
+a reference cache; each call turns an Arrow batch of input rows into an Arrow batch of output
+rows (pipeline/schema.py), exactly one per input row, whatever happened to it.
+
+Per batch: parse each row's settings -> decode and encode references (cached per actor) ->
+build prompts -> one engine.generate over every row -> decode codes to audio in batches ->
+FLAC. A row that fails at any step becomes a status=error row naming the step and the cause;
+nothing a row contains can raise out of the call and lose the batch.
+
+torch, the engine and the codec load inside __init__, so importing this module (the driver
+does, to name the class) stays light.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import socket
+import sys
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline import schema as S
+
+log = logging.getLogger(__name__)
+
+SEED_MASK = (1 << 63) - 1  # seeds are stored as int64
+
+
+def row_seed(row_id: str, global_seed: int) -> int:
+    """A row's seed when the table gives none: a stable hash of the run seed and the id, so a
+    row samples the same stream whichever batch, actor or run it lands in."""
+    digest = hashlib.blake2b(f"{global_seed}\x00{row_id}".encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & SEED_MASK
+
+
+class RowError(Exception):
+    """A problem with one row's content; its message becomes the row's `error`."""
+
+
+def _parse_int(value: Any, column: str, low: int, high: int) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise RowError(f"{column} {value!r} is not an integer") from None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise RowError(f"{column} must be an integer, got {type(value).__name__}")
+    if not low <= int(value) <= high:
+        raise RowError(f"{column} {value} is outside [{low}, {high}]")
+    return int(value)
+
+
+def _parse_float(value: Any, column: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise RowError(f"{column} {value!r} is not a number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise RowError(f"{column} must be a number, got {type(value).__name__}")
+    if not math.isfinite(float(value)):
+        raise RowError(f"{column} {value} is not finite")
+    return float(value)
+
+
+def _text_of(value: Any) -> Optional[str]:
+    """The row's text as a string when it is one (for the output and the frame budget); the
+    prompt builder judges the raw value itself and names what is wrong with it."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return None
+
+
+@dataclass
+class _Row:
+    index: int
+    id: Optional[str]
+    values: dict
+    text: Optional[str] = None
+    error: Optional[str] = None
+    seed: Optional[int] = None
+    sampling: Any = None
+    max_frames: Optional[int] = None
+    ref_key: Optional[str] = None
+    ref_source: Any = None  # bytes or a path string
+    ref_codes: Optional[np.ndarray] = None
+    result: Any = None
+    wave: Optional[np.ndarray] = None
+    codec_ms: float = 0.0
+
+    def fail(self, message: str) -> None:
+        if self.error is None:  # the first failure is the cause; later ones are consequences
+            self.error = message
+
+
+class _LRU:
+    def __init__(self, capacity: int):
+        self.capacity = max(0, int(capacity))
+        self.items: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    def get(self, key: str) -> Optional[np.ndarray]:
+        if key in self.items:
+            self.items.move_to_end(key)
+            return self.items[key]
+        return None
+
+    def put(self, key: str, value: np.ndarray) -> None:
+        if self.capacity == 0:
+            return
+        self.items[key] = value
+        self.items.move_to_end(key)
+        while len(self.items) > self.capacity:
+            self.items.popitem(last=False)
+
+
+class SynthActor:
+    """Arguments are the plain dicts of the run config's groups (pipeline/config.py): small,
+    picklable, and the same on every actor."""
+
+    def __init__(self, model: Mapping, engine: Mapping, sampling: Mapping, data: Mapping | None = None,
+                 keep_codes: bool = True, run_id: str = "", threads: Optional[int] = None,
+                 crash_on_batch: int = 0, crash_marker: Optional[str] = None):
+        import torch
+
+        from actors import audio
+        from actors.codec import load_codec
+        from actors.engine import Engine, EngineConfig, PromptBuilder, PromptError, load_model, upstream_sampling
+        from actors.engine.types import STOP_ERROR, Request
+
+        data = dict(data or {})
+        if threads:
+            # one actor per fraction of a CPU: more threads than granted cores thrash (80x
+            # slower measured with two 2-thread actors on two cores)
+            torch.set_num_threads(int(threads))
+        started = time.perf_counter()
+        checkpoint, codec_path = _model_paths(model)
+        device = model.get("device", "auto")
+        if device == "auto":
+            # Ray hides the GPUs an actor was not granted (CUDA_VISIBLE_DEVICES), so this is
+            # "cuda when granted"
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.lm = load_model(checkpoint, device=device, dtype=model.get("dtype", "auto"))
+        self.codec = load_codec(codec_path, device=device,
+                                dtype=getattr(torch, model.get("codec_dtype", "float32")))
+        mc = self.lm.config
+        if self.codec.num_codebooks != mc.num_codebooks:
+            raise ValueError(f"codec {codec_path} has {self.codec.num_codebooks} codebooks, model "
+                             f"{checkpoint} {mc.num_codebooks}: they do not belong together")
+        self.engine = Engine(self.lm, EngineConfig(
+            max_rows=int(engine["max_rows"]), max_tokens=int(engine["max_tokens"]),
+            prefill_chunk=int(engine["prefill_chunk"]), static_shapes=bool(engine.get("static_shapes", False)),
+            compile=bool(engine.get("compile", False)),
+            prefix_cache_entries=int(engine.get("prefix_cache_entries", 8))))
+        self.builder = PromptBuilder.for_model(self.lm)
+        overrides = {k: v for k, v in sampling.items() if k != "seed" and v is not None}
+        self.base_sampling = upstream_sampling(mc.family, **overrides)
+        self.base_sampling.validate()
+        self.global_seed = int(sampling.get("seed", 0))
+        self.max_frames = int(engine["max_frames"])
+        self.frames_per_char = engine.get("frames_per_char")
+        self.min_frames = int(engine.get("min_frames", 0))
+        self.stop_on_eos = bool(engine.get("stop_on_eos", True))
+        self.codec_batch_rows = max(1, int(engine.get("codec_batch_rows", 8)))
+        self.references = _LRU(int(engine.get("reference_cache", 256)))
+        # audio_root (set by the user) confines every clip path to it; without it, relative
+        # paths are taken from the input's directory and absolute ones are used as they are
+        self.audio_root = data.get("audio_root")
+        self.input_dir = data.get("input_dir")
+        self.max_reference_seconds = float(data.get("max_reference_seconds", 30.0))
+        self.keep_codes = keep_codes
+        self.run_id = run_id
+        self.crash_on_batch, self.crash_marker = int(crash_on_batch or 0), crash_marker
+        self.batches = 0
+        self.model_name = model.get("name") or self.lm.name
+        self.device = str(self.lm.device)
+        self.actor, self.node = _provenance()
+        # bound here so the per-batch code does not re-import
+        self._audio = audio
+        self._Request, self._PromptError, self._STOP_ERROR = Request, PromptError, STOP_ERROR
+        log.info("SynthActor %s ready on %s in %.1fs: %s (%s), codec %s, kv %s", self.actor, self.device,
+                 time.perf_counter() - started, checkpoint, mc.family, codec_path, self.engine.kv_bytes())
+
+    # ---- the Ray Data call ----------------------------------------------------------
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        self.batches += 1
+        self._maybe_crash()
+        started = time.perf_counter()
+        rows = [_Row(i, values.get(S.ID), values) for i, values in enumerate(batch.to_pylist())]
+        try:
+            for row in rows:
+                self._parse(row)
+            self._prepare_references([r for r in rows if r.error is None and r.ref_key])
+            self._generate([r for r in rows if r.error is None])
+            self._decode([r for r in rows if r.error is None])
+        except Exception as e:  # a bug or a device failure: the rows still come back, as errors
+            log.error("batch failed in %s:\n%s", self.actor, traceback.format_exc())
+            for row in rows:
+                if row.wave is None:
+                    row.fail(f"internal error in actor {self.actor}: {e!r}")
+        table = S.output_table([self._output_row(r) for r in rows])
+        log.debug("batch %d: %d rows in %.2fs", self.batches, len(rows), time.perf_counter() - started)
+        return table
+
+    def _maybe_crash(self) -> None:
+        """Test hook for the fault-tolerance test: exit hard (no cleanup, as a killed process
+        would) on the N-th batch; the marker file makes it happen once per run."""
+        if not self.crash_on_batch or self.batches != self.crash_on_batch:
+            return
+        if self.crash_marker:
+            try:
+                os.close(os.open(self.crash_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return
+        log.warning("crash_on_batch=%d: actor %s exits now", self.crash_on_batch, self.actor)
+        os._exit(70)
+
+    # ---- per-row settings -----------------------------------------------------------
+    def _parse(self, row: _Row) -> None:
+        v = row.values
+        try:
+            if not isinstance(row.id, str):
+                raise RowError(S.id_problem(row.id) or "id is not a string")
+            raw_text = v.get(S.TEXT)
+            if raw_text is None:
+                raise RowError("text is null")
+            row.text = _text_of(raw_text)
+            if v.get(S.SEED) is not None:
+                row.seed = _parse_int(v[S.SEED], S.SEED, 0, SEED_MASK)
+            else:
+                row.seed = row_seed(row.id, self.global_seed)
+            overrides = {}
+            if v.get(S.TEMPERATURE) is not None:
+                overrides["temperature"] = _parse_float(v[S.TEMPERATURE], S.TEMPERATURE)
+            if v.get(S.TOP_P) is not None:
+                overrides["top_p"] = _parse_float(v[S.TOP_P], S.TOP_P)
+            if v.get(S.TOP_K) is not None:
+                overrides["top_k"] = _parse_int(v[S.TOP_K], S.TOP_K, 0, 1 << 31)
+            sampling = self.base_sampling.with_seed(row.seed)
+            if overrides:
+                sampling = replace(sampling, **overrides)
+            try:
+                sampling.validate()
+            except ValueError as e:
+                raise RowError(f"bad sampling settings: {e}") from None
+            row.sampling = sampling
+            if v.get(S.MAX_FRAMES) is not None:
+                row.max_frames = _parse_int(v[S.MAX_FRAMES], S.MAX_FRAMES, 0, 1 << 20)
+            else:
+                row.max_frames = self._frame_budget(row.text)
+            self._parse_reference(row)
+        except RowError as e:
+            row.fail(str(e))
+
+    def _frame_budget(self, text: Optional[str]) -> int:
+        if self.frames_per_char is None or text is None:
+            return self.max_frames
+        wanted = self.min_frames + math.ceil(float(self.frames_per_char) * len(text))
+        return min(self.max_frames, wanted)
+
+    def _parse_reference(self, row: _Row) -> None:
+        v = row.values
+        audio_bytes, audio_path = v.get(S.REF_AUDIO), v.get(S.REF_AUDIO_PATH)
+        if audio_bytes is not None:
+            row.ref_source = bytes(audio_bytes)
+            identity = "bytes:" + hashlib.blake2b(row.ref_source, digest_size=16).hexdigest()
+        elif audio_path is not None:
+            if not audio_path.strip():
+                raise RowError("ref_audio_path is empty")
+            row.ref_source = audio_path
+            identity = "path:" + audio_path
+        else:
+            return
+        # rows naming the same ref_id share one clip by contract, so one encode serves them all;
+        # a `speaker` label is not trusted that far (tables often give each row its own clip)
+        shared_id = v.get(S.REF_ID)
+        row.ref_key = f"ref_id:{shared_id}" if shared_id else identity
+
+    # ---- references -----------------------------------------------------------------
+    def _prepare_references(self, rows: list[_Row]) -> None:
+        by_key: dict[str, list[_Row]] = {}
+        for row in rows:
+            by_key.setdefault(row.ref_key, []).append(row)
+        waves, keys = [], []
+        for key, group in by_key.items():
+            cached = self.references.get(key)
+            if cached is not None:
+                for row in group:
+                    row.ref_codes = cached
+                continue
+            try:
+                waves.append(self._load_reference(group[0].ref_source))
+                keys.append(key)
+            except Exception as e:  # ReferenceAudioError, OSError, decoder errors: all per clip
+                for row in group:
+                    row.fail(f"reference audio: {e}")
+        if not waves:
+            return
+        started = time.perf_counter()
+        codes = self.codec.encode_batch(waves, max_batch_rows=self.codec_batch_rows)
+        share_ms = (time.perf_counter() - started) * 1000.0 / len(waves)
+        for key, key_codes in zip(keys, codes):
+            self.references.put(key, key_codes)
+            for row in by_key[key]:
+                row.ref_codes = key_codes
+                row.codec_ms += share_ms / len(by_key[key])
+
+    def _load_reference(self, source) -> np.ndarray:
+        if isinstance(source, str) and source.startswith("file://"):
+            source = source[len("file://"):]
+        elif isinstance(source, str) and "://" in source:  # s3://, gs://, ...: fetch the bytes
+            import pyarrow.fs as pafs
+
+            filesystem, path = pafs.FileSystem.from_uri(source)
+            with filesystem.open_input_file(path) as f:
+                source = f.read()
+        root = self.audio_root
+        if root is None and isinstance(source, str) and not os.path.isabs(os.path.expanduser(source)):
+            root = self.input_dir  # relative paths name clips beside the input, and stay there
+        wave = self._audio.load_reference_audio(source, target_sample_rate=self.codec.sample_rate,
+                                                max_seconds=self.max_reference_seconds, root=root)
+        return np.asarray(wave, dtype=np.float32)
+
+    # ---- generation -----------------------------------------------------------------
+    def _generate(self, rows: list[_Row]) -> None:
+        requests, live = [], []
+        for row in rows:
+            try:
+                prompt = self.builder.build(row.values.get(S.TEXT), ref_text=row.values.get(S.REF_TEXT),
+                                            ref_codes=row.ref_codes)
+            except self._PromptError as e:
+                row.fail(str(e))
+                continue
+            prefix_key = None
+            if row.ref_key:
+                ref_text = row.values.get(S.REF_TEXT) or ""
+                prefix_key = hashlib.blake2b(f"{row.ref_key}\x00{ref_text}".encode("utf-8", "replace"),
+                                             digest_size=16).hexdigest()
+            requests.append(self._Request(row.id, prompt.tokens, row.max_frames, sampling=row.sampling,
+                                          stop_on_eos=self.stop_on_eos, prefix_key=prefix_key,
+                                          prefix_len=prompt.prefix_len if prefix_key else 0))
+            live.append(row)
+        if not requests:
+            return
+        for row, result in zip(live, self.engine.generate(requests)):
+            row.result = result
+            if result.stop_reason == self._STOP_ERROR:
+                row.fail(f"generation: {result.error}")
+            elif result.frames == 0:
+                row.fail(f"generation produced no audio (stopped on {result.stop_reason} before the "
+                         f"first frame)")
+
+    def _decode(self, rows: list[_Row]) -> None:
+        for start in range(0, len(rows), self.codec_batch_rows):
+            group = rows[start:start + self.codec_batch_rows]
+            began = time.perf_counter()
+            try:
+                waves = self.codec.decode_batch([r.result.codes for r in group],
+                                                max_batch_rows=self.codec_batch_rows)
+            except Exception as e:
+                for row in group:
+                    row.fail(f"codec decode: {e!r}")
+                continue
+            elapsed_ms = (time.perf_counter() - began) * 1000.0
+            frames = sum(r.result.frames for r in group) or 1
+            for row, wave in zip(group, waves):
+                row.codec_ms += elapsed_ms * row.result.frames / frames
+                if not np.all(np.isfinite(wave)):
+                    row.fail("codec decode produced non-finite samples")
+                    continue
+                row.wave = wave
+
+    # ---- output ---------------------------------------------------------------------
+    def _output_row(self, row: _Row) -> dict:
+        sp = row.sampling
+        out = {
+            S.ID: row.id if isinstance(row.id, str) else None,
+            S.ACTOR: self.actor, S.NODE: self.node, S.DEVICE: self.device, S.MODEL: self.model_name,
+            S.RUN: self.run_id, S.SEED: row.seed, S.MAX_FRAMES: row.max_frames, S.TEXT: row.text,
+            S.SPEAKER: None if row.values.get(S.SPEAKER) is None else str(row.values[S.SPEAKER]),
+            S.FINISHED_AT: time.time(),
+        }
+        if sp is not None:
+            out.update({S.TEMPERATURE: sp.temperature, S.TOP_P: sp.top_p, S.TOP_K: sp.top_k,
+                        S.REPETITION_PENALTY: sp.repetition_penalty, S.RAS_WINDOW: sp.ras_window})
+        result = row.result
+        if result is not None:
+            out.update({S.STOP_REASON: result.stop_reason, S.PROMPT_TOKENS: result.prompt_tokens,
+                        S.QUEUE_MS: result.queue_ms, S.PREFILL_MS: result.prefill_ms,
+                        S.DECODE_MS: result.decode_ms})
+        if row.error is None and row.wave is not None:
+            try:
+                flac = self._audio.encode_audio(row.wave, self.codec.sample_rate, "flac")
+            except Exception as e:
+                row.fail(f"FLAC encoding: {e!r}")
+            else:
+                seconds = len(row.wave) / self.codec.sample_rate
+                total_ms = result.total_ms + row.codec_ms
+                out.update({
+                    S.STATUS: S.STATUS_OK,
+                    S.AUDIO: {S.AUDIO_BYTES: flac, S.AUDIO_PATH: S.audio_file_stem(row.id) + ".flac"},
+                    S.SAMPLE_RATE: self.codec.sample_rate, S.N_FRAMES: result.frames,
+                    S.AUDIO_SECONDS: seconds, S.CODEC_MS: row.codec_ms, S.TOTAL_MS: total_ms,
+                    S.RTF: (total_ms / 1000.0) / seconds if seconds > 0 else None,
+                })
+                if self.keep_codes:
+                    out[S.CODES] = np.asarray(result.codes, dtype=np.int16).tolist()
+                return out
+        out.update({S.STATUS: S.STATUS_ERROR, S.ERROR: row.error or "unknown failure"})
+        return out
+
+
+def _model_paths(model: Mapping) -> tuple[Path, Path]:
+    """(checkpoint dir, codec file or dir): the configured ones, or the demo's (built here on
+    first use) when no checkpoint is configured."""
+    checkpoint, codec_path = model.get("checkpoint"), model.get("codec")
+    if checkpoint is None:
+        from actors.demo import demo_assets
+
+        cache_dir = model.get("cache_dir")
+        checkpoint, demo_codec = demo_assets(Path(cache_dir).expanduser() if cache_dir else None)
+        codec_path = codec_path or demo_codec
+    checkpoint = Path(checkpoint)
+    return checkpoint, Path(codec_path) if codec_path else checkpoint / "codec.pth"
+
+
+def _provenance() -> tuple[str, str]:
+    """(actor, node) names for the output rows: Ray's ids inside Ray, host/pid outside."""
+    host = socket.gethostname()
+    if "ray" in sys.modules:
+        try:
+            import ray
+
+            if ray.is_initialized():
+                context = ray.get_runtime_context()
+                actor_id = context.get_actor_id()
+                node_id = context.get_node_id()
+                if actor_id:
+                    return f"actor-{actor_id[:8]}-{os.getpid()}", f"{host}/{node_id[:8]}"
+        except Exception:  # provenance is best effort; never fail an actor over a name
+            pass
+    return f"{host}-{os.getpid()}", host

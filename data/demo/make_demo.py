@@ -1,0 +1,107 @@
+"""How data/demo/ was made (run once; the results are committed, espeak-ng is not needed to
+use them):  apt-get install espeak-ng && python data/demo/make_demo.py
+
+refs/*.flac   short clips of real (synthetic-voice) speech from espeak-ng, one per speaker
+demo.parquet  sentences to synthesize: some rows without a reference, some naming a clip by
+              path (relative to this directory), one speaker's clip embedded as bytes
+"""
+from __future__ import annotations
+
+import io
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import soundfile as sf
+
+HERE = Path(__file__).resolve().parent
+
+# speaker -> (espeak-ng voice, words per minute, what the clip says)
+SPEAKERS = {
+    "ada": ("en-us+f3", 165, "The quick brown fox jumps over the lazy dog."),
+    "ben": ("en-gb", 150, "Please call Stella and ask her to bring these things."),
+    "cal": ("en-gb-scotland+m3", 160, "A rainbow is a division of white light."),
+    "dee": ("en-us+f5", 170, "Six thick thistle sticks, said the sailor."),
+}
+EMBEDDED = "dee"  # this speaker's rows carry the clip's bytes instead of a path
+
+SENTENCES = [
+    "Hello there, and welcome to the demo.",
+    "Batch synthesis turns tables into speech.",
+    "Every row gets its own seed.",
+    "The weather today is calm and bright.",
+    "Numbers like 42 and 7 are read aloud.",
+    "A short line.",
+    "Trains leave the station every ten minutes.",
+    "She sells sea shells by the sea shore.",
+    "Rain is expected later in the evening.",
+    "This sentence has no reference voice.",
+    "Reading, writing and arithmetic.",
+    "Coffee first, then questions.",
+    "The museum opens at nine in the morning.",
+    "Quiet libraries are good places to think.",
+    "Our team meets on Tuesdays and Fridays.",
+    "Please keep your ticket until the end.",
+    "Mountains look closer on clear days.",
+    "The recipe needs two eggs and some flour.",
+    "Birds gather on the wire at dusk.",
+    "Turn left at the second traffic light.",
+    "Music drifted in from the open window.",
+    "He packed a bag and caught the last bus.",
+    "Fresh bread smells wonderful.",
+    "The meeting ran a little long.",
+    "Lanterns lit the narrow street.",
+    "Keep calm and carry on.",
+    "Waves rolled gently onto the sand.",
+    "The garden is full of tomatoes this year.",
+    "Can you hear the difference?",
+    "That is the end of the demo.",
+]
+
+
+def make_clip(voice: str, speed: int, text: str) -> tuple[bytes, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = Path(tmp) / "clip.wav"
+        subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(wav), text], check=True)
+        audio, rate = sf.read(wav, dtype="float32")
+    buffer = io.BytesIO()
+    sf.write(buffer, audio, rate, format="FLAC", subtype="PCM_16")
+    return buffer.getvalue(), len(audio) / rate
+
+
+def main() -> None:
+    refs = HERE / "refs"
+    refs.mkdir(exist_ok=True)
+    clips = {}
+    for speaker, (voice, speed, text) in SPEAKERS.items():
+        flac, seconds = make_clip(voice, speed, text)
+        clips[speaker] = flac
+        if speaker != EMBEDDED:
+            (refs / f"{speaker}.flac").write_bytes(flac)
+        print(f"{speaker}: {seconds:.2f} s")
+    speakers = [None, *SPEAKERS]  # every fifth row without a reference, the rest cycle
+    rows = []
+    for index, sentence in enumerate(SENTENCES):
+        speaker = speakers[index % len(speakers)]
+        row = {"id": f"demo-{index:03d}", "text": sentence, "speaker": speaker, "ref_text": None,
+               "ref_audio_path": None, "ref_audio": None, "seed": None}
+        if speaker is not None:
+            row["ref_text"] = SPEAKERS[speaker][2]
+            if speaker == EMBEDDED:
+                row["ref_audio"] = clips[speaker]
+            else:
+                row["ref_audio_path"] = f"refs/{speaker}.flac"
+        if index % 10 == 3:
+            row["seed"] = 1000 + index  # a few rows pin their seed explicitly
+        rows.append(row)
+    schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("speaker", pa.string()),
+                        ("ref_text", pa.string()), ("ref_audio_path", pa.string()),
+                        ("ref_audio", pa.binary()), ("seed", pa.int64())])
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), HERE / "demo.parquet")
+    print(f"{len(rows)} rows -> {HERE / 'demo.parquet'}")
+
+
+if __name__ == "__main__":
+    main()

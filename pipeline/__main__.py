@@ -1,0 +1,37 @@
+"""`python -m pipeline [group=option ...] [key=value ...]`: one synthesis run."""
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+from omegaconf.errors import MissingMandatoryValue
+
+from .config import CONF_DIR
+from .inputs import InputError
+from .output import OutputMismatch
+from .plan import ConfigError, run
+from .schema import InputSchemaError
+
+log = logging.getLogger("chorus")
+
+# problems with the user's input or settings: a message, not a traceback
+USER_ERRORS = (ConfigError, InputError, InputSchemaError, OutputMismatch)
+
+
+@hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> None:
+    try:
+        report = run(cfg)
+    except MissingMandatoryValue as e:
+        log.error("missing mandatory value: %s=...", e.full_key)
+        sys.exit(2)
+    except USER_ERRORS as e:
+        log.error("%s", e)
+        sys.exit(2)
+    print(f"chorus: output written to {report.output} (summary: {report.output}/summary.json)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

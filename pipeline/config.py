@@ -1,0 +1,215 @@
+"""The run's configuration: one structured schema (dataclasses in Hydra's ConfigStore) that the
+YAML groups under conf/ fill in. Because the schema is the base of the primary config, a typo
+in a key or a value of the wrong type is rejected when Hydra composes, before anything runs.
+
+Groups: model/ (checkpoint + codec), data/ (input table), engine/ (batching and frame
+budget), sampling/, output/, cluster/ (Ray resources), bench/.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from . import schema
+from .output import is_local, local_path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO_ROOT / "conf"
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a job's driver process
+
+
+@dataclass
+class ModelConfig:
+    # recorded in every output row's `model` column
+    name: str = "demo-s1-tiny"
+    # checkpoint directory (config.json + weights + tokenizer), required; null = the built-in
+    # demo, a tiny random checkpoint built on first use into the cache dir (model=demo)
+    checkpoint: Optional[str] = MISSING
+    # codec.pth or a directory holding it; null = codec.pth inside `checkpoint` (or the demo's)
+    codec: Optional[str] = None
+    # auto = cuda when the actor was granted a GPU, else cpu
+    device: str = "auto"
+    # auto = bfloat16 on GPU, float32 on CPU
+    dtype: str = "auto"
+    codec_dtype: str = "float32"
+    # where the demo checkpoint is built on each actor's node (null = ~/.cache/chorus there);
+    # the driver's $CHORUS_CACHE, when set, is passed on
+    cache_dir: Optional[str] = "${oc.env:CHORUS_CACHE,null}"
+
+
+@dataclass
+class InputColumns:
+    """The table's name for each input column (DESIGN.md §4); defaults are the canonical ones."""
+    id: str = schema.ID
+    text: str = schema.TEXT
+    ref_audio: str = schema.REF_AUDIO
+    ref_audio_path: str = schema.REF_AUDIO_PATH
+    ref_text: str = schema.REF_TEXT
+    ref_id: str = schema.REF_ID
+    speaker: str = schema.SPEAKER
+    seed: str = schema.SEED
+    max_frames: str = schema.MAX_FRAMES
+    temperature: str = schema.TEMPERATURE
+    top_p: str = schema.TOP_P
+    top_k: str = schema.TOP_K
+
+
+@dataclass
+class DataConfig:
+    # a Parquet file, a directory of them or a glob; local or any URI pyarrow reads (s3://, gs://, ...)
+    path: str = MISSING
+    # short name of the input, used in the default output directory
+    name: str = "${chorus_stem:${.path}}"
+    columns: InputColumns = field(default_factory=InputColumns)
+    # base for relative ref_audio_path values; null = the input file's directory (local input)
+    audio_root: Optional[str] = None
+    # longest reference clip accepted, seconds
+    max_reference_seconds: float = 30.0
+
+
+@dataclass
+class EngineSettings:
+    # rows decoded together per actor (KV slots)
+    max_rows: int = 16
+    # KV positions per slot: prompt + frames; a row needing more is an error row
+    max_tokens: int = 2048
+    prefill_chunk: int = 256
+    # frame budget per row (21.5 frames = 1 s of audio); a `max_frames` column overrides it
+    max_frames: int = 1024
+    # when set, a row's budget is min(max_frames, min_frames + frames_per_char * len(text))
+    frames_per_char: Optional[float] = None
+    min_frames: int = 8
+    stop_on_eos: bool = True
+    # shared reference prefixes whose K/V the engine keeps
+    prefix_cache_entries: int = 8
+    compile: bool = False
+    static_shapes: bool = False
+    # rows per codec decode call
+    codec_batch_rows: int = 8
+    # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
+    reference_cache: int = 256
+
+
+@dataclass
+class SamplingSettings:
+    # null = upstream's default for the model family (S1: 0.8/0.8/30 + repetition penalty 1.1;
+    # S2: 0.8/0.8/30 + repetition-aware sampling over 10 frames). temperature 0 = greedy.
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    repetition_penalty: Optional[float] = None
+    ras_window: Optional[int] = None
+    # a row's seed is its `seed` column, else a stable hash of (this seed, row id)
+    seed: int = 0
+
+
+@dataclass
+class OutputSettings:
+    # local path or URI; relative paths are under the working directory
+    dir: str = "outputs/${data.name}"
+    # keep the generated codes next to the audio (re-decodable, small)
+    keep_codes: bool = True
+    # true: delete what the output holds and start over; false: resume it
+    overwrite: bool = False
+    # periodic progress line (when there is no terminal for a bar), seconds
+    progress_interval_s: float = 15.0
+    # auto: a bar on a terminal, log lines otherwise
+    progress_bar: str = "auto"
+
+
+@dataclass
+class ClusterSettings:
+    # null: RAY_ADDRESS / a running `ray start` cluster / a new local one; "local": always new
+    address: Optional[str] = None
+    # CPUs of a Ray started here (null = all)
+    num_cpus: Optional[int] = None
+    num_actors: int = 1
+    # fractional on CPU machines: reads and writes need CPU too, never give actors all of it
+    cpus_per_actor: float = 0.5
+    gpus_per_actor: float = 0.0
+    # torch threads per actor; null = max(1, floor(cpus_per_actor))
+    threads_per_actor: Optional[int] = None
+    # rows per block = rows per actor call; small blocks spread work over every actor
+    rows_per_block: int = 16
+    # test hook: the actor process exits hard on its N-th batch, once per marker file
+    crash_on_batch: int = 0
+    crash_marker: Optional[str] = None
+
+
+@dataclass
+class BenchSettings:
+    # reserved for the benchmark entry point; a synthesis run ignores this group
+    enabled: bool = False
+
+
+@dataclass
+class ChorusConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    output: OutputSettings = field(default_factory=OutputSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    bench: BenchSettings = field(default_factory=BenchSettings)
+
+
+def in_ray_job() -> bool:
+    return RAY_JOB_ENV in os.environ
+
+
+def _input_stem(path: str) -> str:
+    """'data/demo/demo.parquet' -> 'demo'; 's3://b/set/*.parquet' -> 'set'."""
+    parts = [p for p in str(path).replace("\\", "/").rstrip("/").split("/") if p]
+    while parts and any(ch in parts[-1] for ch in "*?["):
+        parts.pop()
+    if not parts:
+        return "input"
+    stem = parts[-1]
+    return stem[: -len(".parquet")] if stem.endswith(".parquet") else stem
+
+
+def _hydra_run_dir(output_dir: str, stamp: str) -> str:
+    """Hydra's own logs: under the output when it is local, else in a local run folder; never
+    inside a Ray Job's working directory, which Ray deletes."""
+    if is_local(output_dir):
+        return str(Path(local_path(output_dir)) / "_runs" / stamp)
+    root = Path.home() / ".cache" / "chorus" / "runs" if in_ray_job() else Path("outputs") / "_runs"
+    return str(root / stamp)
+
+
+def register() -> None:
+    """Resolvers and the schema; idempotent (tests compose many times in one process)."""
+    resolvers = {
+        "chorus_repo": lambda rel: str(REPO_ROOT / rel),
+        "chorus_stem": _input_stem,
+        "chorus_run_dir": _hydra_run_dir,
+    }
+    for name, fn in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
+    ConfigStore.instance().store(name="chorus_schema", node=ChorusConfig)
+
+
+register()
+
+
+def compose(overrides: Optional[list[str]] = None) -> DictConfig:
+    """The run config for command-line style overrides, without starting a Hydra app (tests,
+    export, notebooks)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return hydra_compose(config_name="config", overrides=list(overrides or []))
+
+
+def to_plain(cfg: DictConfig) -> dict:
+    """Resolved plain containers: what actors get and what the snapshot records."""
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)

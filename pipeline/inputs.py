@@ -1,0 +1,151 @@
+"""Find the input files, check the table before any work starts, and screen the ids.
+
+The id column is read once on the driver (one column: cheap next to hours of synthesis):
+ids that are null, malformed or shared by several rows cannot name an output row, so those
+rows are answered right here as error rows and never reach an actor.
+"""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from . import schema as S
+from .output import is_local, local_path, open_location
+
+_GLOB_CHARS = "*?["
+
+
+class InputError(ValueError):
+    """The input cannot be read as a table (no files, unreadable, wrong schema)."""
+
+
+@dataclass
+class InputScan:
+    source: str
+    filesystem: pafs.FileSystem
+    files: list[str]
+    rename: dict[str, str]  # table column -> canonical name, for the columns present
+    total_rows: int
+    rejected: list[dict] = field(default_factory=list)  # error rows (pipeline/schema.py)
+    rejected_ids: list[str] = field(default_factory=list)  # non-null ids of rejected rows
+    accepted_ids: list[str] = field(default_factory=list)  # ids of the rows to synthesize
+    ids_digest: str = ""  # the ids in input order: the same table wherever it was copied to
+
+    base_dir: str = ""  # the directory the input names (relative clip paths start there)
+
+    @property
+    def local_dir(self) -> str | None:
+        return self.base_dir if isinstance(self.filesystem, pafs.LocalFileSystem) else None
+
+
+def find_files(location: str) -> tuple[pafs.FileSystem, list[str], str]:
+    """A Parquet file, a directory (searched recursively for *.parquet) or a glob ->
+    (filesystem, files, the directory the input names)."""
+    fs, path = open_location(location)
+    if any(ch in path for ch in _GLOB_CHARS):
+        cut = min(path.find(ch) for ch in _GLOB_CHARS if ch in path)
+        base = path[:cut].rsplit("/", 1)[0] or "/"
+        selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+        files = [f.path for f in fs.get_file_info(selector)
+                 if f.type == pafs.FileType.File and fnmatch.fnmatchcase(f.path, path)]
+    else:
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise InputError(f"input {location} does not exist")
+        if info.type == pafs.FileType.File:
+            files, base = [path], path.rsplit("/", 1)[0]
+        else:
+            base = path
+            selector = pafs.FileSelector(path, recursive=True)
+            files = [f.path for f in fs.get_file_info(selector)
+                     if f.type == pafs.FileType.File and f.base_name.endswith(".parquet")
+                     and not f.base_name.startswith((".", "_"))]
+    if not files:
+        raise InputError(f"input {location} matches no Parquet files")
+    return fs, sorted(files), base
+
+
+def scan_input(location: str, columns: Mapping[str, str]) -> InputScan:
+    """Check every file's schema and screen the ids; raise InputError/InputSchemaError for a
+    table no row of which could be processed."""
+    if is_local(location):
+        location = local_path(location)
+    fs, files, base_dir = find_files(location)
+    rename: dict[str, str] = {}
+    for path in files:
+        try:
+            file_schema = pq.read_schema(path, filesystem=fs)
+        except Exception as e:
+            raise InputError(f"input file {path} is not readable Parquet: {e}") from None
+        found = S.check_input_schema(file_schema, columns, path)
+        if rename and found != rename:
+            raise InputError(f"input files disagree on their columns: {files[0]} has "
+                             f"{sorted(rename)}, {path} has {sorted(found)}")
+        rename = found
+    id_column = columns.get(S.ID, S.ID)
+    ids_per_file = [pq.read_table(path, filesystem=fs, columns=[id_column]).column(id_column).to_pylist()
+                    for path in files]
+    counts = Counter(value for ids in ids_per_file for value in ids if value is not None)
+    digest = hashlib.blake2b(digest_size=16)
+    scan = InputScan(source=location, filesystem=fs, files=files, rename=rename,
+                     total_rows=sum(map(len, ids_per_file)), base_dir=base_dir)
+    for path, ids in zip(files, ids_per_file):
+        for row, value in enumerate(ids):
+            digest.update(b"\x01" if value is None else value.encode("utf-8", "surrogatepass") + b"\x00")
+            problem = S.id_problem(value)
+            if problem is None and counts[value] > 1:
+                problem = (f"duplicate id {value!r}: {counts[value]} input rows share it; ids must be "
+                           f"unique, so every one of them is rejected")
+            if problem is None:
+                scan.accepted_ids.append(value)
+                continue
+            scan.rejected.append(S.error_row(value, f"{problem} ({os.path.basename(path)} row {row})"))
+            if value is not None:
+                scan.rejected_ids.append(value)
+    scan.ids_digest = digest.hexdigest()
+    return scan
+
+
+_skip_sets: dict[str, pa.Array] = {}  # per worker process: fetch the shared set once
+
+
+def prepare_block(batch: pa.Table, rename: Mapping[str, str], skip: list) -> pa.Table:
+    """Plan stage after the read: canonical column names, and only the rows still to do
+    (not rejected by the driver, not already in the output). `skip` holds one object ref of
+    the id set, wrapped in a list so Ray passes the ref instead of resolving it per call."""
+    import pyarrow.compute as pc
+    import ray
+
+    key = skip[0].hex()
+    if key not in _skip_sets:
+        _skip_sets.clear()
+        _skip_sets[key] = ray.get(skip[0])
+    batch = batch.rename_columns([rename.get(name, name) for name in batch.column_names])
+    ids = pc.cast(batch.column(S.ID), pa.string())
+    keep = pc.and_(pc.is_valid(ids), pc.invert(pc.is_in(ids, value_set=_skip_sets[key])))
+    return batch.filter(pc.fill_null(keep, False))
+
+
+def read_dataset(scan: InputScan, rows_per_block: int):
+    """Ray Data dataset of the input's known columns, in blocks of about `rows_per_block`
+    rows, so that a small table of text is spread over every actor instead of arriving as
+    one block for one actor.
+
+    The blocks are cut by the read itself (override_num_blocks), not by
+    repartition(target_num_rows_per_block=...): in Ray 2.60 that operator's tasks ask for a
+    whole CPU, which a node whose actors hold part of its CPU never has free, and the run
+    hangs. For the same reason the read holds a quarter CPU, not Ray Data's default one."""
+    import ray
+
+    blocks = max(1, -(-scan.total_rows // rows_per_block))
+    ds = ray.data.read_parquet(scan.files, filesystem=scan.filesystem, num_cpus=0.25,
+                               override_num_blocks=blocks)
+    return ds.select_columns(list(scan.rename))

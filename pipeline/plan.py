@@ -1,0 +1,208 @@
+"""One synthesis run: check the input and output, build the Ray Data plan, stream it, report.
+
+    read_parquet -> prepare (canonical names, skip rows done or rejected)
+      -> repartition(target_num_rows_per_block) -> map_batches(SynthActor, actor pool)
+      -> map_batches(write_block): one crash-safe part file per block, stats back to the driver
+
+The driver consumes the stream of per-block stats: that is the progress, and the part files
+it leaves behind are the resume state (pipeline/output.py). Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from omegaconf import DictConfig, OmegaConf
+
+from . import schema as S
+from .config import in_ray_job, to_plain
+from .inputs import InputScan, prepare_block, read_dataset, scan_input
+from .output import (CONFIG_FILE, REJECTED_PART, SUMMARY_FILE, OutputLayout, is_local, local_path, summarize,
+                     write_block)
+from .progress import Progress
+
+log = logging.getLogger("chorus")
+
+
+class ConfigError(ValueError):
+    """Settings that cannot work together; found before any work starts."""
+
+
+@dataclass
+class RunReport:
+    output: str
+    summary: dict
+
+
+def _check_settings(plain: dict) -> None:
+    cluster, output = plain["cluster"], plain["output"]
+    if cluster["num_actors"] < 1:
+        raise ConfigError("cluster.num_actors must be >= 1")
+    if cluster["cpus_per_actor"] < 0 or cluster["gpus_per_actor"] < 0:
+        raise ConfigError("cluster.cpus_per_actor and cluster.gpus_per_actor must be >= 0")
+    if cluster["rows_per_block"] < 1:
+        raise ConfigError("cluster.rows_per_block must be >= 1")
+    if output["progress_bar"] not in ("auto", "on", "off"):
+        raise ConfigError(f"output.progress_bar must be auto, on or off, got {output['progress_bar']!r}")
+    if cluster["crash_on_batch"] and not cluster["crash_marker"]:
+        raise ConfigError("cluster.crash_on_batch needs cluster.crash_marker (it makes the crash happen once)")
+    if in_ray_job() and is_local(output["dir"]) and not os.path.isabs(os.path.expanduser(output["dir"])):
+        raise ConfigError(f"output.dir={output['dir']!r} is relative: inside a Ray Job that is the job's "
+                          f"temporary working directory, deleted afterwards; pass an absolute path or a URI")
+    model = plain["model"]
+    checkpoint = model["checkpoint"]
+    if checkpoint is not None and is_local(checkpoint):
+        if not os.path.isfile(os.path.join(local_path(checkpoint), "config.json")):
+            raise ConfigError(f"model.checkpoint={checkpoint!r} is not a checkpoint directory "
+                              f"(no config.json there)")
+        codec = model["codec"] or os.path.join(checkpoint, "codec.pth")
+        if is_local(codec) and not os.path.exists(local_path(codec)):
+            raise ConfigError(f"codec {codec!r} does not exist (set model.codec)")
+
+
+def _identity(plain: dict, scan: InputScan) -> dict:
+    """What an output belongs to: the input's ids (not its path: a Ray Job reads its copy of
+    the table from a new temporary directory each time) and the model."""
+    checkpoint = plain["model"]["checkpoint"]
+    return {"input_rows": scan.total_rows, "input_ids": scan.ids_digest, "model": plain["model"]["name"],
+            "checkpoint": os.path.basename(os.path.normpath(checkpoint)) if checkpoint else None}
+
+
+def connect(cluster: dict) -> bool:
+    """Join or start Ray; True when this call started it (and so should stop it).
+
+    cluster.address null: RAY_ADDRESS (a Ray Job sets it) or else a new local Ray; "auto":
+    Ray's discovery of a `ray start` cluster on this machine; anything else: that address."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = cluster["address"] or os.environ.get("RAY_ADDRESS") or "local"
+    options = {}
+    if address == "local":
+        options = {"num_cpus": cluster["num_cpus"], "include_dashboard": False}
+    ray.init(address=address, **options)
+    return True
+
+
+def _check_resources(cluster: dict) -> None:
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 0.0)
+    wanted = cluster["num_actors"] * cluster["cpus_per_actor"]
+    if cpus and wanted >= cpus:
+        message = (f"{cluster['num_actors']} actors x {cluster['cpus_per_actor']} CPU = {wanted:g} CPU of the "
+                   f"cluster's {cpus:g}: nothing is left for reading and writing, and the run would "
+                   f"hang; lower cluster.cpus_per_actor or cluster.num_actors")
+        if cluster["gpus_per_actor"] == 0:
+            raise ConfigError(message)
+        log.warning(message)  # GPU clusters may still be scaling up
+
+
+def actor_arguments(plain: dict, input_dir: str | None, run_id: str) -> dict:
+    """SynthActor's constructor arguments: plain, small, the same on every actor."""
+    cluster = plain["cluster"]
+    threads = cluster["threads_per_actor"] or max(1, math.floor(cluster["cpus_per_actor"]))
+    data = plain["data"]
+    audio_root = data["audio_root"]
+    if audio_root is not None and is_local(audio_root):
+        audio_root = local_path(audio_root)
+    return {
+        "model": plain["model"], "engine": plain["engine"], "sampling": plain["sampling"],
+        "data": {"audio_root": audio_root, "input_dir": input_dir,
+                 "max_reference_seconds": data["max_reference_seconds"]},
+        "keep_codes": plain["output"]["keep_codes"], "run_id": run_id, "threads": threads,
+        "crash_on_batch": cluster["crash_on_batch"], "crash_marker": cluster["crash_marker"],
+    }
+
+
+def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, skip_ref, run_id: str):
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    from actors.synth import SynthActor
+
+    cluster = plain["cluster"]
+    rows_per_block = cluster["rows_per_block"]
+    ds = read_dataset(scan, rows_per_block)
+    ds = ds.map_batches(prepare_block, fn_kwargs={"rename": scan.rename, "skip": [skip_ref]},
+                        batch_format="pyarrow", batch_size=None, num_cpus=0.25)
+    ds = ds.map_batches(SynthActor, fn_constructor_kwargs=actor_arguments(plain, scan.local_dir, run_id),
+                        compute=ActorPoolStrategy(size=cluster["num_actors"]),
+                        num_cpus=cluster["cpus_per_actor"], num_gpus=cluster["gpus_per_actor"],
+                        batch_size=rows_per_block, batch_format="pyarrow")
+    return ds.map_batches(write_block, fn_kwargs={"location": layout.location}, batch_format="pyarrow",
+                          batch_size=None, num_cpus=0.25)
+
+
+def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, skip: pa.Array, pending: int,
+               run_id: str) -> None:
+    """Stream the rows still to do through the actors into part files, showing progress."""
+    import ray
+
+    started_ray = connect(plain["cluster"])
+    try:
+        _check_resources(plain["cluster"])
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # ours counts rows, audio and errors instead
+        # the V2 Parquet read starts with a ListFiles task that asks for a whole CPU (not
+        # configurable in 2.60): with actors on every node it never schedules and the run
+        # hangs. The V1 read honours the read's own (fractional) resources.
+        context.use_datasource_v2 = False
+        plan = build_plan(plain, scan, layout, ray.put(skip), run_id)
+        output = plain["output"]
+        progress = Progress(scan.total_rows, scan.total_rows - pending, output["progress_interval_s"],
+                            output["progress_bar"])
+        try:
+            for stats in plan.iter_rows():
+                progress.update(stats["rows"], stats["errors"], stats["audio_seconds"])
+        finally:
+            progress.close()
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def run(cfg: DictConfig) -> RunReport:
+    """One run: everything that can be checked is checked before Ray starts; rows already in
+    the output are skipped; summary.json is rewritten at the end."""
+    plain = to_plain(cfg)
+    _check_settings(plain)
+    started = time.monotonic()
+    run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    scan = scan_input(plain["data"]["path"], plain["data"]["columns"])
+    layout = OutputLayout(plain["output"]["dir"])
+    layout.claim(_identity(plain, scan), overwrite=plain["output"]["overwrite"])
+    layout.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
+    if scan.rejected:
+        rejected = [dict(row, **{S.RUN: run_id}) for row in scan.rejected]
+        layout.write_part(S.output_table(rejected), REJECTED_PART)
+        log.warning("%d input rows rejected before synthesis (bad or duplicate ids); they are error rows",
+                    len(rejected))
+    done = layout.done_ids()
+    accepted = pa.array(scan.accepted_ids, type=pa.string())
+    pending = len(accepted) - int(pc.sum(pc.is_in(accepted, value_set=done)).as_py() or 0)
+    log.info("input %s: %d rows in %d file(s); %d to synthesize, %d already in %s", scan.source,
+             scan.total_rows, len(scan.files), pending, scan.total_rows - pending, layout.location)
+    if pending:
+        skip = pa.concat_arrays([done, pa.array(scan.rejected_ids, type=pa.string())])
+        synthesize(plain, scan, layout, skip, pending, run_id)
+
+    wall = time.monotonic() - started
+    summary = summarize(layout.read(S.METADATA_COLUMNS), run_id, wall, {
+        "output": layout.location, "data": f"{layout.location}/data", "input": scan.source,
+        "input_rows": scan.total_rows, "model": plain["model"]["name"],
+        "finished_at": datetime.datetime.now().isoformat(timespec="seconds"),
+    })
+    layout.write_text(SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    log.info("done: %d rows (%d ok, %d error), %.3f h audio, %.1f s; output in %s", summary["rows_total"],
+             summary["rows_ok"], summary["rows_error"], summary["audio_hours"], wall, layout.location)
+    return RunReport(output=layout.location, summary=summary)

@@ -1,0 +1,225 @@
+"""The one place that names the columns chorus reads and writes (DESIGN.md §4), and the
+checks a table must pass before any work starts.
+
+Input columns have canonical names here; `data.columns` maps each to the user's column name
+and the driver renames them on read, so everything after the read speaks canonical names.
+Only pyarrow is imported: the driver and the actors both use this module.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
+
+import pyarrow as pa
+
+# ---- input ----------------------------------------------------------------------------
+ID = "id"
+TEXT = "text"
+REF_AUDIO = "ref_audio"            # WAV/FLAC/OGG bytes
+REF_AUDIO_PATH = "ref_audio_path"  # local path (relative to data.audio_root) or URI
+REF_TEXT = "ref_text"
+REF_ID = "ref_id"                  # rows sharing one reference clip
+SPEAKER = "speaker"                # a label, copied to the output (rows may still differ in clip)
+SEED = "seed"
+# per-row overrides of the run's settings
+MAX_FRAMES = "max_frames"
+TEMPERATURE = "temperature"
+TOP_P = "top_p"
+TOP_K = "top_k"
+
+REQUIRED_INPUT = (ID, TEXT)
+OPTIONAL_INPUT = (REF_AUDIO, REF_AUDIO_PATH, REF_TEXT, REF_ID, SPEAKER, SEED,
+                  MAX_FRAMES, TEMPERATURE, TOP_P, TOP_K)
+INPUT_COLUMNS = REQUIRED_INPUT + OPTIONAL_INPUT
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _is_bytes(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
+
+
+def _is_int_or_text(t: pa.DataType) -> bool:
+    # numbers stored as text are parsed per row, so one bad value fails one row, not the table
+    return pa.types.is_integer(t) or _is_text(t)
+
+
+def _is_number_or_text(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or _is_text(t)
+
+
+@dataclass(frozen=True)
+class _ColumnKind:
+    accepts: Callable[[pa.DataType], bool]
+    expected: str
+
+
+_KINDS = {
+    ID: _ColumnKind(_is_text, "string"),
+    TEXT: _ColumnKind(lambda t: _is_text(t) or _is_bytes(t), "string (or UTF-8 binary)"),
+    REF_AUDIO: _ColumnKind(_is_bytes, "binary (WAV/FLAC/OGG bytes)"),
+    REF_AUDIO_PATH: _ColumnKind(_is_text, "string"),
+    REF_TEXT: _ColumnKind(_is_text, "string"),
+    REF_ID: _ColumnKind(_is_text, "string"),
+    SPEAKER: _ColumnKind(_is_int_or_text, "string or integer"),
+    SEED: _ColumnKind(_is_int_or_text, "integer"),
+    MAX_FRAMES: _ColumnKind(_is_int_or_text, "integer"),
+    TEMPERATURE: _ColumnKind(_is_number_or_text, "number"),
+    TOP_P: _ColumnKind(_is_number_or_text, "number"),
+    TOP_K: _ColumnKind(_is_int_or_text, "integer"),
+}
+
+
+class InputSchemaError(ValueError):
+    """The input table cannot be used at all (a required column is missing or has a type no
+    row could be read from). Raised before any work starts."""
+
+
+def check_input_schema(schema: pa.Schema, columns: Mapping[str, str], source: str) -> dict[str, str]:
+    """Check `schema` against the column mapping (canonical name -> the table's name).
+
+    Returns {table column -> canonical name} for the columns present, to rename on read.
+    Raises InputSchemaError naming every missing or mistyped column."""
+    problems = []
+    present = {}
+    for canonical in INPUT_COLUMNS:
+        name = columns.get(canonical, canonical)
+        index = schema.get_field_index(name)
+        if index < 0:
+            if canonical in REQUIRED_INPUT:
+                hint = "" if name == canonical else f" (data.columns.{canonical})"
+                problems.append(f"required column '{name}'{hint} is missing")
+            continue
+        dtype = schema.field(index).type
+        kind = _KINDS[canonical]
+        if not (pa.types.is_null(dtype) or kind.accepts(dtype)):
+            problems.append(f"column '{name}' has type {dtype}, expected {kind.expected}")
+            continue
+        present[name] = canonical
+    if problems:
+        found = ", ".join(schema.names) or "none"
+        raise InputSchemaError(f"input {source}: " + "; ".join(problems) + f" (columns found: {found})")
+    return present
+
+
+ID_MAX_CHARS = 256
+
+
+def id_problem(value: object) -> Optional[str]:
+    """Why a value cannot be a row id (None if it can). Ids name output rows and, through
+    `audio_file_stem`, files: they must be non-empty strings without path separators, '.'/'..'
+    or control characters."""
+    if value is None:
+        return "id is null"
+    if not isinstance(value, str):
+        return f"id must be a string, got {type(value).__name__}"
+    if not value.strip():
+        return "id is empty"
+    if len(value) > ID_MAX_CHARS:
+        return f"id is {len(value)} characters long (at most {ID_MAX_CHARS})"
+    if "/" in value or "\\" in value:
+        return f"id {value!r} contains a path separator ('/' or '\\')"
+    if value in (".", ".."):
+        return f"id {value!r} is a relative path name"
+    if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in value):
+        return f"id {value!r} contains control or invisible characters"
+    return None
+
+
+_PLAIN_STEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def audio_file_stem(row_id: str, with_hash: bool = False) -> str:
+    """A file name stem for a row id, safe on every filesystem: plain ids (letters, digits,
+    '.', '_', '-', at most 100 characters, not starting with a dot) are used as they are; any
+    other id (or any id, with_hash) is reduced to its safe characters plus a hash of the whole
+    id, so two ids never share a stem."""
+    if not with_hash and _PLAIN_STEM.fullmatch(row_id) and not row_id.endswith("."):
+        return row_id
+    digest = hashlib.blake2b(row_id.encode("utf-8"), digest_size=6).hexdigest()
+    readable = _UNSAFE.sub("_", row_id).strip("._-")[:60]
+    return f"{readable}-{digest}" if readable else f"id-{digest}"
+
+
+# ---- output ---------------------------------------------------------------------------
+STATUS = "status"
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+ERROR = "error"
+STOP_REASON = "stop_reason"
+AUDIO = "audio"
+AUDIO_BYTES = "bytes"
+AUDIO_PATH = "path"
+SAMPLE_RATE = "sample_rate"
+N_FRAMES = "n_frames"
+AUDIO_SECONDS = "audio_seconds"
+CODES = "codes"
+PROMPT_TOKENS = "prompt_tokens"
+QUEUE_MS = "queue_ms"
+PREFILL_MS = "prefill_ms"
+DECODE_MS = "decode_ms"
+CODEC_MS = "codec_ms"
+TOTAL_MS = "total_ms"
+RTF = "rtf"
+ACTOR = "actor"
+NODE = "node"
+DEVICE = "device"
+MODEL = "model"
+RUN = "run"
+FINISHED_AT = "finished_at"  # unix time the row's audio was ready
+REPETITION_PENALTY = "repetition_penalty"
+RAS_WINDOW = "ras_window"
+
+AUDIO_TYPE = pa.struct([pa.field(AUDIO_BYTES, pa.binary()), pa.field(AUDIO_PATH, pa.string())])
+
+OUTPUT_SCHEMA = pa.schema([
+    pa.field(ID, pa.string()),
+    pa.field(STATUS, pa.string(), nullable=False),
+    pa.field(ERROR, pa.string()),
+    pa.field(STOP_REASON, pa.string()),
+    pa.field(AUDIO, AUDIO_TYPE),
+    pa.field(SAMPLE_RATE, pa.int32()),
+    pa.field(N_FRAMES, pa.int32()),
+    pa.field(AUDIO_SECONDS, pa.float64()),
+    pa.field(CODES, pa.list_(pa.list_(pa.int16()))),  # [num_codebooks][frames]
+    pa.field(PROMPT_TOKENS, pa.int32()),
+    pa.field(QUEUE_MS, pa.float64()),
+    pa.field(PREFILL_MS, pa.float64()),
+    pa.field(DECODE_MS, pa.float64()),
+    pa.field(CODEC_MS, pa.float64()),
+    pa.field(TOTAL_MS, pa.float64()),
+    pa.field(RTF, pa.float64()),  # compute seconds per second of audio
+    pa.field(ACTOR, pa.string()),
+    pa.field(NODE, pa.string()),
+    pa.field(DEVICE, pa.string()),
+    pa.field(MODEL, pa.string()),
+    pa.field(RUN, pa.string()),
+    pa.field(FINISHED_AT, pa.float64()),
+    pa.field(SEED, pa.int64()),
+    pa.field(MAX_FRAMES, pa.int32()),
+    pa.field(TEMPERATURE, pa.float64()),
+    pa.field(TOP_P, pa.float64()),
+    pa.field(TOP_K, pa.int32()),
+    pa.field(REPETITION_PENALTY, pa.float64()),
+    pa.field(RAS_WINDOW, pa.int32()),
+    pa.field(TEXT, pa.string()),
+    pa.field(SPEAKER, pa.string()),
+])
+
+# what summaries and progress read: everything but the heavy audio and codes
+METADATA_COLUMNS = [f.name for f in OUTPUT_SCHEMA if f.name not in (AUDIO, CODES)]
+
+
+def output_table(rows: list[dict]) -> pa.Table:
+    """Rows (dicts keyed by output column; missing keys are null) -> a table of OUTPUT_SCHEMA."""
+    return pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA)
+
+
+def error_row(row_id: Optional[str], message: str, **fields) -> dict:
+    return {ID: row_id, STATUS: STATUS_ERROR, ERROR: message, **fields}

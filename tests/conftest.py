@@ -1,0 +1,183 @@
+"""Shared fixtures of the pipeline tests.
+
+`ray_cluster`: ONE local Ray per test session (ray.init costs ~9 s here); the Ray tests run
+the driver in-process against it, and the subprocess drivers (kill test, no-argument run)
+join it through RAY_ADDRESS.
+
+`bad_table`: an input table with every kind of bad row the pipeline must answer with a
+clear per-row error, next to reference clips in unusual but valid formats that must work.
+"""
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_TABLE = REPO / "data" / "demo" / "demo.parquet"
+RAY_CPUS = 2
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """The address of a local Ray shared by the whole session."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    # address="local": never join a `ray start` cluster someone else runs on this machine
+    context = ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False)
+    yield context.address_info["gcs_address"]
+    ray.shutdown()
+
+
+# ---- reference clips in many shapes ---------------------------------------------------
+def tone(seconds: float, rate: int, channels: int = 1, freq: float = 220.0) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    wave = 0.3 * np.sin(2 * np.pi * freq * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    return np.stack([wave] * channels, axis=1) if channels > 1 else wave
+
+
+def encode(wave: np.ndarray, rate: int, fmt: str, subtype: str | None = None) -> bytes:
+    buffer = io.BytesIO()
+    sf.write(buffer, wave, rate, format=fmt, subtype=subtype)
+    return buffer.getvalue()
+
+
+def _demo_clip() -> bytes:
+    return (REPO / "data" / "demo" / "refs" / "ada.flac").read_bytes()
+
+
+@dataclass
+class BadTable:
+    path: Path               # the Parquet file (next to its refs/ folder)
+    table: pa.Table
+    expect_error: dict       # row id -> a fragment of its error message
+    expect_ok: list          # ids that must come out ok
+    rejected_by_driver: dict  # id (None for the null id) -> fragment; these never reach an actor
+    duplicate_id: str
+
+
+@pytest.fixture(scope="session")
+def bad_table(tmp_path_factory) -> BadTable:
+    root = tmp_path_factory.mktemp("bad-input")
+    refs = root / "refs"
+    refs.mkdir()
+    speech = _demo_clip()
+    silent = encode(np.zeros(22050, dtype=np.float32), 22050, "WAV", "PCM_16")
+    nan_wave = tone(1.0, 16000).astype(np.float32)
+    nan_wave[100:200] = np.nan
+    overlong = encode(tone(31.0, 8000), 8000, "WAV", "PCM_16")
+    (refs / "speech.flac").write_bytes(speech)
+    (refs / "stereo.flac").write_bytes(encode(tone(1.5, 44100, channels=2), 44100, "FLAC", "PCM_16"))
+    (refs / "overlong.wav").write_bytes(overlong)
+    (refs / "not-audio.flac").write_bytes(b"fLaC but not really")
+
+    good_text = "A perfectly normal sentence."
+    rows = []
+
+    def row(row_id, text=good_text, **fields):
+        rows.append({"id": row_id, "text": text.encode("utf-8") if isinstance(text, str) else text, **fields})
+
+    # -- rows that must come out ok ------------------------------------------------------
+    row("ok-plain")
+    row("ok-path", ref_audio_path="refs/speech.flac", ref_text="The quick brown fox.")
+    row("ok-48k", ref_audio=encode(tone(1.2, 48000), 48000, "WAV", "PCM_16"), ref_text="Tone.")
+    row("ok-8bit", ref_audio=encode(tone(1.2, 16000), 16000, "WAV", "PCM_U8"), ref_text="Tone.")
+    row("ok-ogg", ref_audio=encode(tone(1.2, 22050), 22050, "OGG", "VORBIS"), ref_text="Tone.")
+    row("ok-stereo", ref_audio_path="refs/stereo.flac", ref_text="Tone.")
+    row("ok-seed-as-text", seed="12345")
+    row("ok-unicode", text="Grüße aus Köln — 你好!")
+    # -- rows the actor must refuse ------------------------------------------------------
+    expect = {}
+
+    def bad(row_id, fragment, **fields):
+        row(row_id, **fields)
+        expect[row_id] = fragment
+
+    bad("bad-empty-text", "text is empty", text="")
+    bad("bad-blank-text", "text is empty", text="   \n ")
+    bad("bad-null-text", "text is null", text=None)
+    bad("bad-not-utf8", "not valid UTF-8", text=b"\xff\xfe\xfa")
+    bad("bad-control-char", "control character", text="bell\x07ring")
+    bad("bad-too-long", "exceeds the per-row budget", text="word " * 600, max_frames="40")
+    bad("bad-missing-ref-file", "not found", ref_audio_path="refs/nope.flac")
+    bad("bad-ref-escapes-root", "outside the allowed directory", ref_audio_path="../../../etc/hostname")
+    bad("bad-corrupt-ref-file", "cannot decode", ref_audio_path="refs/not-audio.flac")
+    bad("bad-corrupt-ref-bytes", "cannot decode", ref_audio=b"RIFF\x00\x00garbage")
+    bad("bad-empty-ref-bytes", "empty", ref_audio=b"")
+    bad("bad-silent-ref", "silent", ref_audio=silent)
+    bad("bad-nan-ref", "NaN", ref_audio=encode(nan_wave, 16000, "WAV", "FLOAT"))
+    bad("bad-overlong-ref", "the limit is 30 s", ref_audio_path="refs/overlong.wav")
+    bad("bad-ref-text-without-clip", "without a reference", ref_text="words with no clip")
+    bad("bad-seed-type", "seed 'seven' is not an integer", seed="seven")
+    bad("bad-seed-negative", "outside", seed="-5")
+    bad("bad-temperature", "bad sampling settings", temperature="-1")
+    bad("bad-top-p-type", "top_p 'high' is not a number", top_p="high")
+    bad("bad-max-frames", "max_frames 'lots' is not an integer", max_frames="lots")
+    # -- rows the driver rejects before any actor sees them ------------------------------
+    rejected = {}
+
+    def reject(row_id, fragment, **fields):
+        row(row_id, **fields)
+        rejected[row_id] = fragment
+
+    reject(None, "id is null")
+    reject("../../x", "path separator")
+    reject("a/b", "path separator")
+    reject("", "id is empty")
+    reject("tab\tid", "control")
+    row("dup", text="first of two")
+    row("dup", text="second of two")
+    schema = pa.schema([
+        ("id", pa.string()), ("text", pa.binary()), ("ref_audio", pa.binary()),
+        ("ref_audio_path", pa.string()), ("ref_text", pa.string()), ("seed", pa.string()),
+        ("max_frames", pa.string()), ("temperature", pa.string()), ("top_p", pa.string()),
+    ])
+    table = pa.Table.from_pylist(rows, schema=schema)
+    path = root / "bad.parquet"
+    pq.write_table(table, path)
+    ok_ids = [r["id"] for r in rows if isinstance(r["id"], str) and r["id"].startswith("ok-")]
+    return BadTable(path=path, table=table, expect_error=expect, expect_ok=ok_ids,
+                    rejected_by_driver=rejected, duplicate_id="dup")
+
+
+@pytest.fixture(scope="session")
+def demo_table() -> pa.Table:
+    """The shipped demo rows with clip paths made absolute (allowed without data.audio_root),
+    for tables written elsewhere or fed straight to an actor."""
+    table = pq.read_table(DEMO_TABLE)
+    paths = [str(DEMO_TABLE.parent / p) if p else None for p in table.column("ref_audio_path").to_pylist()]
+    return table.set_column(table.schema.get_field_index("ref_audio_path"), "ref_audio_path",
+                            pa.array(paths, pa.string()))
+
+
+@pytest.fixture(scope="session")
+def small_settings() -> list[str]:
+    """Overrides that keep every synthesis in the tests short. EOS stopping is off: the random
+    demo model samples <|im_end|> at arbitrary frames, the first one included, and a row
+    without a single frame is (rightly) an error row, which would make "every good row is
+    ok" depend on the seed."""
+    return ["engine.max_frames=24", "engine.frames_per_char=0.3", "engine.min_frames=6",
+            "engine.stop_on_eos=false", "output.progress_interval_s=0", "output.progress_bar=off"]
+
+
+@pytest.fixture(scope="session")
+def read_rows():
+    """output dir -> every output row (dicts), read the way a resume reads them."""
+    from pipeline.output import OutputLayout
+
+    return lambda output_dir: OutputLayout(str(output_dir)).read().to_pylist()
+
+
+@pytest.fixture(scope="session")
+def driver_env(ray_cluster) -> dict:
+    """Environment for a `python -m pipeline` subprocess: this checkout, this session's Ray."""
+    return dict(os.environ, PYTHONPATH=str(REPO), RAY_ADDRESS=ray_cluster)

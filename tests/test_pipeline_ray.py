@@ -1,0 +1,185 @@
+"""The pipeline end to end on the session's local Ray: the demo, determinism across actor
+counts and block sizes, bad input, an actor killed mid-batch, a driver killed mid-run and
+resumed, and `python -m pipeline` with no arguments on a fresh copy of the repository."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+
+from pipeline import schema as S
+from pipeline.config import compose
+from pipeline.output import CONFIG_FILE, SUMMARY_FILE, TEMP_PREFIX, OutputLayout
+from pipeline.plan import run
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+DEMO_TABLE = REPO / "data" / "demo" / "demo.parquet"
+DEMO_IDS = pq.read_table(DEMO_TABLE, columns=[S.ID]).column(S.ID).to_pylist()
+DEMO_ROWS = len(DEMO_IDS)
+
+
+def synthesize(settings: list[str], *overrides: str):
+    return run(compose([*settings, *overrides]))
+
+
+def decode(row: dict) -> tuple[np.ndarray, int]:
+    return sf.read(io.BytesIO(row[S.AUDIO][S.AUDIO_BYTES]), dtype="float32")
+
+
+def assert_each_once(rows: list[dict], expected_ids) -> None:
+    counts = Counter(r[S.ID] for r in rows)
+    assert sorted(counts) == sorted(expected_ids)
+    assert max(counts.values()) == 1, [i for i, n in counts.items() if n > 1]
+
+
+def stopped_before_audio(row: dict) -> bool:
+    """The random demo model may sample <|im_end|> first: an honest error row, not a bug."""
+    return row[S.STATUS] == S.STATUS_ERROR and "produced no audio" in row[S.ERROR]
+
+
+@pytest.fixture(scope="module")
+def demo_output(ray_cluster, tmp_path_factory, small_settings) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "out"
+    synthesize(small_settings, f"output.dir={out}", "engine.stop_on_eos=true", "cluster.num_actors=2",
+               "cluster.rows_per_block=6")
+    return out
+
+
+def test_demo_end_to_end(demo_output, read_rows):
+    import torch
+
+    from actors.codec import load_codec
+    from actors.demo import demo_assets
+
+    torch.set_num_threads(1)  # beside Ray's workers on two cores, more threads only thrash
+
+    rows = read_rows(demo_output)
+    assert_each_once(rows, DEMO_IDS)
+    ok = [r for r in rows if r[S.STATUS] == S.STATUS_OK]
+    assert all(stopped_before_audio(r) for r in rows if r[S.STATUS] != S.STATUS_OK)
+    assert len(ok) >= DEMO_ROWS - 3
+    codec = load_codec(demo_assets()[1])
+    decoded = codec.decode_batch([np.asarray(r[S.CODES]) for r in ok])
+    for row, from_codes in zip(ok, decoded):
+        wave, rate = decode(row)
+        assert rate == row[S.SAMPLE_RATE] == 44100
+        assert len(wave) / rate == pytest.approx(row[S.AUDIO_SECONDS])
+        np.testing.assert_allclose(wave, np.clip(from_codes, -1, 1), atol=1e-4)
+        assert row[S.STOP_REASON] in ("eos", "budget")
+        assert row[S.PREFILL_MS] > 0 and row[S.RTF] > 0 and row[S.CODEC_MS] > 0
+    assert len({r[S.ACTOR] for r in rows}) == 2  # repartitioning gave both actors work
+    summary = json.loads((demo_output / SUMMARY_FILE).read_text())
+    assert summary["rows_total"] == DEMO_ROWS and summary["rows_ok"] == len(ok)
+    assert summary["audio_hours"] == pytest.approx(sum(r[S.AUDIO_SECONDS] for r in ok) / 3600)
+    assert summary["rows_per_s"] > 0 and summary["frames_per_s"] > 0 and summary["rtf"] > 0
+    assert len(summary["per_actor"]) == 2
+    assert "num_actors: 2" in (demo_output / CONFIG_FILE).read_text()
+
+
+def test_same_seed_same_output_across_actors_and_block_sizes(demo_output, tmp_path, small_settings, read_rows):
+    synthesize(small_settings, f"output.dir={tmp_path}/again", "engine.stop_on_eos=true",
+               "cluster.num_actors=1", "cluster.rows_per_block=4")
+    first = {r[S.ID]: r for r in read_rows(demo_output)}
+    second = {r[S.ID]: r for r in read_rows(tmp_path / "again")}
+    assert first.keys() == second.keys()
+    for row_id, row in first.items():
+        other = second[row_id]
+        assert (row[S.STATUS], row[S.SEED], row[S.N_FRAMES]) == (other[S.STATUS], other[S.SEED], other[S.N_FRAMES])
+        if row[S.STATUS] == S.STATUS_OK:
+            assert row[S.CODES] == other[S.CODES], row_id
+            np.testing.assert_allclose(decode(row)[0], decode(other)[0], atol=1e-4, err_msg=row_id)
+
+
+def test_rerun_resumes_instead_of_repeating(demo_output, small_settings, read_rows):
+    before = read_rows(demo_output)
+    report = synthesize(small_settings, f"output.dir={demo_output}", "engine.stop_on_eos=true",
+                        "cluster.num_actors=2", "cluster.rows_per_block=6")
+    assert report.summary["run_rows"] == 0 and report.summary["rows_total"] == DEMO_ROWS
+    assert sorted(r[S.ID] for r in read_rows(demo_output)) == sorted(r[S.ID] for r in before)
+
+
+def test_bad_input_end_to_end(ray_cluster, bad_table, tmp_path, small_settings, read_rows):
+    synthesize(small_settings, f"data.path={bad_table.path}", f"output.dir={tmp_path}/out",
+               "engine.max_tokens=512", "cluster.rows_per_block=5")
+    rows = read_rows(tmp_path / "out")
+    assert len(rows) == bad_table.table.num_rows  # every input row answered, duplicates included
+    by_id = {}
+    for row in rows:
+        by_id.setdefault(row[S.ID], []).append(row)
+    for row_id, fragment in {**bad_table.expect_error, **bad_table.rejected_by_driver}.items():
+        (row,) = by_id[row_id]
+        assert row[S.STATUS] == S.STATUS_ERROR and fragment in row[S.ERROR], (row_id, row[S.ERROR])
+    assert [r[S.STATUS] for r in by_id[bad_table.duplicate_id]] == [S.STATUS_ERROR] * 2
+    for row_id in bad_table.expect_ok:
+        (row,) = by_id[row_id]
+        assert row[S.STATUS] == S.STATUS_OK, (row_id, row[S.ERROR])
+        assert decode(row)[1] == 44100
+
+
+def test_actor_killed_mid_batch(ray_cluster, tmp_path, small_settings, read_rows):
+    marker = tmp_path / "crashed"
+    synthesize(small_settings, f"output.dir={tmp_path}/out", "cluster.rows_per_block=4",
+               "cluster.crash_on_batch=2", f"cluster.crash_marker={marker}")
+    assert marker.exists()  # the actor did die on its second batch
+    rows = read_rows(tmp_path / "out")
+    assert_each_once(rows, DEMO_IDS)
+    assert all(r[S.STATUS] == S.STATUS_OK for r in rows)
+    assert len({r[S.ACTOR] for r in rows}) >= 2  # a restarted actor (a new process) finished the job
+
+
+def test_driver_killed_then_resumed(ray_cluster, driver_env, demo_table, tmp_path, small_settings, read_rows):
+    # a larger input so that the kill lands mid-run: the demo three times over
+    ids = [f"{i}-copy{k}" for k in range(3) for i in DEMO_IDS]
+    copies = [demo_table.set_column(0, S.ID, pa.array(ids[k * DEMO_ROWS:(k + 1) * DEMO_ROWS])) for k in range(3)]
+    source = tmp_path / "big.parquet"
+    pq.write_table(pa.concat_tables(copies), source)
+    out = tmp_path / "out"
+    args = [*small_settings, f"data.path={source}", f"output.dir={out}", "cluster.rows_per_block=3"]
+    driver = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=REPO, env=driver_env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    layout = OutputLayout(str(out))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(layout.parts() if (out / "data").exists() else []) < 3:
+        assert driver.poll() is None, driver.stdout.read().decode()[-3000:]
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    written = layout.parts()
+    assert 3 <= len(written) < 30, "the kill should land mid-run"
+    for part in written:  # whatever the kill left under a data name is complete
+        pq.read_table(part)
+    synthesize(args)
+    rows = read_rows(out)
+    assert_each_once(rows, ids)
+    assert all(r[S.STATUS] == S.STATUS_OK for r in rows)
+    assert not [n for n in os.listdir(out / "data") if n.startswith(TEMP_PREFIX)]
+
+
+def test_no_arguments_runs_the_demo(driver_env, tmp_path):
+    clone = tmp_path / "clone"
+    for part in ("pipeline", "actors", "conf", "data"):
+        shutil.copytree(REPO / part, clone / part, ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(driver_env, CHORUS_CACHE=str(tmp_path / "cache"))  # a fresh machine: no demo built yet
+    env.pop("PYTHONPATH")
+    result = subprocess.run([sys.executable, "-m", "pipeline"], cwd=clone, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = clone / "outputs" / "demo"
+    assert f"output written to {out}" in result.stdout
+    assert len(OutputLayout(str(out)).read([S.ID]).column(S.ID)) == DEMO_ROWS
+    assert (tmp_path / "cache").is_dir()

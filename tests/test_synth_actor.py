@@ -1,0 +1,123 @@
+"""SynthActor called directly on pyarrow tables, without Ray: one output row per input row,
+audio that decodes to what the metadata says, clear per-row errors for every kind of bad
+row, results that do not depend on batching, and the per-actor reference cache."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+import soundfile as sf
+
+from actors.synth import SynthActor, _LRU, row_seed
+from pipeline import schema as S
+from pipeline.config import compose, to_plain
+from pipeline.plan import actor_arguments
+
+
+@pytest.fixture(scope="module")
+def actor(bad_table, small_settings) -> SynthActor:
+    plain = to_plain(compose(small_settings + ["engine.max_tokens=512"]))
+    return SynthActor(**actor_arguments(plain, str(bad_table.path.parent), run_id="unit"))
+
+
+def by_id(table: pa.Table) -> dict:
+    return {row[S.ID]: row for row in table.to_pylist()}
+
+
+def decode(row: dict) -> np.ndarray:
+    return sf.read(io.BytesIO(row[S.AUDIO][S.AUDIO_BYTES]), dtype="float32")[0]
+
+
+def test_demo_batch_audio_matches_metadata(actor, demo_table, monkeypatch):
+    monkeypatch.setattr(actor, "stop_on_eos", True)  # as the demo runs
+    batch = demo_table.slice(0, 12)
+    out = actor(batch)
+    assert out.schema == S.OUTPUT_SCHEMA
+    assert out.column(S.ID).to_pylist() == batch.column(S.ID).to_pylist()  # one row each, in order
+    seeds = dict(zip(batch.column(S.ID).to_pylist(), batch.column(S.SEED).to_pylist()))
+    for row in out.to_pylist():
+        if row[S.STOP_REASON] == "eos" and not row[S.N_FRAMES]:  # stopped before any audio
+            assert row[S.STATUS] == S.STATUS_ERROR and "no audio" in row[S.ERROR]
+            continue
+        assert row[S.STATUS] == S.STATUS_OK, row[S.ERROR]
+        wave, rate = sf.read(io.BytesIO(row[S.AUDIO][S.AUDIO_BYTES]), dtype="float32")
+        assert rate == row[S.SAMPLE_RATE] == actor.codec.sample_rate
+        assert len(wave) == row[S.N_FRAMES] * actor.codec.frame_length
+        assert len(wave) / rate == pytest.approx(row[S.AUDIO_SECONDS])
+        codes = np.asarray(row[S.CODES])
+        assert codes.shape == (actor.codec.num_codebooks, row[S.N_FRAMES])
+        (decoded,) = actor.codec.decode_batch([codes])
+        # FLAC keeps 16 bits: within one quantisation step of the codec's own output
+        np.testing.assert_allclose(wave, np.clip(decoded, -1, 1), atol=1e-4)
+        assert row[S.STOP_REASON] in ("eos", "budget")
+        assert 0 < row[S.N_FRAMES] <= row[S.MAX_FRAMES]
+        assert row[S.PREFILL_MS] > 0 and row[S.DECODE_MS] > 0 and row[S.CODEC_MS] > 0
+        assert row[S.TOTAL_MS] >= row[S.DECODE_MS] and row[S.RTF] > 0
+        assert row[S.PROMPT_TOKENS] > 0
+        assert row[S.AUDIO][S.AUDIO_PATH] == row[S.ID] + ".flac"
+        assert row[S.SEED] == (seeds[row[S.ID]] if seeds[row[S.ID]] is not None else row_seed(row[S.ID], 0))
+        assert row[S.DEVICE] == "cpu" and row[S.MODEL] == "demo-s1-tiny" and row[S.RUN] == "unit"
+        assert row[S.ACTOR] and row[S.NODE] and row[S.FINISHED_AT] > 0
+        assert row[S.TEMPERATURE] == pytest.approx(0.8) and row[S.TOP_K] == 30
+    assert out.column(S.SPEAKER).to_pylist() == batch.column(S.SPEAKER).to_pylist()
+
+
+def test_bad_rows_come_back_as_errors(actor, bad_table):
+    rejected = set(bad_table.rejected_by_driver) | {bad_table.duplicate_id}
+    keep = [i for i, row_id in enumerate(bad_table.table.column(S.ID).to_pylist()) if row_id not in rejected]
+    batch = bad_table.table.take(keep)
+    # a null id still gets its row back (the driver normally answers it before the actor)
+    batch = pa.concat_tables([batch, bad_table.table.filter(
+        pc.is_null(bad_table.table.column(S.ID)))])
+    out = actor(batch)
+    assert out.num_rows == batch.num_rows
+    rows = by_id(out.filter(pc.is_valid(out.column(S.ID))))
+    for row_id, fragment in bad_table.expect_error.items():
+        assert rows[row_id][S.STATUS] == S.STATUS_ERROR, row_id
+        assert fragment in rows[row_id][S.ERROR], (row_id, rows[row_id][S.ERROR])
+        assert rows[row_id][S.AUDIO] is None
+    for row_id in bad_table.expect_ok:
+        assert rows[row_id][S.STATUS] == S.STATUS_OK, (row_id, rows[row_id][S.ERROR])
+    (null_row,) = [r for r in out.to_pylist() if r[S.ID] is None]
+    assert null_row[S.STATUS] == S.STATUS_ERROR and "id is null" in null_row[S.ERROR]
+    assert rows["ok-seed-as-text"][S.SEED] == 12345
+
+
+def test_rows_do_not_depend_on_batching(actor, demo_table):
+    table = demo_table.slice(0, 9)
+    whole = by_id(actor(table))
+    pieces = {}
+    for part in (table.slice(6, 3), table.slice(0, 2), table.slice(2, 4)):
+        pieces.update(by_id(actor(part)))
+    assert whole.keys() == pieces.keys()
+    for row_id, row in whole.items():
+        assert row[S.CODES] == pieces[row_id][S.CODES], row_id
+        # the codec's batched matmuls may round differently with other rows beside: audio is
+        # equal within float noise (and one 16-bit step), not bit for bit
+        np.testing.assert_allclose(decode(row), decode(pieces[row_id]), atol=1e-4, err_msg=row_id)
+
+
+def test_references_are_encoded_once_per_actor(actor, demo_table, monkeypatch):
+    encoded = []
+    real = actor.codec.encode_batch
+    monkeypatch.setattr(actor.codec, "encode_batch", lambda waves, **kw: encoded.append(len(waves)) or real(waves, **kw))
+    actor.references = _LRU(8)
+    table = demo_table.slice(0, 10)
+    first = by_id(actor(table))
+    distinct = {r for r in table.column(S.SPEAKER).to_pylist() if r}
+    assert sum(encoded) == len(distinct)  # one encode per speaker, shared by its rows
+    second = by_id(actor(table))
+    assert sum(encoded) == len(distinct)  # all from the cache now
+    assert all(first[i][S.CODES] == second[i][S.CODES] for i in first)
+
+
+def test_reference_cache_is_bounded():
+    cache = _LRU(2)
+    for key in "abc":
+        cache.put(key, np.zeros(1))
+    assert cache.get("a") is None and cache.get("b") is not None
+    cache.put("d", np.zeros(1))  # "b" was used last, so "c" goes
+    assert set(cache.items) == {"b", "d"}
