@@ -199,19 +199,34 @@ class SynthActor:
         self.batches += 1
         self._maybe_crash()
         started = time.perf_counter()
+        marks = [started]  # phase boundaries: prep | engine | codec | encode
         rows = [_Row(i, values.get(S.ID), values) for i, values in enumerate(batch.to_pylist())]
         try:
             for row in rows:
                 self._parse(row)
             self._prepare_references([r for r in rows if r.error is None and r.ref_key])
+            marks.append(time.perf_counter())
             self._generate([r for r in rows if r.error is None])
+            marks.append(time.perf_counter())
             self._decode([r for r in rows if r.error is None])
         except Exception as e:  # a bug or a device failure: the rows still come back, as errors
             log.error("batch failed in %s:\n%s", self.actor, traceback.format_exc())
             for row in rows:
                 if row.wave is None:
                     row.fail(f"internal error in actor {self.actor}: {e!r}")
-        table = S.output_table([self._output_row(r) for r in rows])
+        marks += [time.perf_counter()] * (4 - len(marks))
+        out_rows = [self._output_row(r) for r in rows]
+        marks.append(time.perf_counter())
+        phase_ms = [(b - a) * 1000.0 for a, b in zip(marks[:-1], marks[1:])]
+        batch_stats = {
+            S.BATCH_ID: f"{self.actor}:{self.batches}", S.BATCH_ROWS: len(rows),
+            S.BATCH_PREP_MS: phase_ms[0], S.BATCH_ENGINE_MS: phase_ms[1], S.BATCH_CODEC_MS: phase_ms[2],
+            S.BATCH_ENCODE_MS: phase_ms[3], S.BATCH_PEAK_RSS_MB: _peak_rss_mb(),
+            S.BATCH_KV_BYTES: int(self.engine.kv_bytes()["total"]),
+        }
+        for out in out_rows:
+            out[S.BATCH] = batch_stats
+        table = S.output_table(out_rows)
         log.debug("batch %d: %d rows in %.2fs", self.batches, len(rows), time.perf_counter() - started)
         return table
 
@@ -421,6 +436,12 @@ class SynthActor:
                 return out
         out.update({S.STATUS: S.STATUS_ERROR, S.ERROR: row.error or "unknown failure"})
         return out
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
 
 def _model_paths(model: Mapping) -> tuple[Path, Path]:

@@ -143,8 +143,18 @@ class ClusterSettings:
 
 @dataclass
 class BenchSettings:
-    # reserved for the benchmark entry point; a synthesis run ignores this group
+    """`python -m pipeline.bench` (a synthesis run ignores this group)."""
     enabled: bool = False
+    # generated workload: rows, mean words per text (lognormal), share of rows with a reference
+    rows: int = 200
+    text_words: float = 8.0
+    reference_fraction: float = 0.5
+    seed: int = 0
+    # the sweep: every (actors, slots) pair runs end to end on the same rows
+    actors: list[int] = field(default_factory=lambda: [1])
+    slots: list[int] = field(default_factory=lambda: [16])
+    # also run the one-row-at-a-time engine loop (1 actor, 1 slot): the ratio's denominator
+    baseline: bool = True
 
 
 @dataclass

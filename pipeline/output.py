@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import time
 import uuid
 from collections import Counter
 from typing import Optional
@@ -43,6 +44,7 @@ RUNS_DIR = "_runs"
 STATS_SCHEMA = pa.schema([
     ("rows", pa.int64()), ("ok", pa.int64()), ("errors", pa.int64()),
     ("audio_seconds", pa.float64()), ("frames", pa.int64()), ("part", pa.string()),
+    ("write_ms", pa.float64()),
 ])
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -190,10 +192,12 @@ def write_block(batch: pa.Table, location: str) -> pa.Table:
     the driver gets back a one-row stats table for progress."""
     if batch.num_rows == 0:
         return pa.Table.from_pylist([], schema=STATS_SCHEMA)
+    began = time.perf_counter()
     batch = batch.select(S.OUTPUT_SCHEMA.names).cast(S.OUTPUT_SCHEMA)
     name = part_name(batch.column(S.ID).combine_chunks())
     OutputLayout(location).write_part(batch, name)
-    return pa.Table.from_pylist([block_stats(batch, name)], schema=STATS_SCHEMA)
+    stats = dict(block_stats(batch, name), write_ms=(time.perf_counter() - began) * 1000.0)
+    return pa.Table.from_pylist([stats], schema=STATS_SCHEMA)
 
 
 def _rate(amount: float, seconds: float) -> Optional[float]:

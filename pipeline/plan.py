@@ -144,10 +144,13 @@ def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, skip_ref, run
 
 
 def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, skip: pa.Array, pending: int,
-               run_id: str) -> None:
-    """Stream the rows still to do through the actors into part files, showing progress."""
+               run_id: str) -> dict:
+    """Stream the rows still to do through the actors into part files, showing progress.
+    Returns what only the stream sees: total part-file write time and when the first
+    finished block reached the driver (seconds after the plan started)."""
     import ray
 
+    stream = {"write_s": 0.0, "first_block_s": None}
     started_ray = connect(plain["cluster"])
     try:
         _check_resources(plain["cluster"])
@@ -161,14 +164,19 @@ def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, skip: pa.Arra
         output = plain["output"]
         progress = Progress(scan.total_rows, scan.total_rows - pending, output["progress_interval_s"],
                             output["progress_bar"])
+        began = time.monotonic()
         try:
             for stats in plan.iter_rows():
+                if stream["first_block_s"] is None:
+                    stream["first_block_s"] = time.monotonic() - began
+                stream["write_s"] += (stats["write_ms"] or 0.0) / 1000.0
                 progress.update(stats["rows"], stats["errors"], stats["audio_seconds"])
         finally:
             progress.close()
     finally:
         if started_ray:
             ray.shutdown()
+    return stream
 
 
 def run(cfg: DictConfig) -> RunReport:
@@ -177,6 +185,7 @@ def run(cfg: DictConfig) -> RunReport:
     plain = to_plain(cfg)
     _check_settings(plain)
     started = time.monotonic()
+    started_unix = time.time()
     run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     scan = scan_input(plain["data"]["path"], plain["data"]["columns"])
     layout = OutputLayout(plain["output"]["dir"])
@@ -192,17 +201,25 @@ def run(cfg: DictConfig) -> RunReport:
     pending = len(accepted) - int(pc.sum(pc.is_in(accepted, value_set=done)).as_py() or 0)
     log.info("input %s: %d rows in %d file(s); %d to synthesize, %d already in %s", scan.source,
              scan.total_rows, len(scan.files), pending, scan.total_rows - pending, layout.location)
+    stream = {}
     if pending:
         skip = pa.concat_arrays([done, pa.array(scan.rejected_ids, type=pa.string())])
-        synthesize(plain, scan, layout, skip, pending, run_id)
+        stream = synthesize(plain, scan, layout, skip, pending, run_id)
 
     wall = time.monotonic() - started
     summary = summarize(layout.read(S.METADATA_COLUMNS), run_id, wall, {
         "output": layout.location, "data": f"{layout.location}/data", "input": scan.source,
         "input_rows": scan.total_rows, "model": plain["model"]["name"],
         "finished_at": datetime.datetime.now().isoformat(timespec="seconds"),
+        "started_at_unix": started_unix, **stream,
     })
     layout.write_text(SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    if is_local(layout.location):  # the page reads the local files; for a URI output: report later
+        from .report import write_report
+        try:
+            write_report(local_path(layout.location), title=f"chorus run {run_id}")
+        except Exception:  # the data is written; a broken page must not fail the run
+            log.exception("could not write report.html")
     log.info("done: %d rows (%d ok, %d error), %.3f h audio, %.1f s; output in %s", summary["rows_total"],
              summary["rows_ok"], summary["rows_error"], summary["audio_hours"], wall, layout.location)
     return RunReport(output=layout.location, summary=summary)

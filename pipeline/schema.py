@@ -173,9 +173,26 @@ DEVICE = "device"
 MODEL = "model"
 RUN = "run"
 FINISHED_AT = "finished_at"  # unix time the row's audio was ready
+# the actor call (batch) the row was part of, with that call's wall time per phase: what the
+# benchmark splits a run's time with, and what tells a user where an actor spends its time
+BATCH = "batch"
+BATCH_ID = "id"
+BATCH_ROWS = "rows"
+BATCH_PREP_MS = "prep_ms"  # parsing, reference decode + encode, prompt building
+BATCH_ENGINE_MS = "engine_ms"  # the continuous-batching engine over the batch's rows
+BATCH_CODEC_MS = "codec_ms"  # codes -> waveforms
+BATCH_ENCODE_MS = "encode_ms"  # FLAC encoding + building the output rows
+BATCH_PEAK_RSS_MB = "peak_rss_mb"  # the actor process's peak resident memory so far
+BATCH_KV_BYTES = "kv_bytes"  # the actor engine's KV cache (slow + fast)
 REPETITION_PENALTY = "repetition_penalty"
 RAS_WINDOW = "ras_window"
 
+BATCH_TYPE = pa.struct([
+    pa.field(BATCH_ID, pa.string()), pa.field(BATCH_ROWS, pa.int32()), pa.field(BATCH_PREP_MS, pa.float64()),
+    pa.field(BATCH_ENGINE_MS, pa.float64()), pa.field(BATCH_CODEC_MS, pa.float64()),
+    pa.field(BATCH_ENCODE_MS, pa.float64()), pa.field(BATCH_PEAK_RSS_MB, pa.float64()),
+    pa.field(BATCH_KV_BYTES, pa.int64()),
+])
 AUDIO_TYPE = pa.struct([pa.field(AUDIO_BYTES, pa.binary()), pa.field(AUDIO_PATH, pa.string())])
 
 OUTPUT_SCHEMA = pa.schema([
@@ -201,6 +218,7 @@ OUTPUT_SCHEMA = pa.schema([
     pa.field(MODEL, pa.string()),
     pa.field(RUN, pa.string()),
     pa.field(FINISHED_AT, pa.float64()),
+    pa.field(BATCH, BATCH_TYPE),
     pa.field(SEED, pa.int64()),
     pa.field(MAX_FRAMES, pa.int32()),
     pa.field(TEMPERATURE, pa.float64()),

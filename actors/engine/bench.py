@@ -62,7 +62,8 @@ def _row(mode: str, results, wall: float, kv_bytes: int) -> dict:
     return {
         "mode": mode, "rows": len(results), "frames": frames, "wall_s": wall,
         "frames_per_s": frames / wall, "rows_per_s": len(results) / wall,
-        "rtf": frames / FRAME_RATE / wall,
+        # seconds of audio generated per wall second (> 1: faster than real time)
+        "x_realtime": frames / FRAME_RATE / wall,
         "ttff_ms_p50": first[len(first) // 2], "ttff_ms_first": first[0],
         # per row, decode wall time per frame (one step's latency as that row saw it)
         "decode_step_ms": sum(r.decode_ms for r in results) / max(1, frames),
@@ -125,11 +126,11 @@ def run_bench(args) -> int:
     print(f"model {report['model']} ({report['parameters'] / 1e6:.1f}M params, {report['dtype']}, "
           f"{report['device']}, {report['threads']} threads), {args.rows} rows, prompt ~{args.prompt_len}, "
           f"frames ~{args.frames}, references {args.references}")
-    header = f"{'mode':<34}{'frames/s':>10}{'rows/s':>9}{'RTF':>8}{'TTFF p50 ms':>13}{'step ms':>9}{'peak RSS MiB':>14}{'KV MiB':>9}"
+    header = f"{'mode':<34}{'frames/s':>10}{'rows/s':>9}{'x realtime':>11}{'TTFF p50 ms':>13}{'step ms':>9}{'peak RSS MiB':>14}{'KV MiB':>9}"
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['mode']:<34}{r['frames_per_s']:>10.1f}{r['rows_per_s']:>9.2f}{r['rtf']:>8.2f}"
+        print(f"{r['mode']:<34}{r['frames_per_s']:>10.1f}{r['rows_per_s']:>9.2f}{r['x_realtime']:>11.2f}"
               f"{r['ttff_ms_p50']:>13.0f}{r['decode_step_ms']:>9.1f}{r['peak_rss_mib']:>14.0f}"
               f"{r['kv_bytes'] / 2**20:>9.1f}")
     print(f"batched / one-row-at-a-time frames/s: {report['speedup_batched_vs_single']:.2f}x; "

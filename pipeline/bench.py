@@ -1,0 +1,203 @@
+"""`python -m pipeline.bench bench=smoke|sweep|overhead output.dir=PATH [any run setting]`:
+the end-to-end pipeline on a generated workload, once per (actors, slots) configuration of
+the `bench` group, plus the one-row-at-a-time engine loop (1 actor, 1 slot) on the same rows
+in the same run; writes bench.json, bench.md and report.html under output.dir.
+
+Per configuration: rows/s, frames/s, audio seconds per wall second, p50/p95/p99 per-row
+latency, time to first output row, actor utilisation (engine busy time / wall time), peak
+memory per actor, KV bytes, and the wall time split into prep (reading references, prompts),
+engine, codec, write (FLAC + Parquet) and the rest (Ray scheduling, transfers, actor start).
+Nothing here imports torch: the actors do the work.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from omegaconf import DictConfig, OmegaConf
+
+from . import schema as S
+from .config import CONF_DIR, REPO_ROOT
+from .output import is_local, local_path
+from .plan import connect, run
+
+log = logging.getLogger("chorus")
+
+FRAME_RATE = 44100 / 2048  # codec frames per second of audio
+DEMO_TABLE = REPO_ROOT / "data" / "demo" / "demo.parquet"
+
+
+def make_workload(path: Path, rows: int, text_words: float, reference_fraction: float, seed: int) -> None:
+    """A seeded table of `rows` texts (lognormal word counts around `text_words`, words from
+    the demo texts) where a `reference_fraction` share of rows carries one of the demo's real
+    speech clips as bytes (rows naming the same clip share its `ref_id`)."""
+    demo = pq.read_table(DEMO_TABLE).to_pylist()
+    words = sorted({w.strip(".,!?") for r in demo for w in r[S.TEXT].split() if w.strip(".,!?")})
+    refs = []
+    for r in demo:
+        if r.get(S.REF_AUDIO_PATH) and r.get(S.REF_TEXT):
+            clip = (DEMO_TABLE.parent / r[S.REF_AUDIO_PATH]).read_bytes()
+            if all(clip != c for c, _, _ in refs):
+                refs.append((clip, r[S.REF_TEXT], Path(r[S.REF_AUDIO_PATH]).stem))
+    rng = np.random.default_rng(seed)
+    table = {S.ID: [], S.TEXT: [], S.REF_AUDIO: [], S.REF_TEXT: [], S.REF_ID: []}
+    for i in range(rows):
+        n = max(1, int(round(rng.lognormal(math.log(text_words), 0.5))))
+        text = " ".join(rng.choice(words, n)).capitalize() + "."
+        ref = refs[int(rng.integers(len(refs)))] if refs and rng.random() < reference_fraction else None
+        table[S.ID].append(f"bench-{i:06d}")
+        table[S.TEXT].append(text)
+        table[S.REF_AUDIO].append(ref[0] if ref else None)
+        table[S.REF_TEXT].append(ref[1] if ref else None)
+        table[S.REF_ID].append(ref[2] if ref else None)
+    pq.write_table(pa.table(table, schema=pa.schema([
+        (S.ID, pa.string()), (S.TEXT, pa.string()), (S.REF_AUDIO, pa.binary()), (S.REF_TEXT, pa.string()),
+        (S.REF_ID, pa.string())])), path)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -> dict:
+    """The figures of one configuration's run, from its output rows (every row of the output
+    belongs to this run: each configuration writes a fresh output)."""
+    meta = pq.read_table(f"{output_dir}/data", columns=S.METADATA_COLUMNS).to_pylist()
+    ok = [r for r in meta if r[S.STATUS] == S.STATUS_OK]
+    frames = sum(r[S.N_FRAMES] or 0 for r in ok)
+    audio = sum(r[S.AUDIO_SECONDS] or 0.0 for r in ok)
+    latency = [r[S.TOTAL_MS] for r in ok if r[S.TOTAL_MS] is not None]
+    batches = {r[S.BATCH][S.BATCH_ID]: (r[S.ACTOR], r[S.BATCH]) for r in meta if r[S.BATCH]}
+    actors = sorted({a for a, _ in batches.values()})
+    n_actors = max(1, len(actors))
+
+    def total(key, actor=None):
+        return sum(b[key] for a, b in batches.values() if actor is None or a == actor) / 1000.0
+
+    prep, engine, codec, encode = (total(k) / n_actors for k in
+                                   (S.BATCH_PREP_MS, S.BATCH_ENGINE_MS, S.BATCH_CODEC_MS, S.BATCH_ENCODE_MS))
+    write = encode + stream.get("write_s", 0.0) / n_actors
+    finished = [r[S.FINISHED_AT] for r in meta if r[S.FINISHED_AT] is not None]
+    per_actor = {a: {"engine_busy_s": total(S.BATCH_ENGINE_MS, a),
+                     "utilisation": total(S.BATCH_ENGINE_MS, a) / wall_s,
+                     "peak_rss_mb": max(b[S.BATCH_PEAK_RSS_MB] for x, b in batches.values() if x == a),
+                     "rows": sum(b[S.BATCH_ROWS] for x, b in batches.values() if x == a)} for a in actors}
+    return {
+        "rows": len(meta), "rows_ok": len(ok), "rows_error": len(meta) - len(ok), "frames": frames,
+        "audio_seconds": audio, "wall_s": wall_s,
+        "rows_per_s": len(meta) / wall_s, "frames_per_s": frames / wall_s, "audio_s_per_wall_s": audio / wall_s,
+        "latency_ms_p50": _percentile(latency, 50), "latency_ms_p95": _percentile(latency, 95),
+        "latency_ms_p99": _percentile(latency, 99),
+        "time_to_first_row_s": (min(finished) - started_unix) if finished else None,
+        "actors": len(actors), "per_actor": per_actor,
+        "actor_utilisation": float(np.mean([a["utilisation"] for a in per_actor.values()])) if per_actor else None,
+        "peak_rss_mb_per_actor": max((a["peak_rss_mb"] for a in per_actor.values()), default=None),
+        "kv_bytes": max((b[S.BATCH_KV_BYTES] for _, b in batches.values()), default=None),
+        # per-actor average busy seconds by phase; `other` is what is left of the wall time
+        "split_s": {"prep": prep, "engine": engine, "codec": codec, "write": write,
+                    "other": max(0.0, wall_s - prep - engine - codec - write)},
+        # everything that is not the model's own work (engine + codec), as a share of wall time
+        "overhead_fraction": max(0.0, 1.0 - (engine + codec) / wall_s),
+    }
+
+
+def _settings(cfg: DictConfig, actors: int, slots: int, cpus: float, data_path: str, out: str) -> DictConfig:
+    run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    OmegaConf.set_struct(run_cfg, True)
+    run_cfg.data.path = data_path
+    run_cfg.data.name = "bench"
+    run_cfg.output.dir = out
+    run_cfg.output.overwrite = True
+    run_cfg.engine.max_rows = slots
+    run_cfg.cluster.num_actors = actors
+    if cfg.cluster.gpus_per_actor == 0:
+        # CPU machine: the actors share what is left after one half CPU for reads and writes
+        run_cfg.cluster.cpus_per_actor = round(min(1.0, (cpus - 0.5) / actors), 3)
+    return run_cfg
+
+
+def markdown(report: dict) -> str:
+    lines = ["| actors | slots | rows/s | frames/s | audio s / wall s | vs 1-row loop | p50 / p95 / p99 latency ms "
+             "| first row s | utilisation | peak RSS MiB/actor | KV MiB | prep / engine / codec / write / other s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in report["configs"]:
+        m, s = c, c["split_s"]
+        lines.append(
+            f"| {c['num_actors']} | {c['slots']} | {m['rows_per_s']:.2f} | {m['frames_per_s']:.1f} | "
+            f"{m['audio_s_per_wall_s']:.2f} | {c['vs_one_row_loop']:.2f}x | {m['latency_ms_p50']:.0f} / "
+            f"{m['latency_ms_p95']:.0f} / {m['latency_ms_p99']:.0f} | {m['time_to_first_row_s']:.1f} | "
+            f"{m['actor_utilisation']:.0%} | {m['peak_rss_mb_per_actor']:.0f} | {m['kv_bytes'] / 2**20:.1f} | "
+            f"{s['prep']:.1f} / {s['engine']:.1f} / {s['codec']:.1f} / {s['write']:.1f} / {s['other']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_bench(cfg: DictConfig) -> dict:
+    b = cfg.bench
+    if not is_local(cfg.output.dir):
+        raise ValueError("the benchmark writes its tables locally: give a local output.dir")
+    root = Path(local_path(cfg.output.dir))
+    root.mkdir(parents=True, exist_ok=True)
+    workload = root / "workload.parquet"
+    make_workload(workload, b.rows, b.text_words, b.reference_fraction, b.seed)
+    configs = [(a, s) for a in b.actors for s in b.slots]
+    if b.baseline and (1, 1) not in configs:
+        configs.insert(0, (1, 1))
+    import ray
+
+    plain_cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
+    started_ray = connect(plain_cluster)  # one Ray for every configuration: ray.init is ~9 s
+    try:
+        cpus = ray.cluster_resources().get("CPU", 1.0)
+        results = []
+        for actors, slots in configs:
+            out = root / "runs" / f"a{actors}-s{slots}"
+            run_cfg = _settings(cfg, actors, slots, cpus, str(workload), str(out))
+            log.info("bench: %d actor(s) x %d slots on %d rows", actors, slots, b.rows)
+            t0, unix0 = time.monotonic(), time.time()
+            summary = run(run_cfg).summary
+            wall = time.monotonic() - t0
+            stream = {"write_s": summary.get("write_s") or 0.0}
+            entry = {"num_actors": actors, "slots": slots, "cpus_per_actor": run_cfg.cluster.cpus_per_actor,
+                     "output": str(out), **measure(str(out), wall, unix0, stream)}
+            results.append(entry)
+    finally:
+        if started_ray:
+            ray.shutdown()
+    baseline = next((r for r in results if r["num_actors"] == 1 and r["slots"] == 1), None)
+    for r in results:
+        r["vs_one_row_loop"] = r["frames_per_s"] / baseline["frames_per_s"] if baseline and baseline["frames_per_s"] else None
+    report = {"bench": OmegaConf.to_container(b, resolve=True), "model": cfg.model.name,
+              "engine": OmegaConf.to_container(cfg.engine, resolve=True), "cpus": cpus,
+              "configs": results}
+    (root / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = markdown(report)
+    (root / "bench.md").write_text(table)
+    from .report import write_report
+    best = max(results, key=lambda r: r["frames_per_s"])
+    page = write_report(best["output"], title=f"chorus bench: {best['num_actors']} actor(s) x {best['slots']} slots",
+                        bench=report)
+    shutil.copyfile(page, root / "report.html")
+    print(table, flush=True)
+    print(f"chorus bench: wrote {root / 'bench.json'}, {root / 'bench.md'}, {root / 'report.html'}", flush=True)
+    return report
+
+
+@hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> None:
+    if not cfg.bench.enabled:
+        log.error("choose a benchmark: bench=smoke, bench=sweep or bench=overhead")
+        sys.exit(2)
+    run_bench(cfg)
+
+
+if __name__ == "__main__":
+    main()

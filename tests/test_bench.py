@@ -1,0 +1,56 @@
+"""`python -m pipeline.bench bench=smoke`: every figure present, and the figures agree with the
+rows actually written."""
+import json
+import math
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import run_module
+from pipeline import schema as S
+
+FIGURES = ["rows_per_s", "frames_per_s", "audio_s_per_wall_s", "latency_ms_p50", "latency_ms_p95",
+           "latency_ms_p99", "time_to_first_row_s", "actor_utilisation", "peak_rss_mb_per_actor", "kv_bytes",
+           "vs_one_row_loop", "overhead_fraction", "wall_s", "frames", "audio_seconds"]
+
+
+@pytest.mark.slow
+def test_bench_smoke_end_to_end(tmp_path):
+    out = tmp_path / "bench"
+    t0 = time.monotonic()
+    proc = run_module("pipeline.bench", "bench=smoke", f"output.dir={out}", timeout=300)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert elapsed < 240  # the smoke benchmark is meant for < 2 minutes on this machine
+    report = json.loads((out / "bench.json").read_text())
+    configs = report["configs"]
+    assert [(c["num_actors"], c["slots"]) for c in configs] == [(1, 1), (1, 8)]
+    for c in configs:
+        for name in FIGURES:
+            assert c[name] is not None and not (isinstance(c[name], float) and math.isnan(c[name])), name
+        assert set(c["split_s"]) == {"prep", "engine", "codec", "write", "other"}
+        assert all(v >= 0 for v in c["split_s"].values())
+        # internal consistency with the rows on disk
+        rows = pq.read_table(f"{c['output']}/data", columns=[S.STATUS, S.N_FRAMES, S.AUDIO_SECONDS,
+                                                            S.TOTAL_MS, S.BATCH]).to_pylist()
+        ok = [r for r in rows if r[S.STATUS] == S.STATUS_OK]
+        assert len(rows) == c["rows"] == 24
+        assert sum(r[S.N_FRAMES] for r in ok) == c["frames"]
+        assert math.isclose(sum(r[S.AUDIO_SECONDS] for r in ok), c["audio_seconds"], rel_tol=1e-9)
+        assert math.isclose(c["frames_per_s"], c["frames"] / c["wall_s"], rel_tol=1e-9)
+        assert math.isclose(c["rows_per_s"], c["rows"] / c["wall_s"], rel_tol=1e-9)
+        assert math.isclose(c["audio_s_per_wall_s"], c["audio_seconds"] / c["wall_s"], rel_tol=1e-9)
+        assert c["latency_ms_p50"] <= c["latency_ms_p95"] <= c["latency_ms_p99"] <= max(r[S.TOTAL_MS] for r in ok)
+        assert 0 < c["actor_utilisation"] <= 1 and 0 <= c["overhead_fraction"] < 1
+        assert math.isclose(sum(c["split_s"].values()), c["wall_s"], rel_tol=1e-6) or c["split_s"]["other"] == 0
+        assert c["split_s"]["engine"] > 0 and c["split_s"]["codec"] > 0
+        assert c["time_to_first_row_s"] < c["wall_s"]
+    # the ratio is measured against the 1-slot loop of the same run, and KV grows with slots
+    assert configs[0]["vs_one_row_loop"] == 1.0
+    assert math.isclose(configs[1]["vs_one_row_loop"], configs[1]["frames_per_s"] / configs[0]["frames_per_s"])
+    assert configs[1]["kv_bytes"] == 8 * configs[0]["kv_bytes"]
+    table = (out / "bench.md").read_text()
+    assert table.count("\n") == 4 and "| 1 | 8 |" in table
+    page = (out / "report.html").read_text()
+    assert "<svg" in page and "<audio" in page and "chorus bench" in page
