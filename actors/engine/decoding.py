@@ -29,7 +29,7 @@ class Candidates:
         self.im_end_id = im_end_id
         self.semantic_begin_id = config.semantic_begin_id
         self.semantic_end_id = config.semantic_end_id
-        self.is_semantic = (self.ids >= config.semantic_begin_id) & (self.ids <= config.semantic_end_id)
+        self.is_semantic = [config.semantic_begin_id <= i <= config.semantic_end_id for i in ids]
 
 
 @dataclass

@@ -172,6 +172,37 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+def pack_cpu_linears(model: nn.Module, batch_hint: int) -> int:
+    """Route every nn.Linear of a CPU float32/bfloat16 model through oneDNN with its weight
+    pre-packed once (what torch.compile's CPU freezing does). Measured here on the `small`
+    shapes: about 2x faster matmuls at 1 and at 32 rows than the default path, and each row's
+    result no longer depends on how many rows share the call. Keeps the dense weights (the
+    state dict and the reference path stay plain); returns how many layers were packed.
+    Idempotent; a no-op where oneDNN or the op is unavailable, or for float64."""
+    ops = getattr(torch.ops, "mkldnn", None)
+    if ops is None or not torch.backends.mkldnn.is_available() or not hasattr(ops, "_linear_pointwise"):
+        return 0
+    packed = 0
+    for module in model.modules():
+        if not isinstance(module, nn.Linear) or "forward" in module.__dict__:
+            continue
+        w = module.weight
+        if w.device.type != "cpu" or w.dtype not in (torch.float32, torch.bfloat16):
+            continue
+        try:
+            weight = torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)
+        except RuntimeError:
+            return packed
+        bias = None if module.bias is None else module.bias.detach()
+
+        def forward(x, weight=weight, bias=bias):
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+        module.forward = forward
+        packed += 1
+    return packed
+
+
 @dataclass
 class SlowOutput:
     logits: Optional[Tensor]  # [B, T', V'] (T' = 1 when last_only; V' = len(logit_rows) when given)
@@ -234,7 +265,8 @@ class DualARModel(nn.Module):
 
     def forward_slow(self, tokens: Tensor, positions: Tensor, cache: Optional[list[LayerKV]] = None,
                      rows=None, attend_len: int = 0, last_only: bool = True,
-                     logit_rows: Optional[Tensor] = None, want_logits: bool = True) -> SlowOutput:
+                     logit_rows: Optional[Tensor] = None, want_logits: bool = True,
+                     logit_head: Optional[nn.Module] = None, select: Optional[Tensor] = None) -> SlowOutput:
         """tokens [B, 1+C, T]; positions [B, T] absolute positions of the columns.
 
         Without a cache the call is a full causal recompute of exactly these columns (the
@@ -256,17 +288,32 @@ class DualARModel(nn.Module):
         mask = key_pos.unsqueeze(1) <= positions.unsqueeze(2)  # [B, T, L]
         for i, layer in enumerate(self.layers):
             x = layer(x, cos_sin, mask, None if cache is None else cache[i], view)
-        if last_only and t > 1:
+        if select is not None:  # one column per row (its last real one in a padded batch)
+            x = x[torch.arange(b, device=x.device), select].unsqueeze(1)
+        elif last_only and t > 1:
             x = x[:, -1:]
         normed = self.norm(x)
         logits = None
-        if want_logits:
-            weight = self.embeddings.weight if self.config.tie_word_embeddings else self.output.weight
-            if logit_rows is not None:
-                weight = weight[logit_rows]
-            logits = F.linear(normed, weight)
+        if want_logits and logit_head is not None:
+            logits = logit_head(normed)
+        elif want_logits:
+            logits = F.linear(normed, self.output_rows(logit_rows))
         hidden = normed if self.config.norm_fastlayer_input else x
         return SlowOutput(logits=logits, hidden=self.project_to_fast(hidden))
+
+    def output_rows(self, rows: Optional[Tensor] = None) -> Tensor:
+        """The output matrix (tied embeddings or `output`), or only the given vocabulary rows."""
+        weight = self.embeddings.weight if self.config.tie_word_embeddings else self.output.weight
+        return weight if rows is None else weight[rows]
+
+    def candidate_head(self, rows: Tensor) -> nn.Linear:
+        """A Linear over just the given vocabulary rows: decoding samples only semantic ids and
+        <|im_end|>, so it needs ~4k of the output matrix's rows (all 155k for `score`)."""
+        w = self.output_rows(rows)
+        with torch.device("meta"):
+            head = nn.Linear(w.shape[1], w.shape[0], bias=False)
+        head.weight = nn.Parameter(w.detach().clone(), requires_grad=False)
+        return head
 
     def project_to_fast(self, hidden: Tensor) -> Tensor:
         if self.config.fast_dim != self.config.dim:

@@ -52,13 +52,22 @@ def filtered_probs(logits: Tensor, s: RowSampling) -> Tensor:
     """The distribution each non-greedy row samples from: [B, V] float32, zeros outside the
     kept set, renormalised over it."""
     logits = logits.float()
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
-    cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
-    rank = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
-    k = torch.where(s.top_k > 0, s.top_k, torch.full_like(s.top_k, logits.shape[-1])).unsqueeze(1)
-    remove_sorted = (cum > s.top_p.unsqueeze(1)) | (rank >= k)
+    v = logits.shape[-1]
+    k = torch.where(s.top_k > 0, s.top_k, torch.full_like(s.top_k, v)).clamp(max=v)
+    width = int(k.max())
+    # only the `width` best ids can survive top-k: rank those instead of sorting all V (the
+    # cumulative softmax still normalises over every id, as top-p on the raw softmax must)
+    if width < v:
+        sorted_logits, order = torch.topk(logits, width, dim=-1, sorted=True)
+        probs = torch.exp(sorted_logits - torch.logsumexp(logits, dim=-1, keepdim=True))
+    else:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+    cum = torch.cumsum(probs, dim=-1)
+    rank = torch.arange(width, device=logits.device).unsqueeze(0)
+    remove_sorted = (cum > s.top_p.unsqueeze(1)) | (rank >= k.unsqueeze(1))
     remove_sorted[:, 0] = False  # always keep the best candidate
-    remove = torch.zeros_like(remove_sorted).scatter_(1, order, remove_sorted)
+    remove = torch.ones_like(logits, dtype=torch.bool).scatter_(1, order, remove_sorted)
     temperature = torch.clamp(s.temperature, min=1e-5).unsqueeze(1)
     scaled = torch.where(remove, torch.full_like(logits, float("-inf")), logits) / temperature
     return torch.softmax(scaled, dim=-1)
