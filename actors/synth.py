@@ -198,7 +198,7 @@ class SynthActor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         self.batches += 1
         self._maybe_crash()
-        started = time.perf_counter()
+        started, started_unix = time.perf_counter(), time.time()
         marks = [started]  # phase boundaries: prep | engine | codec | encode
         rows = [_Row(i, values.get(S.ID), values) for i, values in enumerate(batch.to_pylist())]
         try:
@@ -219,7 +219,7 @@ class SynthActor:
         marks.append(time.perf_counter())
         phase_ms = [(b - a) * 1000.0 for a, b in zip(marks[:-1], marks[1:])]
         batch_stats = {
-            S.BATCH_ID: f"{self.actor}:{self.batches}", S.BATCH_ROWS: len(rows),
+            S.BATCH_ID: f"{self.actor}:{self.batches}", S.BATCH_ROWS: len(rows), S.BATCH_STARTED_AT: started_unix,
             S.BATCH_PREP_MS: phase_ms[0], S.BATCH_ENGINE_MS: phase_ms[1], S.BATCH_CODEC_MS: phase_ms[2],
             S.BATCH_ENCODE_MS: phase_ms[3], S.BATCH_PEAK_RSS_MB: _peak_rss_mb(),
             S.BATCH_KV_BYTES: int(self.engine.kv_bytes()["total"]),

@@ -178,6 +178,7 @@ FINISHED_AT = "finished_at"  # unix time the row's audio was ready
 BATCH = "batch"
 BATCH_ID = "id"
 BATCH_ROWS = "rows"
+BATCH_STARTED_AT = "started_at"  # unix time the actor call began
 BATCH_PREP_MS = "prep_ms"  # parsing, reference decode + encode, prompt building
 BATCH_ENGINE_MS = "engine_ms"  # the continuous-batching engine over the batch's rows
 BATCH_CODEC_MS = "codec_ms"  # codes -> waveforms
@@ -188,7 +189,8 @@ REPETITION_PENALTY = "repetition_penalty"
 RAS_WINDOW = "ras_window"
 
 BATCH_TYPE = pa.struct([
-    pa.field(BATCH_ID, pa.string()), pa.field(BATCH_ROWS, pa.int32()), pa.field(BATCH_PREP_MS, pa.float64()),
+    pa.field(BATCH_ID, pa.string()), pa.field(BATCH_ROWS, pa.int32()), pa.field(BATCH_STARTED_AT, pa.float64()),
+    pa.field(BATCH_PREP_MS, pa.float64()),
     pa.field(BATCH_ENGINE_MS, pa.float64()), pa.field(BATCH_CODEC_MS, pa.float64()),
     pa.field(BATCH_ENCODE_MS, pa.float64()), pa.field(BATCH_PEAK_RSS_MB, pa.float64()),
     pa.field(BATCH_KV_BYTES, pa.int64()),
