@@ -124,6 +124,8 @@ def _settings(cfg: DictConfig, actors: int, slots: int, cpus: float, data_path: 
     run_cfg.output.dir = out
     run_cfg.output.overwrite = True
     run_cfg.engine.max_rows = slots
+    # an actor call must bring at least `slots` rows, or the extra slots never fill
+    run_cfg.cluster.rows_per_block = max(cfg.cluster.rows_per_block, slots)
     run_cfg.cluster.num_actors = actors
     if cfg.cluster.gpus_per_actor == 0:
         # CPU machine: the actors share what is left after one half CPU for reads and writes
