@@ -134,6 +134,7 @@ class SynthActor:
     def __init__(self, model: Mapping, engine: Mapping, sampling: Mapping, data: Mapping | None = None,
                  keep_codes: bool = True, run_id: str = "", threads: Optional[int] = None,
                  crash_on_batch: int = 0, crash_marker: Optional[str] = None):
+        constructed = time.perf_counter()  # the actor's own start-up: imports, model + codec load
         import torch
 
         from actors import audio
@@ -185,6 +186,7 @@ class SynthActor:
         self.run_id = run_id
         self.crash_on_batch, self.crash_marker = int(crash_on_batch or 0), crash_marker
         self.batches = 0
+        self.init_ms = (time.perf_counter() - constructed) * 1000.0
         self.model_name = model.get("name") or self.lm.name
         self.device = str(self.lm.device)
         self.actor, self.node = _provenance()
@@ -221,7 +223,7 @@ class SynthActor:
         batch_stats = {
             S.BATCH_ID: f"{self.actor}:{self.batches}", S.BATCH_ROWS: len(rows), S.BATCH_STARTED_AT: started_unix,
             S.BATCH_PREP_MS: phase_ms[0], S.BATCH_ENGINE_MS: phase_ms[1], S.BATCH_CODEC_MS: phase_ms[2],
-            S.BATCH_ENCODE_MS: phase_ms[3], S.BATCH_PEAK_RSS_MB: _peak_rss_mb(),
+            S.BATCH_ENCODE_MS: phase_ms[3], S.BATCH_ACTOR_INIT_MS: self.init_ms, S.BATCH_PEAK_RSS_MB: _peak_rss_mb(),
             S.BATCH_KV_BYTES: int(self.engine.kv_bytes()["total"]),
         }
         for out in out_rows:

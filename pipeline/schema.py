@@ -183,6 +183,7 @@ BATCH_PREP_MS = "prep_ms"  # parsing, reference decode + encode, prompt building
 BATCH_ENGINE_MS = "engine_ms"  # the continuous-batching engine over the batch's rows
 BATCH_CODEC_MS = "codec_ms"  # codes -> waveforms
 BATCH_ENCODE_MS = "encode_ms"  # FLAC encoding + building the output rows
+BATCH_ACTOR_INIT_MS = "actor_init_ms"  # the actor's construction: imports, model + codec load
 BATCH_PEAK_RSS_MB = "peak_rss_mb"  # the actor process's peak resident memory so far
 BATCH_KV_BYTES = "kv_bytes"  # the actor engine's KV cache (slow + fast)
 REPETITION_PENALTY = "repetition_penalty"
@@ -192,7 +193,8 @@ BATCH_TYPE = pa.struct([
     pa.field(BATCH_ID, pa.string()), pa.field(BATCH_ROWS, pa.int32()), pa.field(BATCH_STARTED_AT, pa.float64()),
     pa.field(BATCH_PREP_MS, pa.float64()),
     pa.field(BATCH_ENGINE_MS, pa.float64()), pa.field(BATCH_CODEC_MS, pa.float64()),
-    pa.field(BATCH_ENCODE_MS, pa.float64()), pa.field(BATCH_PEAK_RSS_MB, pa.float64()),
+    pa.field(BATCH_ENCODE_MS, pa.float64()), pa.field(BATCH_ACTOR_INIT_MS, pa.float64()),
+    pa.field(BATCH_PEAK_RSS_MB, pa.float64()),
     pa.field(BATCH_KV_BYTES, pa.int64()),
 ])
 AUDIO_TYPE = pa.struct([pa.field(AUDIO_BYTES, pa.binary()), pa.field(AUDIO_PATH, pa.string())])
