@@ -255,41 +255,59 @@ class Engine:
         spent = {row.slot: 0.0 for row in rows}
         round_index = 0
         while True:
-            group = [r for r in rows if round_index < len(plans[r.slot])]
-            if not group:
+            pending = [r for r in rows if round_index < len(plans[r.slot])]
+            if not pending:
                 break
-            began = time.perf_counter()
-            chunks = [plans[r.slot][round_index] for r in group]
-            width = max(e - s for s, e in chunks)
-            tokens = torch.zeros(len(group), 1 + self.mc.num_codebooks, width, dtype=torch.int64, device=self.device)
-            for i, (r, (s, e)) in enumerate(zip(group, chunks)):
-                tokens[i, :, : e - s] = prompts[r.slot][:, s:e]
-            starts = torch.tensor([s for s, _ in chunks], device=self.device)
-            # padding positions run past the row's chunk; keep them inside the slot
-            positions = (starts.unsqueeze(1) + torch.arange(width, device=self.device)).clamp_(max=self.config.max_tokens - 1)
-            last = torch.tensor([e - s - 1 for s, e in chunks], device=self.device)
-            slots = [r.slot for r in group]
-            contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
-            out = self.model.forward_slow(
-                tokens, positions, cache=self.cache.slow,
-                rows=slice(slots[0], slots[-1] + 1) if contiguous else torch.tensor(slots, device=self.device),
-                attend_len=int(positions.max()) + 1, last_only=True, select=last, logit_head=self.logit_head,
-                want_logits=any(e == r.request.prompt.shape[1] for r, (_, e) in zip(group, chunks)))
-            for i, (r, (s, e)) in enumerate(zip(group, chunks)):
-                before = self.cache.lengths[r.slot]
-                self.cache.lengths[r.slot] = e
-                if self.config.record_steps:
-                    self.steps.append(StepRecord("prefill", (r.slot,), e - s, (before,), (e,)))
-                if r.request.prefix_key and e == r.request.prefix_len and r.reused == 0:
-                    self.prefixes.store(r.request.prefix_key, r.request.prompt[:, :e], self.cache, r.slot)
-                if e == r.request.prompt.shape[1]:
-                    r.logits, r.hidden = out.logits[i, -1], out.hidden[i, -1]
-            elapsed = time.perf_counter() - began
-            for r in group:
-                spent[r.slot] += elapsed
+            for group in self._similar_widths(pending, [plans[r.slot][round_index] for r in pending]):
+                self._prefill_group(group, [plans[r.slot][round_index] for r in group], prompts, spent)
             round_index += 1
         for row in rows:
             row.prefill_s = spent[row.slot]
+
+    @staticmethod
+    def _similar_widths(rows: list[_Row], chunks: list[tuple[int, int]], slack: float = 1.25) -> list[list[_Row]]:
+        """Split one round's rows into groups whose chunk lengths differ by at most `slack`x,
+        so padding to the longest wastes little compute."""
+        order = sorted(range(len(rows)), key=lambda i: chunks[i][1] - chunks[i][0])
+        groups, first_width = [], None
+        for i in order:
+            width = chunks[i][1] - chunks[i][0]
+            if first_width is None or width > slack * first_width:
+                groups.append([])
+                first_width = width
+            groups[-1].append(rows[i])
+        return groups
+
+    def _prefill_group(self, group: list[_Row], chunks: list[tuple[int, int]], prompts: dict, spent: dict) -> None:
+        """One batched prefill call: each row's chunk, padded to the group's longest."""
+        began = time.perf_counter()
+        width = max(e - s for s, e in chunks)
+        tokens = torch.zeros(len(group), 1 + self.mc.num_codebooks, width, dtype=torch.int64, device=self.device)
+        for i, (r, (s, e)) in enumerate(zip(group, chunks)):
+            tokens[i, :, : e - s] = prompts[r.slot][:, s:e]
+        starts = torch.tensor([s for s, _ in chunks], device=self.device)
+        # padding positions run past the row's chunk; keep them inside the slot
+        positions = (starts.unsqueeze(1) + torch.arange(width, device=self.device)).clamp_(max=self.config.max_tokens - 1)
+        last = torch.tensor([e - s - 1 for s, e in chunks], device=self.device)
+        slots = [r.slot for r in group]
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        out = self.model.forward_slow(
+            tokens, positions, cache=self.cache.slow,
+            rows=slice(slots[0], slots[-1] + 1) if contiguous else torch.tensor(slots, device=self.device),
+            attend_len=int(positions.max()) + 1, last_only=True, select=last, logit_head=self.logit_head,
+            want_logits=any(e == r.request.prompt.shape[1] for r, (_, e) in zip(group, chunks)))
+        for i, (r, (s, e)) in enumerate(zip(group, chunks)):
+            before = self.cache.lengths[r.slot]
+            self.cache.lengths[r.slot] = e
+            if self.config.record_steps:
+                self.steps.append(StepRecord("prefill", (r.slot,), e - s, (before,), (e,)))
+            if r.request.prefix_key and e == r.request.prefix_len and r.reused == 0:
+                self.prefixes.store(r.request.prefix_key, r.request.prompt[:, :e], self.cache, r.slot)
+            if e == r.request.prompt.shape[1]:
+                r.logits, r.hidden = out.logits[i, -1], out.hidden[i, -1]
+        elapsed = time.perf_counter() - began
+        for r in group:
+            spent[r.slot] += elapsed
 
     def _slow_forward(self, tokens, positions, rows, attend_len):
         return self.model.forward_slow(tokens, positions, cache=self.cache.slow, rows=rows,
