@@ -32,7 +32,6 @@ from .plan import connect, run
 
 log = logging.getLogger("chorus")
 
-FRAME_RATE = 44100 / 2048  # codec frames per second of audio
 DEMO_TABLE = REPO_ROOT / "data" / "demo" / "demo.parquet"
 
 
