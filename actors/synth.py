@@ -165,6 +165,7 @@ class SynthActor:
             max_rows=int(engine["max_rows"]), max_tokens=int(engine["max_tokens"]),
             prefill_chunk=int(engine["prefill_chunk"]), static_shapes=bool(engine.get("static_shapes", False)),
             compile=bool(engine.get("compile", False)),
+            cpu_packed_linears=bool(engine.get("cpu_packed_linears", True)),
             prefix_cache_entries=int(engine.get("prefix_cache_entries", 8))))
         self.builder = PromptBuilder.for_model(self.lm)
         overrides = {k: v for k, v in sampling.items() if k != "seed" and v is not None}

@@ -89,6 +89,8 @@ class EngineSettings:
     prefix_cache_entries: int = 8
     compile: bool = False
     static_shapes: bool = False
+    # CPU only: pre-pack linear weights for oneDNN (~2x faster matmuls, a second copy of them in RAM)
+    cpu_packed_linears: bool = True
     # rows per codec decode call
     codec_batch_rows: int = 8
     # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
