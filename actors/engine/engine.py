@@ -50,6 +50,11 @@ class EngineConfig:
 LogitObserver = Callable[[str, int, torch.Tensor, torch.Tensor], None]
 
 
+def _shared_prefix(request: Request) -> int:
+    """Columns of the request's prompt that may be shared through the prefix cache."""
+    return request.prefix_len if request.prefix_key else 0
+
+
 @dataclass
 class StepRecord:
     kind: str  # "prefill" | "decode"
@@ -215,7 +220,7 @@ class Engine:
         the prefix, the rest are prefilled after it and restore it instead of recomputing."""
         seen, first, later = set(), [], []
         for row in rows:
-            key = row.request.prefix_key if row.request.prefix_len else None
+            key = row.request.prefix_key if _shared_prefix(row.request) else None
             if key is not None and key in seen:
                 later.append(row)
             else:
@@ -230,7 +235,7 @@ class Engine:
         numbers whether or not its prefix was reused; chunks already restored are skipped."""
         req = row.request
         total = req.prompt.shape[1]
-        prefix = req.prefix_len if req.prefix_key else 0
+        prefix = _shared_prefix(req)
         step = self.config.prefill_chunk
         bounds = list(range(0, prefix, step)) + list(range(prefix, total, step)) + [total]
         return [(s, e) for s, e in zip(bounds[:-1], bounds[1:]) if e > row.reused]
@@ -244,7 +249,7 @@ class Engine:
         for row in rows:
             row.admitted_at, row.reused = t0, 0
             req = row.request
-            prefix = req.prefix_len if req.prefix_key else 0
+            prefix = _shared_prefix(req)
             if prefix:
                 entry = self.prefixes.lookup(req.prefix_key, req.prompt[:, :prefix])
                 if entry is not None:
@@ -289,12 +294,10 @@ class Engine:
         # padding positions run past the row's chunk; keep them inside the slot
         positions = (starts.unsqueeze(1) + torch.arange(width, device=self.device)).clamp_(max=self.config.max_tokens - 1)
         last = torch.tensor([e - s - 1 for s, e in chunks], device=self.device)
-        slots = [r.slot for r in group]
-        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        attend_len = min(max(s for s, _ in chunks) + width, self.config.max_tokens)
         out = self.model.forward_slow(
-            tokens, positions, cache=self.cache.slow,
-            rows=slice(slots[0], slots[-1] + 1) if contiguous else torch.tensor(slots, device=self.device),
-            attend_len=int(positions.max()) + 1, last_only=True, select=last, logit_head=self.logit_head,
+            tokens, positions, cache=self.cache.slow, rows=self._slot_rows([r.slot for r in group]),
+            attend_len=attend_len, last_only=True, select=last, logit_head=self.logit_head,
             want_logits=any(e == r.request.prompt.shape[1] for r, (_, e) in zip(group, chunks)))
         for i, (r, (s, e)) in enumerate(zip(group, chunks)):
             before = self.cache.lengths[r.slot]
@@ -308,6 +311,13 @@ class Engine:
         elapsed = time.perf_counter() - began
         for r in group:
             spent[r.slot] += elapsed
+
+    def _slot_rows(self, slots: list[int]):
+        """How a forward call addresses these slots (ascending): a slice when consecutive,
+        which reads the cache as a view, else a tensor of slot ids (a gather)."""
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            return slice(slots[0], slots[-1] + 1)
+        return torch.tensor(slots, device=self.device)
 
     def _slow_forward(self, tokens, positions, rows, attend_len):
         return self.model.forward_slow(tokens, positions, cache=self.cache.slow, rows=rows,
@@ -336,9 +346,7 @@ class Engine:
         else:
             tokens = torch.stack([r.next_column for r in need]).unsqueeze(-1)  # [B, 1+C, 1]
             positions = torch.tensor(before, device=self.device).unsqueeze(1)
-            contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
-            rows_index = slice(slots[0], slots[-1] + 1) if contiguous else torch.tensor(slots, device=self.device)
-            out = self._slow_step(tokens, positions, rows_index, max(before) + 1)
+            out = self._slow_step(tokens, positions, self._slot_rows(slots), max(before) + 1)
             logits, hidden = out.logits[:, -1], out.hidden[:, -1]
         for i, r in enumerate(need):
             self.cache.lengths[r.slot] += 1
