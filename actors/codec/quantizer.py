@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..modules import uninitialised_embedding
 from .config import CodecConfig
 from .layers import (
     PLAIN_WEIGHT,
@@ -34,7 +35,7 @@ class VectorQuantizer(nn.Module):
         self.out_proj = nn.Conv1d(codebook_dim, input_dim, 1)
         self.in_proj.weight_norm_storage = WEIGHT_NORM_LEGACY
         self.out_proj.weight_norm_storage = WEIGHT_NORM_LEGACY
-        self.codebook = nn.Embedding(codebook_size, codebook_dim)
+        self.codebook = uninitialised_embedding(codebook_size, codebook_dim)
 
     def nearest_codes(self, projected: torch.Tensor) -> torch.Tensor:
         """[B, d, T] projected latents -> [B, T] indices of the closest code by

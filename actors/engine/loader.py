@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from .checkpoint import LoadReport, load_weights
 from .config import ModelConfig, load_config, with_semantic_ids
@@ -61,8 +62,13 @@ def build_empty_model(config: ModelConfig, device: torch.device, dtype: torch.dt
     """Parameters allocated once, uninitialised, directly in the target dtype/device."""
     with torch.device("meta"):
         model = DualARModel(config)
-    model = model.to(dtype=dtype).to_empty(device=device)
-    return model.eval().requires_grad_(False)
+    # allocate with plain torch.empty: Module.to_empty goes through torch's Python reference
+    # ops for meta tensors, which import sympy and the symbolic-shape machinery (~0.5 s)
+    for module in model.modules():
+        for name, meta in list(module.named_parameters(recurse=False)):
+            setattr(module, name, nn.Parameter(torch.empty(meta.shape, dtype=dtype, device=device),
+                                               requires_grad=False))
+    return model.eval()
 
 
 def load_model(checkpoint_dir: str | Path, device: str | torch.device = "auto",

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..modules import uninitialised_embedding
 from .config import ModelConfig
 
 
@@ -223,8 +224,8 @@ class DualARModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         c = self.config = config
-        self.embeddings = nn.Embedding(c.vocab_size, c.dim)
-        self.codebook_embeddings = nn.Embedding(c.codebook_size * c.num_codebooks, c.dim)
+        self.embeddings = uninitialised_embedding(c.vocab_size, c.dim)
+        self.codebook_embeddings = uninitialised_embedding(c.codebook_size * c.num_codebooks, c.dim)
         self.layers = nn.ModuleList(
             Block(c.dim, c.n_head, c.n_local_heads, c.head_dim, c.intermediate_size,
                   c.attention_qkv_bias, c.attention_o_bias, c.attention_qk_norm, c.norm_eps)
@@ -234,7 +235,7 @@ class DualARModel(nn.Module):
             self.output = nn.Linear(c.dim, c.vocab_size, bias=False)
         if c.fast_dim != c.dim:
             self.fast_project_in = nn.Linear(c.dim, c.fast_dim)
-        self.fast_embeddings = nn.Embedding(c.codebook_size, c.fast_dim)
+        self.fast_embeddings = uninitialised_embedding(c.codebook_size, c.fast_dim)
         self.fast_layers = nn.ModuleList(
             Block(c.fast_dim, c.fast_n_head, c.fast_n_local_heads, c.fast_head_dim,
                   c.fast_intermediate_size, c.fast_attention_qkv_bias, c.fast_attention_o_bias,
