@@ -30,10 +30,13 @@ def ray_cluster():
     """The address of a local Ray shared by the whole session."""
     import ray
 
+    from pipeline.plan import LOCAL_RAY_SYSTEM_CONFIG
+
     if ray.is_initialized():
         ray.shutdown()
     # address="local": never join a `ray start` cluster someone else runs on this machine
-    context = ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False)
+    context = ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False,
+                       _system_config=LOCAL_RAY_SYSTEM_CONFIG)
     yield context.address_info["gcs_address"]
     ray.shutdown()
 

@@ -12,7 +12,8 @@ from pipeline import schema as S
 
 FIGURES = ["rows_per_s", "frames_per_s", "audio_s_per_wall_s", "latency_ms_p50", "latency_ms_p95",
            "latency_ms_p99", "time_to_first_row_s", "actor_utilisation", "peak_rss_mb_per_actor", "kv_bytes",
-           "vs_one_row_loop", "overhead_fraction", "overhead_fraction_after_startup", "actor_startup_s", "actor_init_s", "pipeline_overhead_fraction", "wall_s", "frames", "audio_seconds"]
+           "vs_one_row_loop", "overhead_fraction", "overhead_fraction_after_startup", "actor_startup_s", "actor_init_s", "pipeline_overhead_fraction", "wall_s", "frames", "audio_seconds",
+           "report_s"]
 
 
 @pytest.mark.slow
@@ -47,6 +48,7 @@ def test_bench_smoke_end_to_end(tmp_path):
         assert c["split_s"]["engine"] > 0 and c["split_s"]["codec"] > 0
         assert 0 < c["actor_init_s"] < c["actor_startup_s"] < c["time_to_first_row_s"] < c["wall_s"]
         assert c["pipeline_overhead_fraction"] <= c["overhead_fraction"]
+        assert c["report_s"] > 0 and (tmp_path / "bench" / "runs" / f"a1-s{c['slots']}" / "report.html").is_file()
     # the ratio is measured against the 1-slot loop of the same run, and KV grows with slots
     assert configs[0]["vs_one_row_loop"] == 1.0
     assert math.isclose(configs[1]["vs_one_row_loop"], configs[1]["frames_per_s"] / configs[0]["frames_per_s"])
