@@ -171,6 +171,10 @@ def test_row_output_is_independent_of_batch_and_slot(lm64):
     first_prefill = next(i for i, s in enumerate(late_engine.steps) if s.kind == "prefill" and s.cache_before == (0,)
                          and i > 0 and late_engine.steps[i - 1].kind == "decode")
     assert first_prefill > 0  # admissions did happen after decoding started
+    # rows that outlive others are moved down: every decode step reads slots 0..n-1 (a view)
+    decode_slots = [s.slots for s in late_engine.steps if s.kind == "decode"]
+    assert all(slots == tuple(range(len(slots))) for slots in decode_slots)
+    assert any(len(slots) < 4 for slots in decode_slots[:-1])  # rows did stop while others ran on
     assert alone.shape == (4, 14)
     for other in (with_one, with_all, late):
         assert np.array_equal(alone, other)

@@ -64,6 +64,18 @@ class SlotKVCache:
         self.owner[slot] = None
         self.lengths[slot] = 0
 
+    def move(self, src: int, dst: int) -> None:
+        """Move a live row's K/V (its first `length` positions) and ownership from slot `src`
+        to the free slot `dst`."""
+        if self.owner[dst] is not None or self.owner[src] is None:
+            raise RuntimeError(f"cannot move slot {src} ({self.owner[src]}) onto slot {dst} ({self.owner[dst]})")
+        n = self.lengths[src]
+        for layer in self.slow:
+            layer.k[dst, :, :n] = layer.k[src, :, :n]
+            layer.v[dst, :, :n] = layer.v[src, :, :n]
+        self.owner[dst], self.lengths[dst] = self.owner[src], n
+        self.release(src)
+
     # -- sizes -------------------------------------------------------------------------
     @property
     def element_size(self) -> int:

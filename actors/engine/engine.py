@@ -180,10 +180,13 @@ class Engine:
                                 results[row.index] = self._error(row.request, f"prefill failed: {e!r}", start)
                 if not live:
                     continue
-                for row, reason in self._decode_step(live, observe):
+                stopped = self._decode_step(live, observe)
+                for row, reason in stopped:
                     live.remove(row)
                     self._release(row)
                     results[row.index] = self._finish(row, reason, start)
+                if stopped and not self.config.static_shapes:
+                    self._compact(live)
         finally:
             for row in live:  # only reached on an engine-level failure: leave the cache clean
                 self._release(row)
@@ -194,6 +197,15 @@ class Engine:
         if row.slot >= 0:
             self.cache.release(row.slot)
             row.slot = -1
+
+    def _compact(self, live: list[_Row]) -> None:
+        """Keep the live rows in the lowest slots: a batch over slots 0..n-1 reads the cache as
+        a view, where scattered slots would gather (copy) every layer's K/V at every step.
+        Moving a row copies its K/V once; its numbers do not change."""
+        for target, row in enumerate(sorted(live, key=lambda r: r.slot)):
+            if row.slot != target:  # every slot a row holds is live, so `target` is free here
+                self.cache.move(row.slot, target)
+                row.slot = target
 
     def _error(self, req: Request, message: str, start: float) -> Result:
         now = time.perf_counter()
