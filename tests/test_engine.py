@@ -275,3 +275,30 @@ def test_s1_vectors_greedy_in_float64_too():
     assert np.array_equal(r.codes, np.load(v / "vectors/greedy_codes.npy"))
     del lm
     gc.collect()
+
+
+def test_bench_cli_reports_every_mode_side_by_side(tmp_path):
+    """`python -m actors.engine bench`: the modes run interleaved --repeats times on the same
+    requests, each reports its median run, and the figures agree with each other."""
+    import json
+
+    from helpers import run_module
+
+    out = tmp_path / "bench.json"
+    proc = run_module("actors.engine", "bench", "--size", "tiny", "--rows", "6", "--max-rows", "3",
+                      "--prompt-len", "8", "--frames", "4", "--references", "2", "--reference-frames", "5",
+                      "--repeats", "3", "--threads", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    modes = report["modes"]
+    assert [m["mode"] for m in modes] == ["engine max_rows=3", "engine max_rows=3 no-prefix-reuse",
+                                          "engine max_rows=1"]
+    assert report["repeats"] == 3 and report["batched_codes_equal_single"] is True
+    for m in modes:
+        assert len(m["wall_s_runs"]) == 3
+        assert m["wall_s"] == sorted(m["wall_s_runs"])[1]  # the median run is the one reported
+        assert m["frames"] == modes[0]["frames"] and m["rows"] == 6
+        assert m["frames_per_s"] == pytest.approx(m["frames"] / m["wall_s"])
+    assert report["speedup_batched_vs_single"] == pytest.approx(modes[0]["frames_per_s"] / modes[-1]["frames_per_s"])
+    assert modes[0]["prefix_hits"] > 0 and modes[1]["prefix_hits"] == 0
+    assert "median of 3 run(s)" in proc.stdout

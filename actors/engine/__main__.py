@@ -160,6 +160,8 @@ def main(argv=None) -> int:
                    help="share this many reference prompts across rows (prefix reuse); 0 = none")
     p.add_argument("--reference-frames", type=int, default=100)
     p.add_argument("--uncached", action="store_true", help="also run the (slow) uncached reference loop")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every mode this many times, interleaved; each reports its median run")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the table as JSON here")
