@@ -107,19 +107,19 @@ def run_bench(args) -> int:
     modes = [(args.max_rows, True)] + ([(args.max_rows, False)] if args.references else []) + [(1, True)]
     # repeats interleave the modes (a slow spell of a shared machine hits all of them); each
     # mode reports its median run
+    repeats = max(1, args.repeats)
     runs: list[list[tuple[dict, list]]] = [[] for _ in modes]
-    for _ in range(max(1, args.repeats)):
+    for _ in range(repeats):
         for i, (max_rows, use_prefix) in enumerate(modes):
             runs[i].append(_run_engine(loaded, requests, max_rows, args, use_prefix=use_prefix))
-    rows, outputs = [], []
+    rows = []
     for mode_runs in runs:
-        ordered = sorted(mode_runs, key=lambda run: run[0]["wall_s"])
-        row, results = ordered[(len(ordered) - 1) // 2]
+        row = sorted((run[0] for run in mode_runs), key=lambda r: r["wall_s"])[(repeats - 1) // 2]
         row["wall_s_runs"] = [run[0]["wall_s"] for run in mode_runs]
         rows.append(row)
-        outputs.append(results)
-    batched, batched_results = rows[0], outputs[0]
-    single, single_results = rows[-1], outputs[-1]
+    batched, single = rows[0], rows[-1]
+    single_results = runs[-1][0][1]
+    # every run of every mode must produce the one-row codes
     same = all(np.array_equal(a.codes, b.codes) for mode_runs in runs for run in mode_runs
                for a, b in zip(run[1], single_results))
     if args.uncached:
@@ -130,13 +130,13 @@ def run_bench(args) -> int:
         "model": str(loaded.checkpoint_dir), "parameters": sum(p.numel() for p in loaded.model.parameters()),
         "dtype": str(loaded.dtype), "device": str(loaded.device), "threads": torch.get_num_threads(),
         "rows": args.rows, "max_rows": args.max_rows, "prompt_len": args.prompt_len, "frames": args.frames,
-        "references": args.references, "repeats": max(1, args.repeats), "load_s": load_s,
+        "references": args.references, "repeats": repeats, "load_s": load_s,
         "speedup_batched_vs_single": batched["frames_per_s"] / single["frames_per_s"],
         "batched_codes_equal_single": same, "modes": rows,
     }
     print(f"model {report['model']} ({report['parameters'] / 1e6:.1f}M params, {report['dtype']}, "
           f"{report['device']}, {report['threads']} threads), {args.rows} rows, prompt ~{args.prompt_len}, "
-          f"frames ~{args.frames}, references {args.references}, median of {max(1, args.repeats)} run(s) per mode")
+          f"frames ~{args.frames}, references {args.references}, median of {repeats} run(s) per mode")
     header = f"{'mode':<34}{'frames/s':>10}{'rows/s':>9}{'x realtime':>11}{'TTFF p50 ms':>13}{'step ms':>9}{'peak RSS MiB':>14}{'KV MiB':>9}"
     print(header)
     print("-" * len(header))
