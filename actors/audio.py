@@ -47,9 +47,7 @@ def load_reference_audio(
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         if not data:
-            raise ReferenceAudioError(
-                f"reference audio is empty (0 bytes); pass {SUPPORTED_CONTAINERS} file bytes"
-            )
+            raise ReferenceAudioError(f"reference audio is empty (0 bytes); pass {SUPPORTED_CONTAINERS} file bytes")
         handle: Union[io.BytesIO, str] = io.BytesIO(data)
         label = f"reference audio ({len(data)} bytes)"
     elif isinstance(source, (str, os.PathLike)):
@@ -57,19 +55,14 @@ def load_reference_audio(
         handle = str(path)
         label = f"reference audio file {path}"
     else:
-        raise ReferenceAudioError(
-            f"reference audio must be bytes or a file path, got {type(source).__name__}"
-        )
+        raise ReferenceAudioError(f"reference audio must be bytes or a file path, got {type(source).__name__}")
 
     wave, sample_rate = _read_limited(handle, label, max_seconds)
     if wave.shape[0] == 0:
-        raise ReferenceAudioError(
-            f"{label} holds no samples; provide a clip of speech (a few seconds is enough)"
-        )
+        raise ReferenceAudioError(f"{label} holds no samples; provide a clip of speech (a few seconds is enough)")
     if not np.isfinite(wave).all():
         raise ReferenceAudioError(
-            f"{label} contains NaN or infinite samples; re-export it as 16-bit PCM "
-            f"{SUPPORTED_CONTAINERS}"
+            f"{label} contains NaN or infinite samples; re-export it as 16-bit PCM {SUPPORTED_CONTAINERS}"
         )
     mono = wave.mean(axis=1, dtype=np.float64).astype(np.float32) if wave.shape[1] > 1 else wave[:, 0]
     rms = float(np.sqrt(np.mean(np.square(mono, dtype=np.float64))))
@@ -87,9 +80,7 @@ def resample(wave: np.ndarray, source_rate: int, target_rate: int) -> np.ndarray
         return wave
     if source_rate <= 0 or target_rate <= 0:
         raise ValueError(f"sample rates must be positive, got {source_rate} -> {target_rate}")
-    return np.ascontiguousarray(
-        soxr.resample(wave, int(source_rate), int(target_rate), quality="HQ"), dtype=np.float32
-    )
+    return np.ascontiguousarray(soxr.resample(wave, int(source_rate), int(target_rate), quality="HQ"), dtype=np.float32)
 
 
 def encode_audio(wave: np.ndarray, sample_rate: int, fmt: str = "flac") -> bytes:
@@ -137,8 +128,7 @@ def _resolve_reference_path(source: Union[str, os.PathLike], root) -> Path:
         candidate = raw.resolve()
     if not candidate.exists():
         raise ReferenceAudioError(
-            f"reference audio file not found: {os.fspath(source)!r} (resolved to {candidate}); "
-            "check the path"
+            f"reference audio file not found: {os.fspath(source)!r} (resolved to {candidate}); check the path"
         )
     if not candidate.is_file():
         raise ReferenceAudioError(f"reference audio path {candidate} is not a regular file")
@@ -161,9 +151,7 @@ def _read_limited(handle, label: str, max_seconds: float) -> tuple[np.ndarray, i
     except ReferenceAudioError:
         raise
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise ReferenceAudioError(
-            f"cannot decode {label}: {exc}. Provide {SUPPORTED_CONTAINERS} audio"
-        ) from exc
+        raise ReferenceAudioError(f"cannot decode {label}: {exc}. Provide {SUPPORTED_CONTAINERS} audio") from exc
     if sample_rate <= 0:
         raise ReferenceAudioError(f"{label} reports an invalid sample rate {sample_rate}")
     # Some containers do not store a frame count; check what was decoded.

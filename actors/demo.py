@@ -6,6 +6,7 @@ lands by renaming a finished temporary directory: a reader sees a complete build
 The directory name carries a fingerprint of the builders' source, so a change to the tiny
 formats builds afresh instead of loading a stale cache.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,10 +45,8 @@ def _build(into: Path) -> None:
     from actors.codec.tiny import make_tiny as make_tiny_codec
     from actors.engine.tiny import make_tiny as make_tiny_model
 
-    make_tiny_model(into / MODEL_DIR, fmt="s1", seed=0, num_codebooks=NUM_CODEBOOKS,
-                    codebook_size=CODEBOOK_SIZE)
-    make_tiny_codec(into / CODEC_DIR, seed=0, semantic_codebook_size=CODEBOOK_SIZE,
-                    codebook_size=CODEBOOK_SIZE)
+    make_tiny_model(into / MODEL_DIR, fmt="s1", seed=0, num_codebooks=NUM_CODEBOOKS, codebook_size=CODEBOOK_SIZE)
+    make_tiny_codec(into / CODEC_DIR, seed=0, semantic_codebook_size=CODEBOOK_SIZE, codebook_size=CODEBOOK_SIZE)
 
 
 def demo_assets(root: Path | None = None) -> tuple[Path, Path]:

@@ -1,4 +1,5 @@
 """Module helpers shared by the dual-AR model and the codec (both import torch)."""
+
 from __future__ import annotations
 
 import torch

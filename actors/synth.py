@@ -10,6 +10,7 @@ nothing a row contains can raise out of the call and lose the batch.
 torch, the engine and the codec load inside __init__, so importing this module (the driver
 does, to name the class) stays light.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,9 +22,10 @@ import sys
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +40,7 @@ SEED_MASK = (1 << 63) - 1  # seeds are stored as int64
 def row_seed(row_id: str, global_seed: int) -> int:
     """A row's seed when the table gives none: a stable hash of the run seed and the id, so a
     row samples the same stream whichever batch, actor or run it lands in."""
-    digest = hashlib.blake2b(f"{global_seed}\x00{row_id}".encode("utf-8"), digest_size=8).digest()
+    digest = hashlib.blake2b(f"{global_seed}\x00{row_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") & SEED_MASK
 
 
@@ -131,9 +133,18 @@ class SynthActor:
     """Arguments are the plain dicts of the run config's groups (pipeline/config.py): small,
     picklable, and the same on every actor."""
 
-    def __init__(self, model: Mapping, engine: Mapping, sampling: Mapping, data: Mapping | None = None,
-                 keep_codes: bool = True, run_id: str = "", threads: Optional[int] = None,
-                 crash_on_batch: int = 0, crash_marker: Optional[str] = None):
+    def __init__(
+        self,
+        model: Mapping,
+        engine: Mapping,
+        sampling: Mapping,
+        data: Mapping | None = None,
+        keep_codes: bool = True,
+        run_id: str = "",
+        threads: Optional[int] = None,
+        crash_on_batch: int = 0,
+        crash_marker: Optional[str] = None,
+    ):
         constructed = time.perf_counter()  # the actor's own start-up: imports, model + codec load
         import torch
 
@@ -155,18 +166,25 @@ class SynthActor:
             # "cuda when granted"
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.lm = load_model(checkpoint, device=device, dtype=model.get("dtype", "auto"))
-        self.codec = load_codec(codec_path, device=device,
-                                dtype=getattr(torch, model.get("codec_dtype", "float32")))
+        self.codec = load_codec(codec_path, device=device, dtype=getattr(torch, model.get("codec_dtype", "float32")))
         mc = self.lm.config
         if self.codec.num_codebooks != mc.num_codebooks:
-            raise ValueError(f"codec {codec_path} has {self.codec.num_codebooks} codebooks, model "
-                             f"{checkpoint} {mc.num_codebooks}: they do not belong together")
-        self.engine = Engine(self.lm, EngineConfig(
-            max_rows=int(engine["max_rows"]), max_tokens=int(engine["max_tokens"]),
-            prefill_chunk=int(engine["prefill_chunk"]), static_shapes=bool(engine.get("static_shapes", False)),
-            compile=bool(engine.get("compile", False)),
-            cpu_packed_linears=bool(engine.get("cpu_packed_linears", True)),
-            prefix_cache_entries=int(engine.get("prefix_cache_entries", 8))))
+            raise ValueError(
+                f"codec {codec_path} has {self.codec.num_codebooks} codebooks, model "
+                f"{checkpoint} {mc.num_codebooks}: they do not belong together"
+            )
+        self.engine = Engine(
+            self.lm,
+            EngineConfig(
+                max_rows=int(engine["max_rows"]),
+                max_tokens=int(engine["max_tokens"]),
+                prefill_chunk=int(engine["prefill_chunk"]),
+                static_shapes=bool(engine.get("static_shapes", False)),
+                compile=bool(engine.get("compile", False)),
+                cpu_packed_linears=bool(engine.get("cpu_packed_linears", True)),
+                prefix_cache_entries=int(engine.get("prefix_cache_entries", 8)),
+            ),
+        )
         self.builder = PromptBuilder.for_model(self.lm)
         overrides = {k: v for k, v in sampling.items() if k != "seed" and v is not None}
         self.base_sampling = upstream_sampling(mc.family, **overrides)
@@ -194,8 +212,16 @@ class SynthActor:
         # bound here so the per-batch code does not re-import
         self._audio = audio
         self._Request, self._PromptError, self._STOP_ERROR = Request, PromptError, STOP_ERROR
-        log.info("SynthActor %s ready on %s in %.1fs: %s (%s), codec %s, kv %s", self.actor, self.device,
-                 time.perf_counter() - started, checkpoint, mc.family, codec_path, self.engine.kv_bytes())
+        log.info(
+            "SynthActor %s ready on %s in %.1fs: %s (%s), codec %s, kv %s",
+            self.actor,
+            self.device,
+            time.perf_counter() - started,
+            checkpoint,
+            mc.family,
+            codec_path,
+            self.engine.kv_bytes(),
+        )
 
     # ---- the Ray Data call ----------------------------------------------------------
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -222,9 +248,15 @@ class SynthActor:
         marks.append(time.perf_counter())
         phase_ms = [(b - a) * 1000.0 for a, b in zip(marks[:-1], marks[1:])]
         batch_stats = {
-            S.BATCH_ID: f"{self.actor}:{self.batches}", S.BATCH_ROWS: len(rows), S.BATCH_STARTED_AT: started_unix,
-            S.BATCH_PREP_MS: phase_ms[0], S.BATCH_ENGINE_MS: phase_ms[1], S.BATCH_CODEC_MS: phase_ms[2],
-            S.BATCH_ENCODE_MS: phase_ms[3], S.BATCH_ACTOR_INIT_MS: self.init_ms, S.BATCH_PEAK_RSS_MB: _peak_rss_mb(),
+            S.BATCH_ID: f"{self.actor}:{self.batches}",
+            S.BATCH_ROWS: len(rows),
+            S.BATCH_STARTED_AT: started_unix,
+            S.BATCH_PREP_MS: phase_ms[0],
+            S.BATCH_ENGINE_MS: phase_ms[1],
+            S.BATCH_CODEC_MS: phase_ms[2],
+            S.BATCH_ENCODE_MS: phase_ms[3],
+            S.BATCH_ACTOR_INIT_MS: self.init_ms,
+            S.BATCH_PEAK_RSS_MB: _peak_rss_mb(),
             S.BATCH_KV_BYTES: int(self.engine.kv_bytes()["total"]),
         }
         for out in out_rows:
@@ -338,7 +370,7 @@ class SynthActor:
 
     def _load_reference(self, source) -> np.ndarray:
         if isinstance(source, str) and source.startswith("file://"):
-            source = source[len("file://"):]
+            source = source[len("file://") :]
         elif isinstance(source, str) and "://" in source:  # s3://, gs://, ...: fetch the bytes
             import pyarrow.fs as pafs
 
@@ -348,8 +380,9 @@ class SynthActor:
         root = self.audio_root
         if root is None and isinstance(source, str) and not os.path.isabs(os.path.expanduser(source)):
             root = self.input_dir  # relative paths name clips beside the input, and stay there
-        wave = self._audio.load_reference_audio(source, target_sample_rate=self.codec.sample_rate,
-                                                max_seconds=self.max_reference_seconds, root=root)
+        wave = self._audio.load_reference_audio(
+            source, target_sample_rate=self.codec.sample_rate, max_seconds=self.max_reference_seconds, root=root
+        )
         return np.asarray(wave, dtype=np.float32)
 
     # ---- generation -----------------------------------------------------------------
@@ -357,19 +390,29 @@ class SynthActor:
         requests, live = [], []
         for row in rows:
             try:
-                prompt = self.builder.build(row.values.get(S.TEXT), ref_text=row.values.get(S.REF_TEXT),
-                                            ref_codes=row.ref_codes)
+                prompt = self.builder.build(
+                    row.values.get(S.TEXT), ref_text=row.values.get(S.REF_TEXT), ref_codes=row.ref_codes
+                )
             except self._PromptError as e:
                 row.fail(str(e))
                 continue
             prefix_key = None
             if row.ref_key:
                 ref_text = row.values.get(S.REF_TEXT) or ""
-                prefix_key = hashlib.blake2b(f"{row.ref_key}\x00{ref_text}".encode("utf-8", "replace"),
-                                             digest_size=16).hexdigest()
-            requests.append(self._Request(row.id, prompt.tokens, row.max_frames, sampling=row.sampling,
-                                          stop_on_eos=self.stop_on_eos, prefix_key=prefix_key,
-                                          prefix_len=prompt.prefix_len if prefix_key else 0))
+                prefix_key = hashlib.blake2b(
+                    f"{row.ref_key}\x00{ref_text}".encode("utf-8", "replace"), digest_size=16
+                ).hexdigest()
+            requests.append(
+                self._Request(
+                    row.id,
+                    prompt.tokens,
+                    row.max_frames,
+                    sampling=row.sampling,
+                    stop_on_eos=self.stop_on_eos,
+                    prefix_key=prefix_key,
+                    prefix_len=prompt.prefix_len if prefix_key else 0,
+                )
+            )
             live.append(row)
         if not requests:
             return
@@ -378,16 +421,14 @@ class SynthActor:
             if result.stop_reason == self._STOP_ERROR:
                 row.fail(f"generation: {result.error}")
             elif result.frames == 0:
-                row.fail(f"generation produced no audio (stopped on {result.stop_reason} before the "
-                         f"first frame)")
+                row.fail(f"generation produced no audio (stopped on {result.stop_reason} before the first frame)")
 
     def _decode(self, rows: list[_Row]) -> None:
         for start in range(0, len(rows), self.codec_batch_rows):
-            group = rows[start:start + self.codec_batch_rows]
+            group = rows[start : start + self.codec_batch_rows]
             began = time.perf_counter()
             try:
-                waves = self.codec.decode_batch([r.result.codes for r in group],
-                                                max_batch_rows=self.codec_batch_rows)
+                waves = self.codec.decode_batch([r.result.codes for r in group], max_batch_rows=self.codec_batch_rows)
             except Exception as e:
                 for row in group:
                     row.fail(f"codec decode: {e!r}")
@@ -406,19 +447,38 @@ class SynthActor:
         sp = row.sampling
         out = {
             S.ID: row.id if isinstance(row.id, str) else None,
-            S.ACTOR: self.actor, S.NODE: self.node, S.DEVICE: self.device, S.MODEL: self.model_name,
-            S.RUN: self.run_id, S.SEED: row.seed, S.MAX_FRAMES: row.max_frames, S.TEXT: row.text,
+            S.ACTOR: self.actor,
+            S.NODE: self.node,
+            S.DEVICE: self.device,
+            S.MODEL: self.model_name,
+            S.RUN: self.run_id,
+            S.SEED: row.seed,
+            S.MAX_FRAMES: row.max_frames,
+            S.TEXT: row.text,
             S.SPEAKER: None if row.values.get(S.SPEAKER) is None else str(row.values[S.SPEAKER]),
             S.FINISHED_AT: time.time(),
         }
         if sp is not None:
-            out.update({S.TEMPERATURE: sp.temperature, S.TOP_P: sp.top_p, S.TOP_K: sp.top_k,
-                        S.REPETITION_PENALTY: sp.repetition_penalty, S.RAS_WINDOW: sp.ras_window})
+            out.update(
+                {
+                    S.TEMPERATURE: sp.temperature,
+                    S.TOP_P: sp.top_p,
+                    S.TOP_K: sp.top_k,
+                    S.REPETITION_PENALTY: sp.repetition_penalty,
+                    S.RAS_WINDOW: sp.ras_window,
+                }
+            )
         result = row.result
         if result is not None:
-            out.update({S.STOP_REASON: result.stop_reason, S.PROMPT_TOKENS: result.prompt_tokens,
-                        S.QUEUE_MS: result.queue_ms, S.PREFILL_MS: result.prefill_ms,
-                        S.DECODE_MS: result.decode_ms})
+            out.update(
+                {
+                    S.STOP_REASON: result.stop_reason,
+                    S.PROMPT_TOKENS: result.prompt_tokens,
+                    S.QUEUE_MS: result.queue_ms,
+                    S.PREFILL_MS: result.prefill_ms,
+                    S.DECODE_MS: result.decode_ms,
+                }
+            )
         if row.error is None and row.wave is not None:
             try:
                 flac = self._audio.encode_audio(row.wave, self.codec.sample_rate, "flac")
@@ -427,13 +487,18 @@ class SynthActor:
             else:
                 seconds = len(row.wave) / self.codec.sample_rate
                 total_ms = result.total_ms + row.codec_ms
-                out.update({
-                    S.STATUS: S.STATUS_OK,
-                    S.AUDIO: {S.AUDIO_BYTES: flac, S.AUDIO_PATH: S.audio_file_stem(row.id) + ".flac"},
-                    S.SAMPLE_RATE: self.codec.sample_rate, S.N_FRAMES: result.frames,
-                    S.AUDIO_SECONDS: seconds, S.CODEC_MS: row.codec_ms, S.TOTAL_MS: total_ms,
-                    S.RTF: (total_ms / 1000.0) / seconds if seconds > 0 else None,
-                })
+                out.update(
+                    {
+                        S.STATUS: S.STATUS_OK,
+                        S.AUDIO: {S.AUDIO_BYTES: flac, S.AUDIO_PATH: S.audio_file_stem(row.id) + ".flac"},
+                        S.SAMPLE_RATE: self.codec.sample_rate,
+                        S.N_FRAMES: result.frames,
+                        S.AUDIO_SECONDS: seconds,
+                        S.CODEC_MS: row.codec_ms,
+                        S.TOTAL_MS: total_ms,
+                        S.RTF: (total_ms / 1000.0) / seconds if seconds > 0 else None,
+                    }
+                )
                 if self.keep_codes:
                     out[S.CODES] = np.asarray(result.codes, dtype=np.int16).tolist()
                 return out

@@ -1,4 +1,5 @@
 """`python -m pipeline [group=option ...] [key=value ...]`: one synthesis run."""
+
 from __future__ import annotations
 
 import logging

@@ -11,6 +11,7 @@ Wall time runs from the run's start (Ray already up: one cluster serves every co
 to its last row written and summarised; the report page written after that is timed apart.
 Nothing here imports torch: the actors do the work.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,9 +61,21 @@ def make_workload(path: Path, rows: int, text_words: float, reference_fraction: 
         table[S.REF_AUDIO].append(ref[0] if ref else None)
         table[S.REF_TEXT].append(ref[1] if ref else None)
         table[S.REF_ID].append(ref[2] if ref else None)
-    pq.write_table(pa.table(table, schema=pa.schema([
-        (S.ID, pa.string()), (S.TEXT, pa.string()), (S.REF_AUDIO, pa.binary()), (S.REF_TEXT, pa.string()),
-        (S.REF_ID, pa.string())])), path)
+    pq.write_table(
+        pa.table(
+            table,
+            schema=pa.schema(
+                [
+                    (S.ID, pa.string()),
+                    (S.TEXT, pa.string()),
+                    (S.REF_AUDIO, pa.binary()),
+                    (S.REF_TEXT, pa.string()),
+                    (S.REF_ID, pa.string()),
+                ]
+            ),
+        ),
+        path,
+    )
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -84,34 +97,61 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
     def total(key, actor=None):
         return sum(b[key] for a, b in batches.values() if actor is None or a == actor) / 1000.0
 
-    prep, engine, codec, encode = (total(k) / n_actors for k in
-                                   (S.BATCH_PREP_MS, S.BATCH_ENGINE_MS, S.BATCH_CODEC_MS, S.BATCH_ENCODE_MS))
+    prep, engine, codec, encode = (
+        total(k) / n_actors for k in (S.BATCH_PREP_MS, S.BATCH_ENGINE_MS, S.BATCH_CODEC_MS, S.BATCH_ENCODE_MS)
+    )
     write = encode + stream.get("write_s", 0.0) / n_actors
     finished = [r[S.FINISHED_AT] for r in meta if r[S.FINISHED_AT] is not None]
     # actor start-up (process, torch import, model + codec load): run start to its first call
-    startup = float(np.mean([min(b[S.BATCH_STARTED_AT] for x, b in batches.values() if x == a) - started_unix
-                             for a in actors])) if actors else 0.0
+    startup = (
+        float(
+            np.mean([min(b[S.BATCH_STARTED_AT] for x, b in batches.values() if x == a) - started_unix for a in actors])
+        )
+        if actors
+        else 0.0
+    )
     # of which the actors' own construction (imports, model + codec load), not Ray's
-    model_load = float(np.mean([next(b[S.BATCH_ACTOR_INIT_MS] for x, b in batches.values() if x == a)
-                                for a in actors])) / 1000.0 if actors else 0.0
-    per_actor = {a: {"engine_busy_s": total(S.BATCH_ENGINE_MS, a),
-                     "utilisation": total(S.BATCH_ENGINE_MS, a) / wall_s,
-                     "peak_rss_mb": max(b[S.BATCH_PEAK_RSS_MB] for x, b in batches.values() if x == a),
-                     "rows": sum(b[S.BATCH_ROWS] for x, b in batches.values() if x == a)} for a in actors}
+    model_load = (
+        float(np.mean([next(b[S.BATCH_ACTOR_INIT_MS] for x, b in batches.values() if x == a) for a in actors])) / 1000.0
+        if actors
+        else 0.0
+    )
+    per_actor = {
+        a: {
+            "engine_busy_s": total(S.BATCH_ENGINE_MS, a),
+            "utilisation": total(S.BATCH_ENGINE_MS, a) / wall_s,
+            "peak_rss_mb": max(b[S.BATCH_PEAK_RSS_MB] for x, b in batches.values() if x == a),
+            "rows": sum(b[S.BATCH_ROWS] for x, b in batches.values() if x == a),
+        }
+        for a in actors
+    }
     return {
-        "rows": len(meta), "rows_ok": len(ok), "rows_error": len(meta) - len(ok), "frames": frames,
-        "audio_seconds": audio, "wall_s": wall_s,
-        "rows_per_s": len(meta) / wall_s, "frames_per_s": frames / wall_s, "audio_s_per_wall_s": audio / wall_s,
-        "latency_ms_p50": _percentile(latency, 50), "latency_ms_p95": _percentile(latency, 95),
+        "rows": len(meta),
+        "rows_ok": len(ok),
+        "rows_error": len(meta) - len(ok),
+        "frames": frames,
+        "audio_seconds": audio,
+        "wall_s": wall_s,
+        "rows_per_s": len(meta) / wall_s,
+        "frames_per_s": frames / wall_s,
+        "audio_s_per_wall_s": audio / wall_s,
+        "latency_ms_p50": _percentile(latency, 50),
+        "latency_ms_p95": _percentile(latency, 95),
         "latency_ms_p99": _percentile(latency, 99),
         "time_to_first_row_s": (min(finished) - started_unix) if finished else None,
-        "actors": len(actors), "per_actor": per_actor,
+        "actors": len(actors),
+        "per_actor": per_actor,
         "actor_utilisation": float(np.mean([a["utilisation"] for a in per_actor.values()])) if per_actor else None,
         "peak_rss_mb_per_actor": max((a["peak_rss_mb"] for a in per_actor.values()), default=None),
         "kv_bytes": max((b[S.BATCH_KV_BYTES] for _, b in batches.values()), default=None),
         # per-actor average busy seconds by phase; `other` is what is left of the wall time
-        "split_s": {"prep": prep, "engine": engine, "codec": codec, "write": write,
-                    "other": max(0.0, wall_s - prep - engine - codec - write)},
+        "split_s": {
+            "prep": prep,
+            "engine": engine,
+            "codec": codec,
+            "write": write,
+            "other": max(0.0, wall_s - prep - engine - codec - write),
+        },
         # everything that is not the model's own work (engine + codec), as a share of wall
         # time: all of it, and after the actors' start-up (what a long job converges to)
         "overhead_fraction": max(0.0, 1.0 - (engine + codec) / wall_s),
@@ -141,10 +181,12 @@ def _settings(cfg: DictConfig, actors: int, slots: int, cpus: float, data_path: 
 
 
 def markdown(report: dict) -> str:
-    lines = ["| actors | slots | rows/s | frames/s | audio s / wall s | vs 1-row loop | p50 / p95 / p99 latency ms "
-             "| first row s | utilisation | peak RSS MiB/actor | KV MiB | prep / engine / codec / write / other s "
-             "| overhead (after start-up) | Ray + Parquet + FLAC | report page s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| actors | slots | rows/s | frames/s | audio s / wall s | vs 1-row loop | p50 / p95 / p99 latency ms "
+        "| first row s | utilisation | peak RSS MiB/actor | KV MiB | prep / engine / codec / write / other s "
+        "| overhead (after start-up) | Ray + Parquet + FLAC | report page s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in report["configs"]:
         m, s = c, c["split_s"]
         ratio = "-" if c["vs_one_row_loop"] is None else f"{c['vs_one_row_loop']:.2f}x"
@@ -155,7 +197,8 @@ def markdown(report: dict) -> str:
             f"{m['actor_utilisation']:.0%} | {m['peak_rss_mb_per_actor']:.0f} | {m['kv_bytes'] / 2**20:.1f} | "
             f"{s['prep']:.1f} / {s['engine']:.1f} / {s['codec']:.1f} / {s['write']:.1f} / {s['other']:.1f} | "
             f"{m['overhead_fraction']:.1%} ({m['overhead_fraction_after_startup']:.1%}) | "
-            f"{m['pipeline_overhead_fraction']:.1%} | {m['report_s']:.1f} |")
+            f"{m['pipeline_overhead_fraction']:.1%} | {m['report_s']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -187,26 +230,39 @@ def run_bench(cfg: DictConfig) -> dict:
             # written after it is timed on its own
             wall = time.monotonic() - t0 - finished.report_s
             stream = {"write_s": finished.summary.get("write_s") or 0.0}
-            entry = {"num_actors": actors, "slots": slots, "cpus_per_actor": run_cfg.cluster.cpus_per_actor,
-                     "output": str(out), **measure(str(out), wall, unix0, stream),
-                     "report_s": finished.report_s}
+            entry = {
+                "num_actors": actors,
+                "slots": slots,
+                "cpus_per_actor": run_cfg.cluster.cpus_per_actor,
+                "output": str(out),
+                **measure(str(out), wall, unix0, stream),
+                "report_s": finished.report_s,
+            }
             results.append(entry)
     finally:
         if started_ray:
             ray.shutdown()
     baseline = next((r for r in results if r["num_actors"] == 1 and r["slots"] == 1), None)
     for r in results:
-        r["vs_one_row_loop"] = r["frames_per_s"] / baseline["frames_per_s"] if baseline and baseline["frames_per_s"] else None
-    report = {"bench": OmegaConf.to_container(b, resolve=True), "model": cfg.model.name,
-              "engine": OmegaConf.to_container(cfg.engine, resolve=True), "cpus": cpus,
-              "configs": results}
+        r["vs_one_row_loop"] = (
+            r["frames_per_s"] / baseline["frames_per_s"] if baseline and baseline["frames_per_s"] else None
+        )
+    report = {
+        "bench": OmegaConf.to_container(b, resolve=True),
+        "model": cfg.model.name,
+        "engine": OmegaConf.to_container(cfg.engine, resolve=True),
+        "cpus": cpus,
+        "configs": results,
+    }
     (root / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)
     (root / "bench.md").write_text(table)
     from .report import write_report
+
     best = max(results, key=lambda r: r["frames_per_s"])
-    page = write_report(best["output"], title=f"chorus bench: {best['num_actors']} actor(s) x {best['slots']} slots",
-                        bench=report)
+    page = write_report(
+        best["output"], title=f"chorus bench: {best['num_actors']} actor(s) x {best['slots']} slots", bench=report
+    )
     shutil.copyfile(page, root / "report.html")
     print(table, flush=True)
     print(f"chorus bench: wrote {root / 'bench.json'}, {root / 'bench.md'}, {root / 'report.html'}", flush=True)

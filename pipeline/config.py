@@ -5,6 +5,7 @@ in a key or a value of the wrong type is rejected when Hydra composes, before an
 Groups: model/ (checkpoint + codec), data/ (input table), engine/ (batching and frame
 budget), sampling/, output/, cluster/ (Ray resources), bench/.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,6 +46,7 @@ class ModelConfig:
 @dataclass
 class InputColumns:
     """The table's name for each input column (DESIGN.md §4); defaults are the canonical ones."""
+
     id: str = schema.ID
     text: str = schema.TEXT
     ref_audio: str = schema.REF_AUDIO
@@ -146,6 +148,7 @@ class ClusterSettings:
 @dataclass
 class BenchSettings:
     """`python -m pipeline.bench` (a synthesis run ignores this group)."""
+
     enabled: bool = False
     # generated workload: rows, mean words per text (lognormal), share of rows with a reference
     rows: int = 200
@@ -213,7 +216,8 @@ register()
 def compose(overrides: Optional[list[str]] = None) -> DictConfig:
     """The run config for command-line style overrides, without starting a Hydra app (tests,
     export, notebooks)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():

@@ -5,6 +5,7 @@ Writes one audio file per ok row of a chorus output, named after the row id
 a hash, so no id can climb out of the directory or collide with another), and `files.csv`
 mapping each id to its file. Errors rows are listed in files.csv without a file.
 """
+
 from __future__ import annotations
 
 import csv
@@ -101,16 +102,18 @@ def export(output_dir: str, target: Optional[str] = None, overwrite: bool = Fals
 def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(ExportConfig),
-                              OmegaConf.from_cli(sys.argv[1:] if argv is None else argv))
+        cfg = OmegaConf.merge(
+            OmegaConf.structured(ExportConfig), OmegaConf.from_cli(sys.argv[1:] if argv is None else argv)
+        )
         source = cfg.output.dir
     except Exception as e:  # unknown keys, wrong types, missing output.dir
-        log.error("usage: python -m pipeline.export output.dir=DIR [export.dir=DIR] "
-                  "[export.overwrite=true]\n%s", e)
+        log.error("usage: python -m pipeline.export output.dir=DIR [export.dir=DIR] [export.overwrite=true]\n%s", e)
         return 2
     report = export(source, cfg.export.dir, cfg.export.overwrite)
-    print(f"chorus export: {report.written} files written, {report.skipped} already there, "
-          f"{report.errors} error rows, in {report.directory} (index: {report.directory}/{INDEX_FILE})")
+    print(
+        f"chorus export: {report.written} files written, {report.skipped} already there, "
+        f"{report.errors} error rows, in {report.directory} (index: {report.directory}/{INDEX_FILE})"
+    )
     return 0
 
 

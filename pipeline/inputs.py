@@ -4,14 +4,15 @@ The id column is read once on the driver (one column: cheap next to hours of syn
 ids that are null, malformed or shared by several rows cannot name an output row, so those
 rows are answered right here as error rows and never reach an actor.
 """
+
 from __future__ import annotations
 
 import fnmatch
 import hashlib
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -54,8 +55,11 @@ def find_files(location: str) -> tuple[pafs.FileSystem, list[str], str]:
         cut = min(path.find(ch) for ch in _GLOB_CHARS if ch in path)
         base = path[:cut].rsplit("/", 1)[0] or "/"
         selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
-        files = [f.path for f in fs.get_file_info(selector)
-                 if f.type == pafs.FileType.File and fnmatch.fnmatchcase(f.path, path)]
+        files = [
+            f.path
+            for f in fs.get_file_info(selector)
+            if f.type == pafs.FileType.File and fnmatch.fnmatchcase(f.path, path)
+        ]
     else:
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.NotFound:
@@ -65,9 +69,13 @@ def find_files(location: str) -> tuple[pafs.FileSystem, list[str], str]:
         else:
             base = path
             selector = pafs.FileSelector(path, recursive=True)
-            files = [f.path for f in fs.get_file_info(selector)
-                     if f.type == pafs.FileType.File and f.base_name.endswith(".parquet")
-                     and not f.base_name.startswith((".", "_"))]
+            files = [
+                f.path
+                for f in fs.get_file_info(selector)
+                if f.type == pafs.FileType.File
+                and f.base_name.endswith(".parquet")
+                and not f.base_name.startswith((".", "_"))
+            ]
     if not files:
         raise InputError(f"input {location} matches no Parquet files")
     return fs, sorted(files), base
@@ -87,23 +95,33 @@ def scan_input(location: str, columns: Mapping[str, str]) -> InputScan:
             raise InputError(f"input file {path} is not readable Parquet: {e}") from None
         found = S.check_input_schema(file_schema, columns, path)
         if rename and found != rename:
-            raise InputError(f"input files disagree on their columns: {files[0]} has "
-                             f"{sorted(rename)}, {path} has {sorted(found)}")
+            raise InputError(
+                f"input files disagree on their columns: {files[0]} has {sorted(rename)}, {path} has {sorted(found)}"
+            )
         rename = found
     id_column = columns.get(S.ID, S.ID)
-    ids_per_file = [pq.read_table(path, filesystem=fs, columns=[id_column]).column(id_column).to_pylist()
-                    for path in files]
+    ids_per_file = [
+        pq.read_table(path, filesystem=fs, columns=[id_column]).column(id_column).to_pylist() for path in files
+    ]
     counts = Counter(value for ids in ids_per_file for value in ids if value is not None)
     digest = hashlib.blake2b(digest_size=16)
-    scan = InputScan(source=location, filesystem=fs, files=files, rename=rename,
-                     total_rows=sum(map(len, ids_per_file)), base_dir=base_dir)
+    scan = InputScan(
+        source=location,
+        filesystem=fs,
+        files=files,
+        rename=rename,
+        total_rows=sum(map(len, ids_per_file)),
+        base_dir=base_dir,
+    )
     for path, ids in zip(files, ids_per_file):
         for row, value in enumerate(ids):
             digest.update(b"\x01" if value is None else value.encode("utf-8", "surrogatepass") + b"\x00")
             problem = S.id_problem(value)
             if problem is None and counts[value] > 1:
-                problem = (f"duplicate id {value!r}: {counts[value]} input rows share it; ids must be "
-                           f"unique, so every one of them is rejected")
+                problem = (
+                    f"duplicate id {value!r}: {counts[value]} input rows share it; ids must be "
+                    f"unique, so every one of them is rejected"
+                )
             if problem is None:
                 scan.accepted_ids.append(value)
                 continue
@@ -146,6 +164,5 @@ def read_dataset(scan: InputScan, rows_per_block: int):
     import ray
 
     blocks = max(1, -(-scan.total_rows // rows_per_block))
-    ds = ray.data.read_parquet(scan.files, filesystem=scan.filesystem, num_cpus=0.25,
-                               override_num_blocks=blocks)
+    ds = ray.data.read_parquet(scan.files, filesystem=scan.filesystem, num_cpus=0.25, override_num_blocks=blocks)
     return ds.select_columns(list(scan.rename))

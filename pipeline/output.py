@@ -13,6 +13,7 @@ name, then renamed; object stores publish an object only when its upload complet
 ids in the part files are exactly the rows done. A part is named by a hash of its ids, so a
 write retried after a crash replaces its own file instead of adding a second copy.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,11 +42,17 @@ SUMMARY_FILE = "summary.json"
 IDENTITY_FILE = "_chorus.json"
 RUNS_DIR = "_runs"
 
-STATS_SCHEMA = pa.schema([
-    ("rows", pa.int64()), ("ok", pa.int64()), ("errors", pa.int64()),
-    ("audio_seconds", pa.float64()), ("frames", pa.int64()), ("part", pa.string()),
-    ("write_ms", pa.float64()),
-])
+STATS_SCHEMA = pa.schema(
+    [
+        ("rows", pa.int64()),
+        ("ok", pa.int64()),
+        ("errors", pa.int64()),
+        ("audio_seconds", pa.float64()),
+        ("frames", pa.int64()),
+        ("part", pa.string()),
+        ("write_ms", pa.float64()),
+    ]
+)
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -56,7 +63,7 @@ def is_local(location: str) -> bool:
 
 def local_path(location: str) -> str:
     if location.startswith("file://"):
-        location = location[len("file://"):]
+        location = location[len("file://") :]
     return os.path.abspath(os.path.expanduser(location))
 
 
@@ -97,8 +104,11 @@ class OutputLayout:
         return [f for f in self.fs.get_file_info(selector) if f.type == pafs.FileType.File]
 
     def parts(self) -> list[str]:
-        return sorted(f.path for f in self._data_files()
-                      if f.base_name.startswith(PART_PREFIX) and f.base_name.endswith(PART_SUFFIX))
+        return sorted(
+            f.path
+            for f in self._data_files()
+            if f.base_name.startswith(PART_PREFIX) and f.base_name.endswith(PART_SUFFIX)
+        )
 
     def clean_temp(self) -> int:
         """Delete what killed writers left behind (never read as data, but it takes space)."""
@@ -112,8 +122,7 @@ class OutputLayout:
         columns = columns or S.OUTPUT_SCHEMA.names
         if not parts:
             return S.OUTPUT_SCHEMA.empty_table().select(columns)
-        tables = [pq.read_table(p, filesystem=self.fs, columns=columns, schema=S.OUTPUT_SCHEMA)
-                  for p in parts]
+        tables = [pq.read_table(p, filesystem=self.fs, columns=columns, schema=S.OUTPUT_SCHEMA) for p in parts]
         return pa.concat_tables(tables)
 
     def done_ids(self) -> pa.Array:
@@ -163,7 +172,8 @@ class OutputLayout:
         if recorded is not None and json.loads(recorded) != identity:
             raise OutputMismatch(
                 f"{self.location} holds the output of another run ({recorded.strip()}), not of "
-                f"{json.dumps(identity)}; choose another output.dir or pass output.overwrite=true")
+                f"{json.dumps(identity)}; choose another output.dir or pass output.overwrite=true"
+            )
         self.ensure()
         self.clean_temp()
         if recorded is None:
@@ -181,9 +191,12 @@ def part_name(ids: pa.Array) -> str:
 def block_stats(table: pa.Table, part: str) -> dict:
     ok = table.column(S.STATUS).to_pylist().count(S.STATUS_OK)
     return {
-        "rows": table.num_rows, "ok": ok, "errors": table.num_rows - ok,
+        "rows": table.num_rows,
+        "ok": ok,
+        "errors": table.num_rows - ok,
         "audio_seconds": float(pc.sum(table.column(S.AUDIO_SECONDS)).as_py() or 0.0),
-        "frames": int(pc.sum(table.column(S.N_FRAMES)).as_py() or 0), "part": part,
+        "frames": int(pc.sum(table.column(S.N_FRAMES)).as_py() or 0),
+        "part": part,
     }
 
 
@@ -220,8 +233,18 @@ def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> 
     for r in this_run:
         if r[S.ACTOR] is None:  # rows the driver rejected never reached an actor
             continue
-        a = per_actor.setdefault(r[S.ACTOR], {"node": r[S.NODE], "device": r[S.DEVICE], "rows": 0,
-                                             "rows_ok": 0, "rows_error": 0, "audio_s": 0.0, "frames": 0})
+        a = per_actor.setdefault(
+            r[S.ACTOR],
+            {
+                "node": r[S.NODE],
+                "device": r[S.DEVICE],
+                "rows": 0,
+                "rows_ok": 0,
+                "rows_error": 0,
+                "audio_s": 0.0,
+                "frames": 0,
+            },
+        )
         a["rows"] += 1
         if r[S.STATUS] == S.STATUS_OK:
             a["rows_ok"] += 1

@@ -7,6 +7,7 @@
 The driver consumes the stream of per-block stats: that is the progress, and the part files
 it leaves behind are the resume state (pipeline/output.py). Nothing here imports torch.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -25,8 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import schema as S
 from .config import in_ray_job, to_plain
 from .inputs import InputScan, prepare_block, read_dataset, scan_input
-from .output import (CONFIG_FILE, REJECTED_PART, SUMMARY_FILE, OutputLayout, is_local, local_path, summarize,
-                     write_block)
+from .output import CONFIG_FILE, REJECTED_PART, SUMMARY_FILE, OutputLayout, is_local, local_path, summarize, write_block
 from .progress import Progress
 
 log = logging.getLogger("chorus")
@@ -56,14 +56,15 @@ def _check_settings(plain: dict) -> None:
     if cluster["crash_on_batch"] and not cluster["crash_marker"]:
         raise ConfigError("cluster.crash_on_batch needs cluster.crash_marker (it makes the crash happen once)")
     if in_ray_job() and is_local(output["dir"]) and not os.path.isabs(os.path.expanduser(output["dir"])):
-        raise ConfigError(f"output.dir={output['dir']!r} is relative: inside a Ray Job that is the job's "
-                          f"temporary working directory, deleted afterwards; pass an absolute path or a URI")
+        raise ConfigError(
+            f"output.dir={output['dir']!r} is relative: inside a Ray Job that is the job's "
+            f"temporary working directory, deleted afterwards; pass an absolute path or a URI"
+        )
     model = plain["model"]
     checkpoint = model["checkpoint"]
     if checkpoint is not None and is_local(checkpoint):
         if not os.path.isfile(os.path.join(local_path(checkpoint), "config.json")):
-            raise ConfigError(f"model.checkpoint={checkpoint!r} is not a checkpoint directory "
-                              f"(no config.json there)")
+            raise ConfigError(f"model.checkpoint={checkpoint!r} is not a checkpoint directory (no config.json there)")
         codec = model["codec"] or os.path.join(checkpoint, "codec.pth")
         if is_local(codec) and not os.path.exists(local_path(codec)):
             raise ConfigError(f"codec {codec!r} does not exist (set model.codec)")
@@ -73,8 +74,12 @@ def _identity(plain: dict, scan: InputScan) -> dict:
     """What an output belongs to: the input's ids (not its path: a Ray Job reads its copy of
     the table from a new temporary directory each time) and the model."""
     checkpoint = plain["model"]["checkpoint"]
-    return {"input_rows": scan.total_rows, "input_ids": scan.ids_digest, "model": plain["model"]["name"],
-            "checkpoint": os.path.basename(os.path.normpath(checkpoint)) if checkpoint else None}
+    return {
+        "input_rows": scan.total_rows,
+        "input_ids": scan.ids_digest,
+        "model": plain["model"]["name"],
+        "checkpoint": os.path.basename(os.path.normpath(checkpoint)) if checkpoint else None,
+    }
 
 
 # Ray keeps at most ~num_cpus workers around and kills the rest once idle for 1 s. The actors
@@ -97,10 +102,14 @@ def connect(cluster: dict) -> bool:
     address = cluster["address"] or os.environ.get("RAY_ADDRESS") or "local"
     options = {}
     if address == "local":
-        options = {"num_cpus": cluster["num_cpus"], "include_dashboard": False,
-                   "_system_config": LOCAL_RAY_SYSTEM_CONFIG}
+        options = {
+            "num_cpus": cluster["num_cpus"],
+            "include_dashboard": False,
+            "_system_config": LOCAL_RAY_SYSTEM_CONFIG,
+        }
     ray.init(address=address, **options)
     import ray.data  # noqa: F401  (~0.7 s: once per driver, with the cluster, not inside a run's clock)
+
     return True
 
 
@@ -110,9 +119,11 @@ def _check_resources(cluster: dict) -> None:
     cpus = ray.cluster_resources().get("CPU", 0.0)
     wanted = cluster["num_actors"] * cluster["cpus_per_actor"]
     if cpus and wanted >= cpus:
-        message = (f"{cluster['num_actors']} actors x {cluster['cpus_per_actor']} CPU = {wanted:g} CPU of the "
-                   f"cluster's {cpus:g}: nothing is left for reading and writing, and the run would "
-                   f"hang; lower cluster.cpus_per_actor or cluster.num_actors")
+        message = (
+            f"{cluster['num_actors']} actors x {cluster['cpus_per_actor']} CPU = {wanted:g} CPU of the "
+            f"cluster's {cpus:g}: nothing is left for reading and writing, and the run would "
+            f"hang; lower cluster.cpus_per_actor or cluster.num_actors"
+        )
         if cluster["gpus_per_actor"] == 0:
             raise ConfigError(message)
         log.warning(message)  # GPU clusters may still be scaling up
@@ -127,16 +138,23 @@ def actor_arguments(plain: dict, input_dir: str | None, run_id: str) -> dict:
     if audio_root is not None and is_local(audio_root):
         audio_root = local_path(audio_root)
     return {
-        "model": plain["model"], "engine": plain["engine"], "sampling": plain["sampling"],
-        "data": {"audio_root": audio_root, "input_dir": input_dir,
-                 "max_reference_seconds": data["max_reference_seconds"]},
-        "keep_codes": plain["output"]["keep_codes"], "run_id": run_id, "threads": threads,
-        "crash_on_batch": cluster["crash_on_batch"], "crash_marker": cluster["crash_marker"],
+        "model": plain["model"],
+        "engine": plain["engine"],
+        "sampling": plain["sampling"],
+        "data": {
+            "audio_root": audio_root,
+            "input_dir": input_dir,
+            "max_reference_seconds": data["max_reference_seconds"],
+        },
+        "keep_codes": plain["output"]["keep_codes"],
+        "run_id": run_id,
+        "threads": threads,
+        "crash_on_batch": cluster["crash_on_batch"],
+        "crash_marker": cluster["crash_marker"],
     }
 
 
 def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, skip_ref, run_id: str):
-    import ray
     from ray.data import ActorPoolStrategy
 
     from actors.synth import SynthActor
@@ -144,18 +162,28 @@ def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, skip_ref, run
     cluster = plain["cluster"]
     rows_per_block = cluster["rows_per_block"]
     ds = read_dataset(scan, rows_per_block)
-    ds = ds.map_batches(prepare_block, fn_kwargs={"rename": scan.rename, "skip": [skip_ref]},
-                        batch_format="pyarrow", batch_size=None, num_cpus=0.25)
-    ds = ds.map_batches(SynthActor, fn_constructor_kwargs=actor_arguments(plain, scan.local_dir, run_id),
-                        compute=ActorPoolStrategy(size=cluster["num_actors"]),
-                        num_cpus=cluster["cpus_per_actor"], num_gpus=cluster["gpus_per_actor"],
-                        batch_size=rows_per_block, batch_format="pyarrow")
-    return ds.map_batches(write_block, fn_kwargs={"location": layout.location}, batch_format="pyarrow",
-                          batch_size=None, num_cpus=0.25)
+    ds = ds.map_batches(
+        prepare_block,
+        fn_kwargs={"rename": scan.rename, "skip": [skip_ref]},
+        batch_format="pyarrow",
+        batch_size=None,
+        num_cpus=0.25,
+    )
+    ds = ds.map_batches(
+        SynthActor,
+        fn_constructor_kwargs=actor_arguments(plain, scan.local_dir, run_id),
+        compute=ActorPoolStrategy(size=cluster["num_actors"]),
+        num_cpus=cluster["cpus_per_actor"],
+        num_gpus=cluster["gpus_per_actor"],
+        batch_size=rows_per_block,
+        batch_format="pyarrow",
+    )
+    return ds.map_batches(
+        write_block, fn_kwargs={"location": layout.location}, batch_format="pyarrow", batch_size=None, num_cpus=0.25
+    )
 
 
-def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, skip: pa.Array, pending: int,
-               run_id: str) -> dict:
+def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, skip: pa.Array, pending: int, run_id: str) -> dict:
     """Stream the rows still to do through the actors into part files, showing progress.
     Returns what only the stream sees: total part-file write time and when the first
     finished block reached the driver (seconds after the plan started)."""
@@ -173,8 +201,9 @@ def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, skip: pa.Arra
         context.use_datasource_v2 = False
         plan = build_plan(plain, scan, layout, ray.put(skip), run_id)
         output = plain["output"]
-        progress = Progress(scan.total_rows, scan.total_rows - pending, output["progress_interval_s"],
-                            output["progress_bar"])
+        progress = Progress(
+            scan.total_rows, scan.total_rows - pending, output["progress_interval_s"], output["progress_bar"]
+        )
         began = time.monotonic()
         try:
             for stats in plan.iter_rows():
@@ -205,35 +234,60 @@ def run(cfg: DictConfig) -> RunReport:
     if scan.rejected:
         rejected = [dict(row, **{S.RUN: run_id}) for row in scan.rejected]
         layout.write_part(S.output_table(rejected), REJECTED_PART)
-        log.warning("%d input rows rejected before synthesis (bad or duplicate ids); they are error rows",
-                    len(rejected))
+        log.warning(
+            "%d input rows rejected before synthesis (bad or duplicate ids); they are error rows", len(rejected)
+        )
     done = layout.done_ids()
     accepted = pa.array(scan.accepted_ids, type=pa.string())
     pending = len(accepted) - int(pc.sum(pc.is_in(accepted, value_set=done)).as_py() or 0)
-    log.info("input %s: %d rows in %d file(s); %d to synthesize, %d already in %s", scan.source,
-             scan.total_rows, len(scan.files), pending, scan.total_rows - pending, layout.location)
+    log.info(
+        "input %s: %d rows in %d file(s); %d to synthesize, %d already in %s",
+        scan.source,
+        scan.total_rows,
+        len(scan.files),
+        pending,
+        scan.total_rows - pending,
+        layout.location,
+    )
     stream = {}
     if pending:
         skip = pa.concat_arrays([done, pa.array(scan.rejected_ids, type=pa.string())])
         stream = synthesize(plain, scan, layout, skip, pending, run_id)
 
     wall = time.monotonic() - started
-    summary = summarize(layout.read(S.METADATA_COLUMNS), run_id, wall, {
-        "output": layout.location, "data": f"{layout.location}/data", "input": scan.source,
-        "input_rows": scan.total_rows, "model": plain["model"]["name"],
-        "finished_at": datetime.datetime.now().isoformat(timespec="seconds"),
-        "started_at_unix": started_unix, **stream,
-    })
+    summary = summarize(
+        layout.read(S.METADATA_COLUMNS),
+        run_id,
+        wall,
+        {
+            "output": layout.location,
+            "data": f"{layout.location}/data",
+            "input": scan.source,
+            "input_rows": scan.total_rows,
+            "model": plain["model"]["name"],
+            "finished_at": datetime.datetime.now().isoformat(timespec="seconds"),
+            "started_at_unix": started_unix,
+            **stream,
+        },
+    )
     layout.write_text(SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     report_began = time.monotonic()
     if is_local(layout.location):  # the page reads the local files; for a URI output: report later
         from .report import write_report
+
         try:
             write_report(local_path(layout.location), title=f"chorus run {run_id}")
         except Exception:  # the data is written; a broken page must not fail the run
             log.exception("could not write report.html")
     report_s = time.monotonic() - report_began
-    log.info("done: %d rows (%d ok, %d error), %.3f h audio, %.1f s (+ %.1f s report); output in %s",
-             summary["rows_total"], summary["rows_ok"], summary["rows_error"], summary["audio_hours"], wall,
-             report_s, layout.location)
+    log.info(
+        "done: %d rows (%d ok, %d error), %.3f h audio, %.1f s (+ %.1f s report); output in %s",
+        summary["rows_total"],
+        summary["rows_ok"],
+        summary["rows_error"],
+        summary["audio_hours"],
+        wall,
+        report_s,
+        layout.location,
+    )
     return RunReport(output=layout.location, summary=summary, report_s=report_s)

@@ -4,6 +4,7 @@ On a terminal a tqdm bar; otherwise (a Ray Job's log, CI) one log line every
 `interval_s`, written by a timer thread so that a line appears even while one long batch
 is still running.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,9 @@ class Progress:
         if use_bar:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=already_done, unit="row", dynamic_ncols=True,
-                             desc="chorus", smoothing=0.1)
+            self._bar = tqdm(
+                total=total, initial=already_done, unit="row", dynamic_ncols=True, desc="chorus", smoothing=0.1
+            )
         elif interval_s > 0:
             self._ticker = threading.Thread(target=self._tick, name="chorus-progress", daemon=True)
             self._ticker.start()
@@ -61,9 +63,11 @@ class Progress:
     def line(self) -> str:
         with self._lock:
             percent = 100.0 * self.done / self.total if self.total else 100.0
-            return (f"{self.done}/{self.total} rows ({percent:.0f}%), {self.rate():.2f} rows/s, "
-                    f"{self.audio_seconds / 3600:.3f} h audio, {self.errors} errors, "
-                    f"ETA {_duration(self.eta_seconds())}")
+            return (
+                f"{self.done}/{self.total} rows ({percent:.0f}%), {self.rate():.2f} rows/s, "
+                f"{self.audio_seconds / 3600:.3f} h audio, {self.errors} errors, "
+                f"ETA {_duration(self.eta_seconds())}"
+            )
 
     # -- events ----------------------------------------------------------------------
     def update(self, rows: int, errors: int, audio_seconds: float) -> None:
@@ -72,8 +76,7 @@ class Progress:
             self.errors += errors
             self.audio_seconds += audio_seconds
         if self._bar is not None:
-            self._bar.set_postfix_str(f"{self.audio_seconds / 3600:.3f} h audio, {self.errors} errors",
-                                      refresh=False)
+            self._bar.set_postfix_str(f"{self.audio_seconds / 3600:.3f} h audio, {self.errors} errors", refresh=False)
             self._bar.update(rows)
 
     def _tick(self) -> None:

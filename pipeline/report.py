@@ -14,6 +14,7 @@ matplotlib only (matplotlib through its object API, no pyplot, so no GUI backend
 and no global state is touched). Only metadata columns are read for the whole run; audio
 bytes are read for the few sample rows only, so a report of a multi-hour run stays cheap.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,10 @@ import tempfile
 import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -42,17 +44,23 @@ from pipeline.output import SUMMARY_FILE as SUMMARY_NAME
 
 REPORT_NAME = "report.html"
 MAX_EMBED_BYTES = 8 * 1024 * 1024  # a larger clip is linked or left out, not inlined
-MAX_ERROR_SAMPLES = 5              # error rows shown in the sample table
-MAX_ERROR_KINDS = 10               # distinct error messages listed
-MAX_TEXT_CHARS = 400               # sample-table text is cut here (full text in a tooltip)
+MAX_ERROR_SAMPLES = 5  # error rows shown in the sample table
+MAX_ERROR_KINDS = 10  # distinct error messages listed
+MAX_TEXT_CHARS = 400  # sample-table text is cut here (full text in a tooltip)
 MAX_ERROR_CHARS = 500
 
 _HEAVY = (S.AUDIO, S.CODES)
 _FILE_COL = "__report_file"
 _ROW_COL = "__report_row"
 _TIMING_COLUMNS = (S.QUEUE_MS, S.PREFILL_MS, S.DECODE_MS, S.CODEC_MS, S.TOTAL_MS)
-_AUDIO_MIME = {".flac": "audio/flac", ".wav": "audio/wav", ".ogg": "audio/ogg",
-               ".opus": "audio/ogg", ".mp3": "audio/mpeg", ".m4a": "audio/mp4"}
+_AUDIO_MIME = {
+    ".flac": "audio/flac",
+    ".wav": "audio/wav",
+    ".ogg": "audio/ogg",
+    ".opus": "audio/ogg",
+    ".mp3": "audio/mpeg",
+    ".m4a": "audio/mp4",
+}
 
 _OK_COLOR = "#2b7bba"
 _ERR_COLOR = "#d0453a"
@@ -61,11 +69,12 @@ _STOP_COLORS = {"eos": "#2b9a5a", "budget": "#e08a1e", "error": _ERR_COLOR}
 
 # ---- reading ----------------------------------------------------------------------------
 
+
 @dataclass
 class _Run:
     output_dir: Path
     files: list[Path]
-    table: pa.Table                         # metadata columns of every row (+ file/row index)
+    table: pa.Table  # metadata columns of every row (+ file/row index)
     summary: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -133,8 +142,9 @@ def _unify(tables: list[pa.Table], notes: list[str]) -> pa.Table:
             try:
                 t = t.set_column(i, name, pc.cast(t.column(i), pa.string()))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                t = t.set_column(i, name, pa.array([None if v is None else str(v)
-                                                    for v in t.column(i).to_pylist()], pa.string()))
+                t = t.set_column(
+                    i, name, pa.array([None if v is None else str(v) for v in t.column(i).to_pylist()], pa.string())
+                )
         fixed.append(t)
     return pa.concat_tables(fixed, promote_options="permissive")
 
@@ -215,6 +225,7 @@ def _audio_value(v: Any) -> dict:
 
 # ---- numbers ----------------------------------------------------------------------------
 
+
 def _finite(a: np.ndarray) -> np.ndarray:
     return a[np.isfinite(a)]
 
@@ -229,7 +240,7 @@ def _fmt(v: Any, digits: int = 3) -> str:
     if isinstance(v, float):
         if not math.isfinite(v):
             return "–"
-        if v != 0 and (abs(v) >= 1e6 or abs(v) < 10 ** -digits):
+        if v != 0 and (abs(v) >= 1e6 or abs(v) < 10**-digits):
             return f"{v:.{digits}g}"
         if abs(v) >= 1000:
             return f"{v:,.0f}"
@@ -265,15 +276,24 @@ def _pcts(a: np.ndarray) -> tuple[float, float, float]:
 
 # ---- plots (matplotlib object API -> inline SVG) ----------------------------------------
 
+
 class _Plots:
     def __init__(self) -> None:
         import matplotlib
         from matplotlib.figure import Figure
+
         self._mpl = matplotlib
         self._Figure = Figure
-        self._rc = {"svg.fonttype": "none", "font.size": 9, "axes.titlesize": 10,
-                    "axes.spines.top": False, "axes.spines.right": False,
-                    "axes.grid": True, "grid.alpha": 0.3, "svg.image_inline": True}
+        self._rc = {
+            "svg.fonttype": "none",
+            "font.size": 9,
+            "axes.titlesize": 10,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "svg.image_inline": True,
+        }
 
     def style(self):
         """Context for drawing: rcParams are read as artists are made, so every plot call
@@ -307,14 +327,21 @@ def _plot_throughput(p: _Plots, run: _Run, ok: np.ndarray) -> tuple[str, str]:
         n_bins = int(np.clip(round(math.sqrt(t.size)), 1, 60)) if span > 0 else 1
         width = span / n_bins if span > 0 else 1.0
         edges = t0 + width * np.arange(n_bins + 1)
-        rel = (edges[:-1] - t0)
+        rel = edges[:-1] - t0
         ok_counts, _ = np.histogram(t[okm], bins=edges)
         err_counts, _ = np.histogram(t[~okm], bins=edges)
         audio, _ = np.histogram(t[okm], bins=edges, weights=secs[okm])
         fig, (a1, a2) = p.figure(2, 2.2)
         a1.bar(rel, ok_counts / width, width=width, align="edge", color=_OK_COLOR, label="ok")
-        a1.bar(rel, err_counts / width, width=width, align="edge", bottom=ok_counts / width,
-               color=_ERR_COLOR, label="error")
+        a1.bar(
+            rel,
+            err_counts / width,
+            width=width,
+            align="edge",
+            bottom=ok_counts / width,
+            color=_ERR_COLOR,
+            label="error",
+        )
         a1.set_ylabel("rows / s")
         a1.set_title(f"Throughput over time (bins of {_duration(width)})")
         if err_counts.any():
@@ -341,16 +368,31 @@ def _plot_throughput(p: _Plots, run: _Run, ok: np.ndarray) -> tuple[str, str]:
     return p.svg(fig, "throughput"), f"The rows have no {S.FINISHED_AT} column, so progress is shown in output order."
 
 
-def _hist(p: _Plots, name: str, values: np.ndarray, *, title: str, xlabel: str, unit: str,
-          ref: Optional[float] = None, ref_label: str = "") -> Optional[str]:
+def _hist(
+    p: _Plots,
+    name: str,
+    values: np.ndarray,
+    *,
+    title: str,
+    xlabel: str,
+    unit: str,
+    ref: Optional[float] = None,
+    ref_label: str = "",
+) -> Optional[str]:
     values = _finite(values)
     if not values.size:
         return None
     fig, (ax,) = p.figure(1, 2.8)
     lo, hi = float(values.min()), float(values.max())
     bins = int(np.clip(round(math.sqrt(values.size) * 2), 5, 60)) if hi > lo else 1
-    ax.hist(values, bins=bins, range=(lo, hi) if hi > lo else (lo - 0.5, lo + 0.5), color=_OK_COLOR,
-            edgecolor="white", linewidth=0.5)
+    ax.hist(
+        values,
+        bins=bins,
+        range=(lo, hi) if hi > lo else (lo - 0.5, lo + 0.5),
+        color=_OK_COLOR,
+        edgecolor="white",
+        linewidth=0.5,
+    )
     p50, p90, p99 = _pcts(values)
     for v, style, label in ((p50, "-", "p50"), (p90, "--", "p90"), (p99, ":", "p99")):
         ax.axvline(v, color="#333", linestyle=style, linewidth=1, label=f"{label} {_fmt(v)}{unit}")
@@ -388,6 +430,7 @@ def _plot_outcomes(p: _Plots, run: _Run, ok: np.ndarray) -> Optional[str]:
 
 
 # ---- HTML pieces ------------------------------------------------------------------------
+
 
 def _e(v: Any) -> str:
     return html.escape("" if v is None else str(v), quote=True)
@@ -492,7 +535,7 @@ def _pick_spread(candidates: np.ndarray, k: int) -> list[int]:
 def _cut(text: Optional[str], limit: int) -> str:
     if text is None:
         return ""
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 _CSS = """
@@ -535,6 +578,7 @@ footer { color: var(--muted); font-size: 12px; margin-top: 32px; }
 
 # ---- the page ---------------------------------------------------------------------------
 
+
 def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]) -> str:
     n = run.n
     status = run.strings(S.STATUS)
@@ -562,23 +606,34 @@ def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]
     row_rtf_p50 = _pcts(rtf[ok])[0]
 
     cards = [
-        ("rows ok", f"{n_ok:,}", "ok"), ("rows error", f"{n_err:,}", "err" if n_err else ""),
+        ("rows ok", f"{n_ok:,}", "ok"),
+        ("rows error", f"{n_err:,}", "err" if n_err else ""),
         ("error rate", f"{100 * n_err / n:.1f}%" if n else "–", "err" if n_err else ""),
         ("audio", _duration(audio_s) + (f" ({audio_s / 3600:.2f} h)" if audio_s >= 3600 else ""), ""),
         ("wall time" + wall_note, _duration(wall), ""),
-        ("rows / s", _fmt(rows_per_s), ""), ("frames / s", _fmt(frames_per_s), ""),
-        ("real-time factor" + (" (summary)" if _num(summ, "rtf") is not None else " (wall / audio)"),
-         _fmt(run_rtf), ""),
+        ("rows / s", _fmt(rows_per_s), ""),
+        ("frames / s", _fmt(frames_per_s), ""),
+        (
+            "real-time factor" + (" (summary)" if _num(summ, "rtf") is not None else " (wall / audio)"),
+            _fmt(run_rtf),
+            "",
+        ),
         ("per-row RTF p50", _fmt(row_rtf_p50), ""),
         ("latency p50 / p90", " / ".join(_duration(v / 1000) for v in _pcts(total_ms[ok])[:2]), ""),
     ]
-    parts = [f"<h1>{_e(title)}</h1>",
-             f'<p class="sub">{_e(run.output_dir)} — {len(run.files)} Parquet file(s), {n:,} row(s)</p>']
+    parts = [
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="sub">{_e(run.output_dir)} — {len(run.files)} Parquet file(s), {n:,} row(s)</p>',
+    ]
     if run.notes:
         parts.append('<div class="notes">' + "<br>".join(_e(x) for x in run.notes) + "</div>")
-    parts.append('<h2>Summary</h2><div class="cards">' + "".join(
-        f'<div class="card {c}"><div class="v">{_e(v)}</div><div class="k">{_e(k)}</div></div>'
-        for k, v, c in cards) + "</div>")
+    parts.append(
+        '<h2>Summary</h2><div class="cards">'
+        + "".join(
+            f'<div class="card {c}"><div class="v">{_e(v)}</div><div class="k">{_e(k)}</div></div>' for k, v, c in cards
+        )
+        + "</div>"
+    )
 
     provenance = []
     for col in (S.MODEL, S.DEVICE, S.NODE, S.ACTOR):
@@ -591,8 +646,7 @@ def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]
     if provenance:
         parts.append(_table(["", "distinct values (rows)"], provenance, "prov"))
 
-    scalars = [[f"<b>{_e(k)}</b>", ("num", _e(_fmt(v)))]
-               for k, v in summ.items() if _is_scalar(v)]
+    scalars = [[f"<b>{_e(k)}</b>", ("num", _e(_fmt(v)))] for k, v in summ.items() if _is_scalar(v)]
     if scalars or summ:
         parts.append(f"<h2>{_e(SUMMARY_NAME)}</h2>")
         if scalars:
@@ -610,26 +664,71 @@ def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]
             scale, unit = (1.0, " ms")
             if _finite(lat).size and float(np.median(_finite(lat))) >= 2000:
                 scale, unit = (1000.0, " s")
-            plots.append(("Latency", _hist(p, "latency", lat / scale, title="Per-row latency (total_ms, ok rows)",
-                                           xlabel=f"total{unit}", unit=unit),
-                          "Time from admission to finished audio, per row."))
-            plots.append(("RTF", _hist(p, "rtf", rtf[ok], title="Per-row real-time factor (ok rows)",
-                                       xlabel="compute seconds per second of audio", unit="", ref=1.0,
-                                       ref_label="real time (1.0)"),
-                          "Below 1.0 a row took less compute time than its audio lasts."))
-            plots.append(("Outcomes", _plot_outcomes(p, run, ok),
-                          "eos: the model ended the row; budget: it hit its frame budget (may be cut off)."))
-            plots.append(("Duration", _hist(p, "duration", seconds[ok], title="Audio duration per row (ok rows)",
-                                            xlabel="seconds", unit=" s"),
-                          "A pile-up at the right edge usually means rows hitting their frame budget."))
+            plots.append(
+                (
+                    "Latency",
+                    _hist(
+                        p,
+                        "latency",
+                        lat / scale,
+                        title="Per-row latency (total_ms, ok rows)",
+                        xlabel=f"total{unit}",
+                        unit=unit,
+                    ),
+                    "Time from admission to finished audio, per row.",
+                )
+            )
+            plots.append(
+                (
+                    "RTF",
+                    _hist(
+                        p,
+                        "rtf",
+                        rtf[ok],
+                        title="Per-row real-time factor (ok rows)",
+                        xlabel="compute seconds per second of audio",
+                        unit="",
+                        ref=1.0,
+                        ref_label="real time (1.0)",
+                    ),
+                    "Below 1.0 a row took less compute time than its audio lasts.",
+                )
+            )
+            plots.append(
+                (
+                    "Outcomes",
+                    _plot_outcomes(p, run, ok),
+                    "eos: the model ended the row; budget: it hit its frame budget (may be cut off).",
+                )
+            )
+            plots.append(
+                (
+                    "Duration",
+                    _hist(
+                        p,
+                        "duration",
+                        seconds[ok],
+                        title="Audio duration per row (ok rows)",
+                        xlabel="seconds",
+                        unit=" s",
+                    ),
+                    "A pile-up at the right edge usually means rows hitting their frame budget.",
+                )
+            )
     parts.append("<h2>Plots</h2>")
     if not plots:
         parts.append('<p class="empty">No rows yet — nothing to plot.</p>')
     else:
-        parts.append('<div class="plots">' + "".join(
-            f"<figure>{svg}<figcaption>{_e(cap)}</figcaption></figure>" if svg else
-            f'<figure><p class="empty">{_e(name)}: no data (no ok rows with this value)</p></figure>'
-            for name, svg, cap in plots) + "</div>")
+        parts.append(
+            '<div class="plots">'
+            + "".join(
+                f"<figure>{svg}<figcaption>{_e(cap)}</figcaption></figure>"
+                if svg
+                else f'<figure><p class="empty">{_e(name)}: no data (no ok rows with this value)</p></figure>'
+                for name, svg, cap in plots
+            )
+            + "</div>"
+        )
 
     # timing breakdown
     timing = []
@@ -638,8 +737,9 @@ def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]
             v = run.floats(col)[ok]
             if _finite(v).size:
                 p50, p90, p99 = _pcts(v)
-                timing.append([f"<b>{_e(col)}</b>"] + [("num", _e(_fmt(x)))
-                                                       for x in (float(np.nanmean(v)), p50, p90, p99)])
+                timing.append(
+                    [f"<b>{_e(col)}</b>"] + [("num", _e(_fmt(x))) for x in (float(np.nanmean(v)), p50, p90, p99)]
+                )
     if timing:
         parts.append("<h2>Timing (ok rows, ms)</h2>" + _table(["", "mean", "p50", "p90", "p99"], timing, "kv"))
 
@@ -653,8 +753,10 @@ def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]
             msg = messages[i] or f"(no message; status={status[i]!r})"
             kinds[msg] += 1
             example.setdefault(msg, ids[i])
-        rows = [[("num", f"{c:,}"), ("id", _e(example[m])), ("msg", _e(_cut(m, MAX_ERROR_CHARS)))]
-                for m, c in kinds.most_common(MAX_ERROR_KINDS)]
+        rows = [
+            [("num", f"{c:,}"), ("id", _e(example[m])), ("msg", _e(_cut(m, MAX_ERROR_CHARS)))]
+            for m, c in kinds.most_common(MAX_ERROR_KINDS)
+        ]
         more = len(kinds) - MAX_ERROR_KINDS
         parts.append(f"<h2>Errors ({n_err:,} rows, {len(kinds):,} distinct messages)</h2>")
         parts.append(_table(["rows", "example id", "message"], rows, "errors"))
@@ -670,12 +772,23 @@ def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]
             rows = []
             for a in names[:50]:
                 m = arr == a
-                rows.append([f"<b>{_e(a)}</b>"] + [("num", _e(x)) for x in (
-                    f"{int((m & ok).sum()):,}", f"{int((m & ~ok).sum()):,}",
-                    _duration(float(np.nansum(seconds[m & ok]))),
-                    _fmt(_pcts(total_ms[m & ok])[0]), _fmt(_pcts(rtf[m & ok])[0]))])
-            parts.append("<h2>Per actor</h2>" + _table(
-                ["actor", "ok", "error", "audio", "latency p50 (ms)", "RTF p50"], rows, "kv"))
+                rows.append(
+                    [f"<b>{_e(a)}</b>"]
+                    + [
+                        ("num", _e(x))
+                        for x in (
+                            f"{int((m & ok).sum()):,}",
+                            f"{int((m & ~ok).sum()):,}",
+                            _duration(float(np.nansum(seconds[m & ok]))),
+                            _fmt(_pcts(total_ms[m & ok])[0]),
+                            _fmt(_pcts(rtf[m & ok])[0]),
+                        )
+                    ]
+                )
+            parts.append(
+                "<h2>Per actor</h2>"
+                + _table(["actor", "ok", "error", "audio", "latency p50 (ms)", "RTF p50"], rows, "kv")
+            )
 
     # samples
     parts.append(_samples(run, ok, status, max_audio_rows))
@@ -683,12 +796,16 @@ def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]
     if bench:
         parts.append(_bench(bench))
 
-    parts.append(f'<footer>chorus report — generated {_e(time.strftime("%Y-%m-%d %H:%M:%S %Z"))} '
-                 f'from {_e(run.output_dir)}</footer>')
-    return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head>"
-            f"<body><main>{''.join(parts)}</main></body></html>\n")
+    parts.append(
+        f"<footer>chorus report — generated {_e(time.strftime('%Y-%m-%d %H:%M:%S %Z'))} "
+        f"from {_e(run.output_dir)}</footer>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head>"
+        f"<body><main>{''.join(parts)}</main></body></html>\n"
+    )
 
 
 def _samples(run: _Run, ok: np.ndarray, status: list, max_audio_rows: int) -> str:
@@ -708,8 +825,11 @@ def _samples(run: _Run, ok: np.ndarray, status: list, max_audio_rows: int) -> st
     seconds = run.floats(S.AUDIO_SECONDS)
     rtf = run.floats(S.RTF)
     total = run.floats(S.TOTAL_MS)
-    headers = ["id"] + (["text"] if texts is not None else []) + ["status", "duration", "stop", "RTF",
-                                                                    "total ms", "audio / error"]
+    headers = (
+        ["id"]
+        + (["text"] if texts is not None else [])
+        + ["status", "duration", "stop", "RTF", "total ms", "audio / error"]
+    )
     rows = []
     for i in ok_picks + err_picks:
         cells = [f'<td class="id">{_e(ids[i])}</td>']
@@ -726,19 +846,26 @@ def _samples(run: _Run, ok: np.ndarray, status: list, max_audio_rows: int) -> st
         if ok[i]:
             src, note = _audio_src(audio.get(i, {}), run.output_dir)
             if src:
-                cells.append(f'<td><audio controls preload="metadata" src="{_e(src)}"></audio>'
-                             + (f"<br>{_e(note)}" if note else "") + "</td>")
+                cells.append(
+                    f'<td><audio controls preload="metadata" src="{_e(src)}"></audio>'
+                    + (f"<br>{_e(note)}" if note else "")
+                    + "</td>"
+                )
             else:
                 cells.append(f'<td class="msg">{_e(note)}</td>')
         else:
             cells.append(f'<td class="msg">{_e(_cut(errors[i] or "", MAX_ERROR_CHARS))}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    what = (f"{len(ok_picks)} ok row(s) spread over the run"
-            + (f" ({len(budget_picks)} of them stopped by the frame budget)" if budget_picks else "")
-            + (f", {len(err_picks)} error row(s)" if err_picks else ""))
-    return (f'<h2>Sample rows</h2><p class="sub">{_e(what)}</p>'
-            f'<table class="samples"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    what = (
+        f"{len(ok_picks)} ok row(s) spread over the run"
+        + (f" ({len(budget_picks)} of them stopped by the frame budget)" if budget_picks else "")
+        + (f", {len(err_picks)} error row(s)" if err_picks else "")
+    )
+    return (
+        f'<h2>Sample rows</h2><p class="sub">{_e(what)}</p>'
+        f'<table class="samples"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    )
 
 
 def _bench(bench: dict) -> str:
@@ -757,8 +884,10 @@ def _bench(bench: dict) -> str:
 
 # ---- entry points -----------------------------------------------------------------------
 
-def write_report(output_dir: str, *, title: str = "chorus run", max_audio_rows: int = 12,
-                 bench: dict | None = None) -> str:
+
+def write_report(
+    output_dir: str, *, title: str = "chorus run", max_audio_rows: int = 12, bench: dict | None = None
+) -> str:
     """Write OUTPUT_DIR/report.html (atomically) from the run's Parquet output and
     summary.json; return its path. An empty or all-error run still gets a page."""
     out = Path(output_dir)
@@ -787,8 +916,9 @@ def write_report(output_dir: str, *, title: str = "chorus run", max_audio_rows: 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.report",
-                                 description="Write OUTPUT_DIR/report.html for a chorus run.")
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.report", description="Write OUTPUT_DIR/report.html for a chorus run."
+    )
     ap.add_argument("output_dir", help="the run's output directory (holds data/ and summary.json)")
     ap.add_argument("--title", default="chorus run")
     ap.add_argument("--max-audio-rows", type=int, default=12, help="ok rows with playable audio (default 12)")

@@ -5,24 +5,26 @@ Input columns have canonical names here; `data.columns` maps each to the user's 
 and the driver renames them on read, so everything after the read speaks canonical names.
 Only pyarrow is imported: the driver and the actors both use this module.
 """
+
 from __future__ import annotations
 
 import hashlib
 import re
 import unicodedata
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Optional
 
 import pyarrow as pa
 
 # ---- input ----------------------------------------------------------------------------
 ID = "id"
 TEXT = "text"
-REF_AUDIO = "ref_audio"            # WAV/FLAC/OGG bytes
+REF_AUDIO = "ref_audio"  # WAV/FLAC/OGG bytes
 REF_AUDIO_PATH = "ref_audio_path"  # local path (relative to data.audio_root) or URI
 REF_TEXT = "ref_text"
-REF_ID = "ref_id"                  # rows sharing one reference clip
-SPEAKER = "speaker"                # a label, copied to the output (rows may still differ in clip)
+REF_ID = "ref_id"  # rows sharing one reference clip
+SPEAKER = "speaker"  # a label, copied to the output (rows may still differ in clip)
 SEED = "seed"
 # per-row overrides of the run's settings
 MAX_FRAMES = "max_frames"
@@ -31,8 +33,7 @@ TOP_P = "top_p"
 TOP_K = "top_k"
 
 REQUIRED_INPUT = (ID, TEXT)
-OPTIONAL_INPUT = (REF_AUDIO, REF_AUDIO_PATH, REF_TEXT, REF_ID, SPEAKER, SEED,
-                  MAX_FRAMES, TEMPERATURE, TOP_P, TOP_K)
+OPTIONAL_INPUT = (REF_AUDIO, REF_AUDIO_PATH, REF_TEXT, REF_ID, SPEAKER, SEED, MAX_FRAMES, TEMPERATURE, TOP_P, TOP_K)
 INPUT_COLUMNS = REQUIRED_INPUT + OPTIONAL_INPUT
 
 
@@ -189,50 +190,58 @@ BATCH_KV_BYTES = "kv_bytes"  # the actor engine's KV cache (slow + fast)
 REPETITION_PENALTY = "repetition_penalty"
 RAS_WINDOW = "ras_window"
 
-BATCH_TYPE = pa.struct([
-    pa.field(BATCH_ID, pa.string()), pa.field(BATCH_ROWS, pa.int32()), pa.field(BATCH_STARTED_AT, pa.float64()),
-    pa.field(BATCH_PREP_MS, pa.float64()),
-    pa.field(BATCH_ENGINE_MS, pa.float64()), pa.field(BATCH_CODEC_MS, pa.float64()),
-    pa.field(BATCH_ENCODE_MS, pa.float64()), pa.field(BATCH_ACTOR_INIT_MS, pa.float64()),
-    pa.field(BATCH_PEAK_RSS_MB, pa.float64()),
-    pa.field(BATCH_KV_BYTES, pa.int64()),
-])
+BATCH_TYPE = pa.struct(
+    [
+        pa.field(BATCH_ID, pa.string()),
+        pa.field(BATCH_ROWS, pa.int32()),
+        pa.field(BATCH_STARTED_AT, pa.float64()),
+        pa.field(BATCH_PREP_MS, pa.float64()),
+        pa.field(BATCH_ENGINE_MS, pa.float64()),
+        pa.field(BATCH_CODEC_MS, pa.float64()),
+        pa.field(BATCH_ENCODE_MS, pa.float64()),
+        pa.field(BATCH_ACTOR_INIT_MS, pa.float64()),
+        pa.field(BATCH_PEAK_RSS_MB, pa.float64()),
+        pa.field(BATCH_KV_BYTES, pa.int64()),
+    ]
+)
 AUDIO_TYPE = pa.struct([pa.field(AUDIO_BYTES, pa.binary()), pa.field(AUDIO_PATH, pa.string())])
 
-OUTPUT_SCHEMA = pa.schema([
-    pa.field(ID, pa.string()),
-    pa.field(STATUS, pa.string(), nullable=False),
-    pa.field(ERROR, pa.string()),
-    pa.field(STOP_REASON, pa.string()),
-    pa.field(AUDIO, AUDIO_TYPE),
-    pa.field(SAMPLE_RATE, pa.int32()),
-    pa.field(N_FRAMES, pa.int32()),
-    pa.field(AUDIO_SECONDS, pa.float64()),
-    pa.field(CODES, pa.list_(pa.list_(pa.int16()))),  # [num_codebooks][frames]
-    pa.field(PROMPT_TOKENS, pa.int32()),
-    pa.field(QUEUE_MS, pa.float64()),
-    pa.field(PREFILL_MS, pa.float64()),
-    pa.field(DECODE_MS, pa.float64()),
-    pa.field(CODEC_MS, pa.float64()),
-    pa.field(TOTAL_MS, pa.float64()),
-    pa.field(RTF, pa.float64()),  # compute seconds per second of audio
-    pa.field(ACTOR, pa.string()),
-    pa.field(NODE, pa.string()),
-    pa.field(DEVICE, pa.string()),
-    pa.field(MODEL, pa.string()),
-    pa.field(RUN, pa.string()),
-    pa.field(FINISHED_AT, pa.float64()),
-    pa.field(BATCH, BATCH_TYPE),
-    pa.field(SEED, pa.int64()),
-    pa.field(MAX_FRAMES, pa.int32()),
-    pa.field(TEMPERATURE, pa.float64()),
-    pa.field(TOP_P, pa.float64()),
-    pa.field(TOP_K, pa.int32()),
-    pa.field(REPETITION_PENALTY, pa.float64()),
-    pa.field(RAS_WINDOW, pa.int32()),
-    pa.field(TEXT, pa.string()),
-    pa.field(SPEAKER, pa.string()),
-])
+OUTPUT_SCHEMA = pa.schema(
+    [
+        pa.field(ID, pa.string()),
+        pa.field(STATUS, pa.string(), nullable=False),
+        pa.field(ERROR, pa.string()),
+        pa.field(STOP_REASON, pa.string()),
+        pa.field(AUDIO, AUDIO_TYPE),
+        pa.field(SAMPLE_RATE, pa.int32()),
+        pa.field(N_FRAMES, pa.int32()),
+        pa.field(AUDIO_SECONDS, pa.float64()),
+        pa.field(CODES, pa.list_(pa.list_(pa.int16()))),  # [num_codebooks][frames]
+        pa.field(PROMPT_TOKENS, pa.int32()),
+        pa.field(QUEUE_MS, pa.float64()),
+        pa.field(PREFILL_MS, pa.float64()),
+        pa.field(DECODE_MS, pa.float64()),
+        pa.field(CODEC_MS, pa.float64()),
+        pa.field(TOTAL_MS, pa.float64()),
+        pa.field(RTF, pa.float64()),  # compute seconds per second of audio
+        pa.field(ACTOR, pa.string()),
+        pa.field(NODE, pa.string()),
+        pa.field(DEVICE, pa.string()),
+        pa.field(MODEL, pa.string()),
+        pa.field(RUN, pa.string()),
+        pa.field(FINISHED_AT, pa.float64()),
+        pa.field(BATCH, BATCH_TYPE),
+        pa.field(SEED, pa.int64()),
+        pa.field(MAX_FRAMES, pa.int32()),
+        pa.field(TEMPERATURE, pa.float64()),
+        pa.field(TOP_P, pa.float64()),
+        pa.field(TOP_K, pa.int32()),
+        pa.field(REPETITION_PENALTY, pa.float64()),
+        pa.field(RAS_WINDOW, pa.int32()),
+        pa.field(TEXT, pa.string()),
+        pa.field(SPEAKER, pa.string()),
+    ]
+)
 
 # what summaries and progress read: everything but the heavy audio and codes
 METADATA_COLUMNS = [f.name for f in OUTPUT_SCHEMA if f.name not in (AUDIO, CODES)]

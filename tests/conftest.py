@@ -7,6 +7,7 @@ join it through RAY_ADDRESS.
 `bad_table`: an input table with every kind of bad row the pipeline must answer with a
 clear per-row error, next to reference clips in unusual but valid formats that must work.
 """
+
 from __future__ import annotations
 
 import io
@@ -35,8 +36,9 @@ def ray_cluster():
     if ray.is_initialized():
         ray.shutdown()
     # address="local": never join a `ray start` cluster someone else runs on this machine
-    context = ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False,
-                       _system_config=LOCAL_RAY_SYSTEM_CONFIG)
+    context = ray.init(
+        address="local", num_cpus=RAY_CPUS, include_dashboard=False, _system_config=LOCAL_RAY_SYSTEM_CONFIG
+    )
     yield context.address_info["gcs_address"]
     ray.shutdown()
 
@@ -60,10 +62,10 @@ def _demo_clip() -> bytes:
 
 @dataclass
 class BadTable:
-    path: Path               # the Parquet file (next to its refs/ folder)
+    path: Path  # the Parquet file (next to its refs/ folder)
     table: pa.Table
-    expect_error: dict       # row id -> a fragment of its error message
-    expect_ok: list          # ids that must come out ok
+    expect_error: dict  # row id -> a fragment of its error message
+    expect_ok: list  # ids that must come out ok
     rejected_by_driver: dict  # id (None for the null id) -> fragment; these never reach an actor
     duplicate_id: str
 
@@ -139,17 +141,26 @@ def bad_table(tmp_path_factory) -> BadTable:
     reject("tab\tid", "control")
     row("dup", text="first of two")
     row("dup", text="second of two")
-    schema = pa.schema([
-        ("id", pa.string()), ("text", pa.binary()), ("ref_audio", pa.binary()),
-        ("ref_audio_path", pa.string()), ("ref_text", pa.string()), ("seed", pa.string()),
-        ("max_frames", pa.string()), ("temperature", pa.string()), ("top_p", pa.string()),
-    ])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("text", pa.binary()),
+            ("ref_audio", pa.binary()),
+            ("ref_audio_path", pa.string()),
+            ("ref_text", pa.string()),
+            ("seed", pa.string()),
+            ("max_frames", pa.string()),
+            ("temperature", pa.string()),
+            ("top_p", pa.string()),
+        ]
+    )
     table = pa.Table.from_pylist(rows, schema=schema)
     path = root / "bad.parquet"
     pq.write_table(table, path)
     ok_ids = [r["id"] for r in rows if isinstance(r["id"], str) and r["id"].startswith("ok-")]
-    return BadTable(path=path, table=table, expect_error=expect, expect_ok=ok_ids,
-                    rejected_by_driver=rejected, duplicate_id="dup")
+    return BadTable(
+        path=path, table=table, expect_error=expect, expect_ok=ok_ids, rejected_by_driver=rejected, duplicate_id="dup"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -158,8 +169,9 @@ def demo_table() -> pa.Table:
     for tables written elsewhere or fed straight to an actor."""
     table = pq.read_table(DEMO_TABLE)
     paths = [str(DEMO_TABLE.parent / p) if p else None for p in table.column("ref_audio_path").to_pylist()]
-    return table.set_column(table.schema.get_field_index("ref_audio_path"), "ref_audio_path",
-                            pa.array(paths, pa.string()))
+    return table.set_column(
+        table.schema.get_field_index("ref_audio_path"), "ref_audio_path", pa.array(paths, pa.string())
+    )
 
 
 @pytest.fixture(scope="session")
@@ -168,8 +180,14 @@ def small_settings() -> list[str]:
     demo model samples <|im_end|> at arbitrary frames, the first one included, and a row
     without a single frame is (rightly) an error row, which would make "every good row is
     ok" depend on the seed."""
-    return ["engine.max_frames=24", "engine.frames_per_char=0.3", "engine.min_frames=6",
-            "engine.stop_on_eos=false", "output.progress_interval_s=0", "output.progress_bar=off"]
+    return [
+        "engine.max_frames=24",
+        "engine.frames_per_char=0.3",
+        "engine.min_frames=6",
+        "engine.stop_on_eos=false",
+        "output.progress_interval_s=0",
+        "output.progress_bar=off",
+    ]
 
 
 @pytest.fixture(scope="session")

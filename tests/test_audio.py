@@ -19,8 +19,9 @@ from actors.audio import (
 TARGET = 44100
 
 
-def tone(sample_rate: int, seconds: float = 1.0, frequency: float = 440.0, amplitude: float = 0.5,
-         channels: int = 1) -> np.ndarray:
+def tone(
+    sample_rate: int, seconds: float = 1.0, frequency: float = 440.0, amplitude: float = 0.5, channels: int = 1
+) -> np.ndarray:
     t = np.arange(int(round(seconds * sample_rate))) / sample_rate
     wave = amplitude * np.sin(2 * np.pi * frequency * t)
     if channels == 1:

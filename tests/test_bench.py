@@ -1,5 +1,6 @@
 """`python -m pipeline.bench bench=smoke`: every figure present, and the figures agree with the
 rows actually written."""
+
 import json
 import math
 import time
@@ -10,10 +11,28 @@ import pytest
 from helpers import run_module
 from pipeline import schema as S
 
-FIGURES = ["rows_per_s", "frames_per_s", "audio_s_per_wall_s", "latency_ms_p50", "latency_ms_p95",
-           "latency_ms_p99", "time_to_first_row_s", "actor_utilisation", "peak_rss_mb_per_actor", "kv_bytes",
-           "vs_one_row_loop", "overhead_fraction", "overhead_fraction_after_startup", "actor_startup_s", "actor_init_s", "pipeline_overhead_fraction", "wall_s", "frames", "audio_seconds",
-           "report_s"]
+FIGURES = [
+    "rows_per_s",
+    "frames_per_s",
+    "audio_s_per_wall_s",
+    "latency_ms_p50",
+    "latency_ms_p95",
+    "latency_ms_p99",
+    "time_to_first_row_s",
+    "actor_utilisation",
+    "peak_rss_mb_per_actor",
+    "kv_bytes",
+    "vs_one_row_loop",
+    "overhead_fraction",
+    "overhead_fraction_after_startup",
+    "actor_startup_s",
+    "actor_init_s",
+    "pipeline_overhead_fraction",
+    "wall_s",
+    "frames",
+    "audio_seconds",
+    "report_s",
+]
 
 
 @pytest.mark.slow
@@ -33,8 +52,9 @@ def test_bench_smoke_end_to_end(tmp_path):
         assert set(c["split_s"]) == {"prep", "engine", "codec", "write", "other"}
         assert all(v >= 0 for v in c["split_s"].values())
         # internal consistency with the rows on disk
-        rows = pq.read_table(f"{c['output']}/data", columns=[S.STATUS, S.N_FRAMES, S.AUDIO_SECONDS,
-                                                            S.TOTAL_MS, S.BATCH]).to_pylist()
+        rows = pq.read_table(
+            f"{c['output']}/data", columns=[S.STATUS, S.N_FRAMES, S.AUDIO_SECONDS, S.TOTAL_MS, S.BATCH]
+        ).to_pylist()
         ok = [r for r in rows if r[S.STATUS] == S.STATUS_OK]
         assert len(rows) == c["rows"] == 24
         assert sum(r[S.N_FRAMES] for r in ok) == c["frames"]

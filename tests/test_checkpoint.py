@@ -1,4 +1,5 @@
 """Loading every on-disk layout, and clear errors for broken checkpoints."""
+
 import hashlib
 import json
 import shutil
@@ -59,8 +60,16 @@ def test_make_tiny_round_trips_through_cli(fmt, tmp_path):
     assert info["slow_kv_bytes_per_token"] == 2 * lm.config.n_layer * lm.config.n_local_heads * lm.config.head_dim * 4
     tokens = _tokens(out)
     np.save(tmp_path / "t.npy", tokens)
-    proc = run_module("actors.engine", "score", "--checkpoint", str(out), "--tokens", str(tmp_path / "t.npy"),
-                      "--out", str(tmp_path / "s.npz"))
+    proc = run_module(
+        "actors.engine",
+        "score",
+        "--checkpoint",
+        str(out),
+        "--tokens",
+        str(tmp_path / "t.npy"),
+        "--out",
+        str(tmp_path / "s.npz"),
+    )
     assert proc.returncode == 0, proc.stderr
     slow, fast = lm.model.score(torch.from_numpy(tokens))
     got = np.load(tmp_path / "s.npz")
@@ -83,6 +92,7 @@ def test_single_safetensors_file_and_model_prefix_and_split_qkv(s1_dir, s2_dir, 
     """The same weights stored as one model.safetensors with S2 names, and as model.pth with a
     `model.` prefix and split wq/wk/wv, load to the same model."""
     from safetensors.torch import load_file, save_file
+
     tokens = _tokens(s2_dir)
     ref = _scores(s2_dir, tokens)
     one = _copy(s2_dir, tmp_path / "a")
@@ -109,7 +119,11 @@ def test_single_safetensors_file_and_model_prefix_and_split_qkv(s1_dir, s2_dir, 
             kv = c.n_local_heads if k.startswith("layers") else c.fast_n_local_heads
             hd = c.head_dim if k.startswith("layers") else c.fast_head_dim
             q, kk, v = t.split([heads * hd, kv * hd, kv * hd])
-            out["model." + base + "wq.weight"], out["model." + base + "wk.weight"], out["model." + base + "wv.weight"] = q, kk, v
+            (
+                out["model." + base + "wq.weight"],
+                out["model." + base + "wk.weight"],
+                out["model." + base + "wv.weight"],
+            ) = q, kk, v
         else:
             out["model." + k] = t
     torch.save(out, pth / "model.pth")
@@ -128,6 +142,7 @@ def test_missing_tensor_names_the_key(s1_dir, tmp_path):
 
 def test_wrong_shape_names_key_and_both_shapes(s2_dir, tmp_path):
     from safetensors.torch import load_file, save_file
+
     d = _copy(s2_dir, tmp_path)
     shard = sorted(d.glob("model-*.safetensors"))[0]
     sd = load_file(str(shard))
@@ -151,12 +166,15 @@ def test_unexpected_tensors_are_reported(s1_dir, tmp_path):
     assert proc.returncode == 0 and "audio_projector.weight" in proc.stdout
 
 
-@pytest.mark.parametrize("mutate, pattern", [
-    (lambda c: c.update(model_type="llama"), r"config\.json: field 'model_type' is 'llama'"),
-    (lambda c: c.pop("n_layer"), r"config\.json: required field 'n_layer' is missing"),
-    (lambda c: c.update(n_head="four"), r"field 'n_head' must be an integer"),
-    (lambda c: c.update(n_local_heads=3), r"n_head \(4\) is not a multiple of n_local_heads \(3\)"),
-])
+@pytest.mark.parametrize(
+    "mutate, pattern",
+    [
+        (lambda c: c.update(model_type="llama"), r"config\.json: field 'model_type' is 'llama'"),
+        (lambda c: c.pop("n_layer"), r"config\.json: required field 'n_layer' is missing"),
+        (lambda c: c.update(n_head="four"), r"field 'n_head' must be an integer"),
+        (lambda c: c.update(n_local_heads=3), r"n_head \(4\) is not a multiple of n_local_heads \(3\)"),
+    ],
+)
 def test_bad_config_fields(s1_dir, tmp_path, mutate, pattern):
     d = _copy(s1_dir, tmp_path)
     cfg = json.loads((d / "config.json").read_text())

@@ -1,4 +1,4 @@
-"""The codec against upstream-made vectors (shared/vectors/codec-tiny), plus
+"""The codec against upstream-made vectors (tests/vectors/codec-tiny), plus
 batching, causality, checkpoint loading, the tiny checkpoint and the CLI."""
 
 from __future__ import annotations
@@ -21,20 +21,19 @@ from actors.codec import (
     CodecCheckpointError,
     CodecConfig,
     codec_from_state_dict,
+    layers,
     load_codec,
+    transformer,
 )
-from actors.codec import layers, transformer
 from actors.codec.tiny import make_tiny, random_codec, random_state_dict
+from helpers import VECTORS
 
 REPO = Path(__file__).resolve().parents[1]
-VECTORS = REPO.parent / "shared" / "vectors"
 TINY = VECTORS / "codec-tiny"
 
-needs_vectors = pytest.mark.skipif(
-    not (TINY / "codec.pth").is_file(), reason=f"codec vectors not found at {TINY}"
-)
+needs_vectors = pytest.mark.skipif(not (TINY / "codec.pth").is_file(), reason=f"codec vectors not found at {TINY}")
 
-# Upstream-made outputs vs ours in float32 (CODEC.md §4).
+# Upstream-made outputs vs ours in float32 (tests/vectors/codec-tiny/manifest.json tolerances).
 ATOL = 1e-4
 # The same model run two ways here (batched vs alone, chunked vs whole):
 # only summation order may differ.
@@ -79,11 +78,13 @@ def captured(codec: Codec):
     def keep_output(name):
         def hook(module, inputs, output):
             store[name] = output.detach().float().numpy().copy()
+
         return hook
 
     def keep_input(name):
         def hook(module, inputs):
             store[name] = inputs[0].detach().float().numpy().copy()
+
         return hook
 
     targets = {
@@ -138,8 +139,9 @@ def test_encode_matches_upstream_vector_a(codec):
     assert codes.dtype == torch.int64
     np.testing.assert_array_equal(codes.numpy(), vector("a_encode_indices"))
     np.testing.assert_array_equal(frame_lengths.numpy(), vector("a_encode_index_lengths"))
-    assert_close(store["encoder_transformer_out"], vector("a_encode_encoder_transformer_out"),
-                 what="encoder transformer")
+    assert_close(
+        store["encoder_transformer_out"], vector("a_encode_encoder_transformer_out"), what="encoder transformer"
+    )
     assert_close(store["encoder_out"], vector("a_encode_encoder_out"), what="encoder")
     assert_close(store["q_downsample_out"], vector("a_encode_q_downsample_out"), what="downsample")
     assert_close(store["q_pre_module_out"], vector("a_encode_q_pre_module_out"), what="pre_module")
@@ -263,7 +265,7 @@ def test_appended_frames_never_change_earlier_audio(codec):
     other[:, 10:] = random_codes(codec.codebook_sizes, 12, seed=5)
     changed = codec.decode_batch([other])[0]
     assert_close(changed[: 10 * 2048], full[: 10 * 2048], atol=SAME_MODEL_ATOL, what="prefix")
-    assert np.max(np.abs(changed[10 * 2048:] - full[10 * 2048:])) > 1e-3
+    assert np.max(np.abs(changed[10 * 2048 :] - full[10 * 2048 :])) > 1e-3
 
 
 @needs_vectors
@@ -279,9 +281,14 @@ def test_appended_audio_never_changes_earlier_codes(codec):
 def test_time_chunked_layers_equal_whole_clip(codec, monkeypatch):
     # Force many small, oddly sized chunks (some shorter than a conv's left
     # context, some splitting the batch by rows) through every chunked path.
-    codes = torch.from_numpy(np.concatenate([
-        vector("a_encode_indices")[:, :, :16], vector("c_handmade_indices_clamped"),
-    ]))
+    codes = torch.from_numpy(
+        np.concatenate(
+            [
+                vector("a_encode_indices")[:, :, :16],
+                vector("c_handmade_indices_clamped"),
+            ]
+        )
+    )
     whole = codec.decode(codes)
     monkeypatch.setattr(layers, "CHUNK_ELEMENTS", 1500)
     monkeypatch.setattr(layers, "MIN_CHUNK_SAMPLES", 50)
@@ -328,16 +335,22 @@ def test_window_mask_limits_what_each_query_sees():
 def _to_legacy(state: dict) -> dict:
     converted = {}
     for key, value in state.items():
-        converted[key.replace(".parametrizations.weight.original0", ".weight_g")
-                  .replace(".parametrizations.weight.original1", ".weight_v")] = value
+        converted[
+            key.replace(".parametrizations.weight.original0", ".weight_g").replace(
+                ".parametrizations.weight.original1", ".weight_v"
+            )
+        ] = value
     return converted
 
 
 def _to_parametrized(state: dict) -> dict:
     converted = {}
     for key, value in state.items():
-        converted[key.replace(".weight_g", ".parametrizations.weight.original0")
-                  .replace(".weight_v", ".parametrizations.weight.original1")] = value
+        converted[
+            key.replace(".weight_g", ".parametrizations.weight.original0").replace(
+                ".weight_v", ".parametrizations.weight.original1"
+            )
+        ] = value
     return converted
 
 
@@ -366,8 +379,10 @@ def test_wrapped_and_prefixed_checkpoints_load(upstream_state, tiny_config, code
     reference = codec.state_dict()
     layouts = {
         "wrapped": {"state_dict": upstream_state},
-        "prefixed": {**{f"generator.{k}": v for k, v in upstream_state.items()},
-                     "discriminator.conv.weight": torch.zeros(3)},
+        "prefixed": {
+            **{f"generator.{k}": v for k, v in upstream_state.items()},
+            "discriminator.conv.weight": torch.zeros(3),
+        },
     }
     for name, layout in layouts.items():
         folder = tmp_path / name
@@ -433,7 +448,7 @@ def _upstream_layout_counts(config: CodecConfig) -> tuple[int, int]:
     with torch.device("meta"):
         model = Codec(config)
     tensors = values = 0
-    for name, module in model.named_modules():
+    for _name, module in model.named_modules():
         for param_name, param in module.named_parameters(recurse=False):
             storage = getattr(module, "weight_norm_storage", layers.PLAIN_WEIGHT)
             if param_name == "weight" and storage != layers.PLAIN_WEIGHT:
@@ -505,7 +520,10 @@ def test_random_codec_weights_depend_only_on_the_seed():
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, "-m", "actors.codec", *args], cwd=REPO, capture_output=True, text=True,
+        [sys.executable, "-m", "actors.codec", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr

@@ -1,12 +1,23 @@
 """The engine contracts of DESIGN.md §3, each against a real tiny checkpoint."""
+
 import gc
 
 import numpy as np
 import pytest
 import torch
 
-from actors.engine import (STOP_BUDGET, STOP_EOS, STOP_ERROR, Engine, EngineConfig, PromptBuilder, Request,
-                           SamplingParams, load_model, reference_generate)
+from actors.engine import (
+    STOP_BUDGET,
+    STOP_EOS,
+    STOP_ERROR,
+    Engine,
+    EngineConfig,
+    PromptBuilder,
+    Request,
+    SamplingParams,
+    load_model,
+    reference_generate,
+)
 from actors.engine.cache import CacheMismatchError
 from actors.engine.tiny import make_tiny
 from helpers import vector_set
@@ -16,8 +27,9 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    return make_tiny(tmp_path_factory.mktemp("engine") / "s2", fmt="s2", seed=11, num_codebooks=4,
-                     codebook_size=64, max_seq_len=512)
+    return make_tiny(
+        tmp_path_factory.mktemp("engine") / "s2", fmt="s2", seed=11, num_codebooks=4, codebook_size=64, max_seq_len=512
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +51,16 @@ def prompt_for(lm, text: str, ref_frames: int = 0, seed: int = 0):
     return builder.build(text)
 
 
-TEXTS = ["Hello.", "A somewhat longer sentence to read aloud, with commas.", "Short one", "Numbers 1 2 3 4.",
-         "Quite a long line of text that makes this prompt much longer than the others in the batch.",
-         "Mid length text here.", "x", "Another row."]
+TEXTS = [
+    "Hello.",
+    "A somewhat longer sentence to read aloud, with commas.",
+    "Short one",
+    "Numbers 1 2 3 4.",
+    "Quite a long line of text that makes this prompt much longer than the others in the batch.",
+    "Mid length text here.",
+    "x",
+    "Another row.",
+]
 
 
 def _logit_log():
@@ -49,6 +68,7 @@ def _logit_log():
 
     def observe(rid, frame, slow, fast):
         log[(rid, frame)] = (slow.clone(), fast.clone())
+
     return log, observe
 
 
@@ -127,9 +147,13 @@ def test_bad_requests_error_without_killing_the_batch(lm32):
     good = prompt_for(lm32, "Fine.").tokens
     bad_codes = good.copy()
     bad_codes[1, 0] = 10_000
-    reqs = [Request("shape", good[:2], 3, GREEDY), Request("codes", bad_codes, 3, GREEDY),
-            Request("neg", good, -1, GREEDY), Request("samp", good, 3, SamplingParams(top_p=0.0)),
-            Request("good", good, 3, GREEDY)]
+    reqs = [
+        Request("shape", good[:2], 3, GREEDY),
+        Request("codes", bad_codes, 3, GREEDY),
+        Request("neg", good, -1, GREEDY),
+        Request("samp", good, 3, SamplingParams(top_p=0.0)),
+        Request("good", good, 3, GREEDY),
+    ]
     res = engine.generate(reqs)
     assert [r.stop_reason for r in res] == [STOP_ERROR] * 4 + [STOP_BUDGET]
     assert "shape" in res[0].error and "codes must lie" in res[1].error
@@ -158,18 +182,33 @@ def test_row_output_is_independent_of_batch_and_slot(lm64):
     """Contract 7 in float64: bit-identical codes alone, with 1 or 15 other rows of different
     lengths, entering first or through a freed slot."""
     sampling = SamplingParams(temperature=0.9, top_p=0.9, top_k=20, ras_window=10)
-    target = Request("target", prompt_for(lm64, TEXTS[1], ref_frames=6, seed=1).tokens, 14,
-                     sampling.with_seed(1234), stop_on_eos=False)
-    others = [Request(f"o{i}", prompt_for(lm64, TEXTS[i % len(TEXTS)], ref_frames=i % 3, seed=i).tokens,
-                      3 + (i * 5) % 17, sampling.with_seed(i)) for i in range(15)]
+    target = Request(
+        "target",
+        prompt_for(lm64, TEXTS[1], ref_frames=6, seed=1).tokens,
+        14,
+        sampling.with_seed(1234),
+        stop_on_eos=False,
+    )
+    others = [
+        Request(
+            f"o{i}",
+            prompt_for(lm64, TEXTS[i % len(TEXTS)], ref_frames=i % 3, seed=i).tokens,
+            3 + (i * 5) % 17,
+            sampling.with_seed(i),
+        )
+        for i in range(15)
+    ]
     alone = Engine(lm64, EngineConfig(max_rows=1, max_tokens=256)).generate([target])[0].codes
     with_one = Engine(lm64, EngineConfig(max_rows=2, max_tokens=256)).generate([others[0], target])[1].codes
     with_all = Engine(lm64, EngineConfig(max_rows=16, max_tokens=256)).generate([target] + others)[0].codes
     # 4 slots for 16 rows: the target waits and enters through a slot freed by a finished row
     late_engine = Engine(lm64, EngineConfig(max_rows=4, max_tokens=256, record_steps=True))
     late = late_engine.generate(others + [target])[-1].codes
-    first_prefill = next(i for i, s in enumerate(late_engine.steps) if s.kind == "prefill" and s.cache_before == (0,)
-                         and i > 0 and late_engine.steps[i - 1].kind == "decode")
+    first_prefill = next(
+        i
+        for i, s in enumerate(late_engine.steps)
+        if s.kind == "prefill" and s.cache_before == (0,) and i > 0 and late_engine.steps[i - 1].kind == "decode"
+    )
     assert first_prefill > 0  # admissions did happen after decoding started
     # rows that outlive others are moved down: every decode step reads slots 0..n-1 (a view)
     decode_slots = [s.slots for s in late_engine.steps if s.kind == "decode"]
@@ -184,15 +223,21 @@ def test_row_output_is_independent_of_batch_and_slot(lm64):
 
 def test_same_seed_same_codes_float32_across_batch_sizes(lm32):
     sampling = SamplingParams(temperature=0.8, top_p=0.8, top_k=30, ras_window=10)
-    reqs = [Request(f"r{i}", prompt_for(lm32, TEXTS[i]).tokens, 10, sampling.with_seed(100 + i), stop_on_eos=False)
-            for i in range(6)]
+    reqs = [
+        Request(f"r{i}", prompt_for(lm32, TEXTS[i]).tokens, 10, sampling.with_seed(100 + i), stop_on_eos=False)
+        for i in range(6)
+    ]
     a = Engine(lm32, EngineConfig(max_rows=6, max_tokens=200)).generate(reqs)
     b = Engine(lm32, EngineConfig(max_rows=2, max_tokens=200)).generate(list(reversed(reqs)))[::-1]
     for x, y in zip(a, b):
         assert np.array_equal(x.codes, y.codes)
     # different seeds give different streams
-    assert not np.array_equal(a[0].codes, Engine(lm32, EngineConfig(max_rows=1, max_tokens=200)).generate(
-        [Request("r0", reqs[0].prompt, 10, sampling.with_seed(7), stop_on_eos=False)])[0].codes)
+    assert not np.array_equal(
+        a[0].codes,
+        Engine(lm32, EngineConfig(max_rows=1, max_tokens=200))
+        .generate([Request("r0", reqs[0].prompt, 10, sampling.with_seed(7), stop_on_eos=False)])[0]
+        .codes,
+    )
 
 
 def test_prefix_reuse_gives_identical_results(lm32):
@@ -202,8 +247,17 @@ def test_prefix_reuse_gives_identical_results(lm32):
     reqs = []
     for i, text in enumerate(TEXTS[:6]):
         p = builder.build(text, ref_text="Same voice.", ref_codes=codes)
-        reqs.append(Request(f"r{i}", p.tokens, 8, sampling.with_seed(i), stop_on_eos=False,
-                            prefix_key="voice-a", prefix_len=p.prefix_len))
+        reqs.append(
+            Request(
+                f"r{i}",
+                p.tokens,
+                8,
+                sampling.with_seed(i),
+                stop_on_eos=False,
+                prefix_key="voice-a",
+                prefix_len=p.prefix_len,
+            )
+        )
     engine = Engine(lm32, EngineConfig(max_rows=2, max_tokens=256, prefill_chunk=16))
     reused = engine.generate(reqs)
     assert engine.prefixes.hits == 5 and engine.prefixes.misses == 1
@@ -214,8 +268,9 @@ def test_prefix_reuse_gives_identical_results(lm32):
         assert np.array_equal(a.codes, b.codes)
     # a key reused for a different prefix is detected, never served stale K/V
     other = builder.build(TEXTS[0], ref_text="Other voice.", ref_codes=codes[:, :5])
-    clash = Request("clash", other.tokens, 8, sampling, stop_on_eos=False, prefix_key="voice-a",
-                    prefix_len=other.prefix_len)
+    clash = Request(
+        "clash", other.tokens, 8, sampling, stop_on_eos=False, prefix_key="voice-a", prefix_len=other.prefix_len
+    )
     got = engine.generate([clash])[0]
     assert got.prefix_reused_tokens == 0
     assert np.array_equal(got.codes, plain.generate([clash])[0].codes)
@@ -233,8 +288,11 @@ def test_kv_memory_matches_formula_and_does_not_grow(lm32):
     reqs = []
     for i in range(1000):
         p = builder.build(f"row {i}", ref_text="v", ref_codes=np.full((4, 2), i % 7))
-        reqs.append(Request(f"r{i}", p.tokens, 1 + i % 3, SamplingParams(seed=i), prefix_key=f"k{i % 7}",
-                            prefix_len=p.prefix_len))
+        reqs.append(
+            Request(
+                f"r{i}", p.tokens, 1 + i % 3, SamplingParams(seed=i), prefix_key=f"k{i % 7}", prefix_len=p.prefix_len
+            )
+        )
     results = engine.generate(reqs)
     assert all(r.ok for r in results) and len(results) == 1000
     assert [layer.k.data_ptr() for layer in engine.cache.slow + engine.cache.fast] == pointers
@@ -251,8 +309,10 @@ def test_cache_refuses_another_model_or_dtype(lm32, lm64):
 
 
 def test_static_shapes_mode_matches_dynamic(lm32):
-    reqs = [Request(f"r{i}", prompt_for(lm32, TEXTS[i]).tokens, 6 + i, SamplingParams(seed=i), stop_on_eos=False)
-            for i in range(5)]
+    reqs = [
+        Request(f"r{i}", prompt_for(lm32, TEXTS[i]).tokens, 6 + i, SamplingParams(seed=i), stop_on_eos=False)
+        for i in range(5)
+    ]
     dyn = Engine(lm32, EngineConfig(max_rows=3, max_tokens=128)).generate(reqs)
     stat = Engine(lm32, EngineConfig(max_rows=3, max_tokens=128, static_shapes=True)).generate(reqs)
     for a, b in zip(dyn, stat):
@@ -285,14 +345,34 @@ def test_bench_cli_reports_every_mode_side_by_side(tmp_path):
     from helpers import run_module
 
     out = tmp_path / "bench.json"
-    proc = run_module("actors.engine", "bench", "--size", "tiny", "--rows", "6", "--max-rows", "3",
-                      "--prompt-len", "8", "--frames", "4", "--references", "2", "--reference-frames", "5",
-                      "--repeats", "3", "--threads", "1", "--json", str(out))
+    proc = run_module(
+        "actors.engine",
+        "bench",
+        "--size",
+        "tiny",
+        "--rows",
+        "6",
+        "--max-rows",
+        "3",
+        "--prompt-len",
+        "8",
+        "--frames",
+        "4",
+        "--references",
+        "2",
+        "--reference-frames",
+        "5",
+        "--repeats",
+        "3",
+        "--threads",
+        "1",
+        "--json",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
     modes = report["modes"]
-    assert [m["mode"] for m in modes] == ["engine max_rows=3", "engine max_rows=3 no-prefix-reuse",
-                                          "engine max_rows=1"]
+    assert [m["mode"] for m in modes] == ["engine max_rows=3", "engine max_rows=3 no-prefix-reuse", "engine max_rows=1"]
     assert report["repeats"] == 3 and report["batched_codes_equal_single"] is True
     for m in modes:
         assert len(m["wall_s_runs"]) == 3

@@ -1,5 +1,6 @@
 """The upstream-made vectors reproduce: slow and fast logits within 1e-4 (float32), greedy
 codes token for token, prompts token for token."""
+
 import json
 
 import numpy as np
@@ -16,8 +17,16 @@ ATOL = 1e-4
 def test_score_cli_reproduces_upstream_logits(name, tmp_path):
     v = vector_set(name)
     out = tmp_path / "score.npz"
-    proc = run_module("actors.engine", "score", "--checkpoint", str(v / "checkpoint"),
-                      "--tokens", str(v / "vectors/score_tokens.npy"), "--out", str(out))
+    proc = run_module(
+        "actors.engine",
+        "score",
+        "--checkpoint",
+        str(v / "checkpoint"),
+        "--tokens",
+        str(v / "vectors/score_tokens.npy"),
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     got = np.load(out)
     slow, fast = np.load(v / "vectors/score_slow_logits.npy"), np.load(v / "vectors/score_fast_logits.npy")
@@ -39,9 +48,20 @@ def test_greedy_codes_reproduce_through_engine_and_cli(name, tmp_path):
     assert np.array_equal(result.codes, expected)
     assert result.stop_reason == ("eos" if meta["stopped_on_eos"] else "budget")
     out = tmp_path / "codes.npy"
-    proc = run_module("actors.engine", "generate", "--checkpoint", str(v / "checkpoint"), "--prompt-tokens",
-                      str(v / "vectors/greedy_prompt.npy"), "--max-frames", "48", "--temperature", "0",
-                      "--out", str(out))
+    proc = run_module(
+        "actors.engine",
+        "generate",
+        "--checkpoint",
+        str(v / "checkpoint"),
+        "--prompt-tokens",
+        str(v / "vectors/greedy_prompt.npy"),
+        "--max-frames",
+        "48",
+        "--temperature",
+        "0",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     assert np.array_equal(np.load(out), expected)
 
@@ -61,7 +81,7 @@ def test_prompt_builder_matches_upstream_prompt(name):
     assert np.array_equal(built.tokens, prompt)
     # the shared prefix ends after the reference (and the S2 user header), before the text
     assert semantic[: built.prefix_len].sum() == meta["ref_frames"]
-    assert not semantic[built.prefix_len:].any()
+    assert not semantic[built.prefix_len :].any()
 
 
 def test_score_in_float64_agrees_with_float32_vectors():

@@ -1,5 +1,6 @@
 """The driver without Ray: config schema, input checks, id screening, output layout and
 resume state, progress, export, and the layering rule (the driver never loads torch)."""
+
 from __future__ import annotations
 
 import csv
@@ -21,8 +22,15 @@ from pipeline import schema as S
 from pipeline.config import compose, to_plain
 from pipeline.export import export
 from pipeline.inputs import InputError, scan_input
-from pipeline.output import (IDENTITY_FILE, REJECTED_PART, TEMP_PREFIX, OutputLayout, OutputMismatch, part_name,
-                             write_block)
+from pipeline.output import (
+    IDENTITY_FILE,
+    REJECTED_PART,
+    TEMP_PREFIX,
+    OutputLayout,
+    OutputMismatch,
+    part_name,
+    write_block,
+)
 from pipeline.plan import ConfigError, run
 from pipeline.progress import Progress
 from tests.helpers import REPO
@@ -37,8 +45,17 @@ def test_defaults_run_the_demo():
     assert 0 < plain["cluster"]["cpus_per_actor"] < 1  # never a whole CPU on the default local run
 
 
-@pytest.mark.parametrize("override", ["model.chekpoint=/x", "cluster.num_actors=two", "engine.max_rows=1.5",
-                                      "output.keep_codes=maybe", "colour=blue", "engine=warp"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "model.chekpoint=/x",
+        "cluster.num_actors=two",
+        "engine.max_rows=1.5",
+        "output.keep_codes=maybe",
+        "colour=blue",
+        "engine=warp",
+    ],
+)
 def test_typos_and_wrong_types_are_rejected(override):
     with pytest.raises((ConfigCompositionException, MissingConfigException)) as info:
         compose([override])
@@ -53,7 +70,8 @@ def test_real_models_need_a_checkpoint_path():
 
 
 def test_hydra_run_dir_follows_the_output(tmp_path):
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         local = hydra_compose("config", [f"output.dir={tmp_path}/out"], return_hydra_config=True)
@@ -124,8 +142,21 @@ def test_unsafe_ids_are_refused(row_id):
 
 
 def test_audio_file_stems_are_safe_and_distinct():
-    ids = ["plain-id_1.v2", "with space", "Ünïcödé", "with space ", "semi;colon", "x" * 250, ".hidden",
-           "trailing.", "CON", "a:b", "a_b", "a?b", "-dash"]
+    ids = [
+        "plain-id_1.v2",
+        "with space",
+        "Ünïcödé",
+        "with space ",
+        "semi;colon",
+        "x" * 250,
+        ".hidden",
+        "trailing.",
+        "CON",
+        "a:b",
+        "a_b",
+        "a?b",
+        "-dash",
+    ]
     stems = [S.audio_file_stem(i) for i in ids]
     assert stems[0] == "plain-id_1.v2" and stems[8] == "CON"
     assert len(set(stems)) == len(stems)
@@ -139,9 +170,17 @@ def ok_row(row_id: str, seconds: float = 0.25, rate: int = 44100) -> dict:
     wave = (0.2 * np.sin(np.arange(int(seconds * rate)) / 7.0)).astype(np.float32)
     buffer = io.BytesIO()
     sf.write(buffer, wave, rate, format="FLAC")
-    return {S.ID: row_id, S.STATUS: S.STATUS_OK, S.AUDIO: {S.AUDIO_BYTES: buffer.getvalue(), S.AUDIO_PATH: None},
-            S.SAMPLE_RATE: rate, S.AUDIO_SECONDS: seconds, S.N_FRAMES: int(seconds * 21.5), S.RUN: "r1",
-            S.ACTOR: "actor-1", S.RTF: 0.5}
+    return {
+        S.ID: row_id,
+        S.STATUS: S.STATUS_OK,
+        S.AUDIO: {S.AUDIO_BYTES: buffer.getvalue(), S.AUDIO_PATH: None},
+        S.SAMPLE_RATE: rate,
+        S.AUDIO_SECONDS: seconds,
+        S.N_FRAMES: int(seconds * 21.5),
+        S.RUN: "r1",
+        S.ACTOR: "actor-1",
+        S.RTF: 0.5,
+    }
 
 
 def test_parts_are_atomic_and_idempotent(tmp_path):
@@ -151,8 +190,9 @@ def test_parts_are_atomic_and_idempotent(tmp_path):
     stats = write_block(table, layout.location).to_pylist()
     write_ms = stats[0].pop("write_ms")
     assert write_ms > 0
-    assert stats == [{"rows": 3, "ok": 2, "errors": 1, "audio_seconds": 0.5, "frames": 10,
-                      "part": part_name(table.column(S.ID))}]
+    assert stats == [
+        {"rows": 3, "ok": 2, "errors": 1, "audio_seconds": 0.5, "frames": 10, "part": part_name(table.column(S.ID))}
+    ]
     write_block(table, layout.location)  # a retried write replaces its own file
     assert [os.path.basename(p) for p in layout.parts()] == [stats[0]["part"]]
     assert not [p for p in os.listdir(layout.data_dir) if p.startswith(TEMP_PREFIX)]
@@ -174,10 +214,12 @@ def test_output_is_bound_to_its_input(tmp_path):
 
 
 def test_settings_that_cannot_work_fail_early(tmp_path):
-    for overrides, message in [(["cluster.num_actors=0"], "num_actors"),
-                               (["output.progress_bar=sometimes"], "progress_bar"),
-                               (["cluster.crash_on_batch=2"], "crash_marker"),
-                               (["model=s1_mini", f"model.checkpoint={tmp_path}"], "no config.json")]:
+    for overrides, message in [
+        (["cluster.num_actors=0"], "num_actors"),
+        (["output.progress_bar=sometimes"], "progress_bar"),
+        (["cluster.crash_on_batch=2"], "crash_marker"),
+        (["model=s1_mini", f"model.checkpoint={tmp_path}"], "no config.json"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             run(compose(overrides + [f"output.dir={tmp_path}/out"]))
 
@@ -196,10 +238,13 @@ def test_export_writes_one_safe_file_per_ok_row(tmp_path):
     layout.ensure()
     ids = ["plain", "Plain", "has space", "ünï"]
     write_block(S.output_table([ok_row(i) for i in ids[:2]]), layout.location)
-    write_block(S.output_table([ok_row(i) for i in ids[2:]] + [S.error_row("broken", "bad text")]),
-                layout.location)
-    layout.write_part(S.output_table([S.error_row(None, "id is null"), S.error_row("dup", "duplicate"),
-                                      S.error_row("dup", "duplicate")]), REJECTED_PART)
+    write_block(S.output_table([ok_row(i) for i in ids[2:]] + [S.error_row("broken", "bad text")]), layout.location)
+    layout.write_part(
+        S.output_table(
+            [S.error_row(None, "id is null"), S.error_row("dup", "duplicate"), S.error_row("dup", "duplicate")]
+        ),
+        REJECTED_PART,
+    )
     report = export(layout.location)
     assert (report.written, report.errors) == (4, 4)
     audio_dir = tmp_path / "out" / "audio"
@@ -216,9 +261,17 @@ def test_export_writes_one_safe_file_per_ok_row(tmp_path):
 
 # ---- layering -------------------------------------------------------------------------
 def test_driver_never_imports_torch():
-    code = ("import sys, pipeline.plan, pipeline.export, pipeline.__main__, actors, actors.synth;"
-            "print('torch' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    code = (
+        "import sys, pipeline.plan, pipeline.export, pipeline.__main__, actors, actors.synth;"
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"

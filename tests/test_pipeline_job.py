@@ -11,6 +11,7 @@ connect by explicit address only use it with RAY_AUTH_MODE=token. So every comma
 gets RAY_AUTH_MODE=token and one fresh RAY_AUTH_TOKEN, and ~/.ray/auth_token is neither
 read nor written.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,15 +45,26 @@ def free_port() -> int:
 
 def node_ports() -> list[str]:
     """Every port a node opens, chosen free: two nodes share this machine."""
-    flags = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-             "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port"]
+    flags = [
+        "--node-manager-port",
+        "--object-manager-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--metrics-export-port",
+        "--runtime-env-agent-port",
+    ]
     return [arg for flag in flags for arg in (flag, str(free_port()))]
 
 
 def start_node(args: list[str], env: dict, log: Path) -> subprocess.Popen:
     with open(log, "w") as out:
-        node = subprocess.Popen([str(VENV_BIN / "ray"), "start", "--block", *args, *node_ports()], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        node = subprocess.Popen(
+            [str(VENV_BIN / "ray"), "start", "--block", *args, *node_ports()],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 120
     while STARTED not in log.read_text():
         assert node.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
@@ -71,18 +83,34 @@ def stop_node(node: subprocess.Popen) -> None:
 
 @pytest.fixture
 def two_node_cluster(tmp_path):
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
-               PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", RAY_USAGE_STATS_ENABLED="0",
-               # the job is over when the nodes stop: no 30 s drain on SIGTERM
-               RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0")
+    env = dict(
+        os.environ,
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(32),
+        PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        RAY_USAGE_STATS_ENABLED="0",
+        # the job is over when the nodes stop: no 30 s drain on SIGTERM
+        RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
+    )
     env.pop("RAY_ADDRESS", None)
     # a short temp dir: Ray's unix socket paths must stay under ~107 characters
     temp_dir = Path("/tmp") / f"chorus-ray-{secrets.token_hex(3)}"
     gcs_port, dashboard_port = free_port(), free_port()
-    head = start_node(["--head", f"--port={gcs_port}", "--num-cpus=1", "--include-dashboard=true",
-                       "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
-                       f"--ray-client-server-port={free_port()}", f"--temp-dir={temp_dir}",
-                       "--disable-usage-stats"], env, tmp_path / "head.log")
+    head = start_node(
+        [
+            "--head",
+            f"--port={gcs_port}",
+            "--num-cpus=1",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard_port}",
+            f"--ray-client-server-port={free_port()}",
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
+        ],
+        env,
+        tmp_path / "head.log",
+    )
     nodes = [head]
     try:
         nodes.append(start_node([f"--address=127.0.0.1:{gcs_port}", "--num-cpus=1"], env, tmp_path / "worker.log"))
@@ -94,8 +122,9 @@ def two_node_cluster(tmp_path):
 
 
 def ray_cli(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(VENV_BIN / "ray"), *args], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(VENV_BIN / "ray"), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def wait_for_job(env: dict, dashboard: str, job_id: str, timeout: float = 240) -> str:
@@ -113,10 +142,26 @@ def test_demo_as_a_ray_job_on_two_nodes(two_node_cluster, tmp_path):
     env, dashboard = two_node_cluster
     out = tmp_path / "job-output"
     job_id = f"chorus-test-{secrets.token_hex(4)}"
-    submit = ray_cli(env, "job", "submit", "--no-wait", f"--address={dashboard}", f"--submission-id={job_id}",
-                     "--working-dir", ".", "--", "python", "-m", "pipeline", f"output.dir={out}",
-                     "cluster.num_actors=2", "cluster.cpus_per_actor=0.6", "cluster.rows_per_block=5",
-                     "engine.max_frames=24", "output.progress_interval_s=2")
+    submit = ray_cli(
+        env,
+        "job",
+        "submit",
+        "--no-wait",
+        f"--address={dashboard}",
+        f"--submission-id={job_id}",
+        "--working-dir",
+        ".",
+        "--",
+        "python",
+        "-m",
+        "pipeline",
+        f"output.dir={out}",
+        "cluster.num_actors=2",
+        "cluster.cpus_per_actor=0.6",
+        "cluster.rows_per_block=5",
+        "engine.max_frames=24",
+        "output.progress_interval_s=2",
+    )
     assert submit.returncode == 0, submit.stdout[-2000:] + submit.stderr[-2000:]
     final = wait_for_job(env, dashboard, job_id)
     logs = ray_cli(env, "job", "logs", f"--address={dashboard}", job_id, timeout=60).stdout

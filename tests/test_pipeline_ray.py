@@ -1,6 +1,7 @@
 """The pipeline end to end on the session's local Ray: the demo, determinism across actor
 counts and block sizes, bad input, an actor killed mid-batch, a driver killed mid-run and
 resumed, and `python -m pipeline` with no arguments on a fresh copy of the repository."""
+
 from __future__ import annotations
 
 import io
@@ -55,8 +56,13 @@ def stopped_before_audio(row: dict) -> bool:
 @pytest.fixture(scope="module")
 def demo_output(ray_cluster, tmp_path_factory, small_settings) -> Path:
     out = tmp_path_factory.mktemp("demo") / "out"
-    synthesize(small_settings, f"output.dir={out}", "engine.stop_on_eos=true", "cluster.num_actors=2",
-               "cluster.rows_per_block=6")
+    synthesize(
+        small_settings,
+        f"output.dir={out}",
+        "engine.stop_on_eos=true",
+        "cluster.num_actors=2",
+        "cluster.rows_per_block=6",
+    )
     return out
 
 
@@ -92,8 +98,13 @@ def test_demo_end_to_end(demo_output, read_rows):
 
 
 def test_same_seed_same_output_across_actors_and_block_sizes(demo_output, tmp_path, small_settings, read_rows):
-    synthesize(small_settings, f"output.dir={tmp_path}/again", "engine.stop_on_eos=true",
-               "cluster.num_actors=1", "cluster.rows_per_block=4")
+    synthesize(
+        small_settings,
+        f"output.dir={tmp_path}/again",
+        "engine.stop_on_eos=true",
+        "cluster.num_actors=1",
+        "cluster.rows_per_block=4",
+    )
     first = {r[S.ID]: r for r in read_rows(demo_output)}
     second = {r[S.ID]: r for r in read_rows(tmp_path / "again")}
     assert first.keys() == second.keys()
@@ -107,15 +118,25 @@ def test_same_seed_same_output_across_actors_and_block_sizes(demo_output, tmp_pa
 
 def test_rerun_resumes_instead_of_repeating(demo_output, small_settings, read_rows):
     before = read_rows(demo_output)
-    report = synthesize(small_settings, f"output.dir={demo_output}", "engine.stop_on_eos=true",
-                        "cluster.num_actors=2", "cluster.rows_per_block=6")
+    report = synthesize(
+        small_settings,
+        f"output.dir={demo_output}",
+        "engine.stop_on_eos=true",
+        "cluster.num_actors=2",
+        "cluster.rows_per_block=6",
+    )
     assert report.summary["run_rows"] == 0 and report.summary["rows_total"] == DEMO_ROWS
     assert sorted(r[S.ID] for r in read_rows(demo_output)) == sorted(r[S.ID] for r in before)
 
 
 def test_bad_input_end_to_end(ray_cluster, bad_table, tmp_path, small_settings, read_rows):
-    synthesize(small_settings, f"data.path={bad_table.path}", f"output.dir={tmp_path}/out",
-               "engine.max_tokens=512", "cluster.rows_per_block=5")
+    synthesize(
+        small_settings,
+        f"data.path={bad_table.path}",
+        f"output.dir={tmp_path}/out",
+        "engine.max_tokens=512",
+        "cluster.rows_per_block=5",
+    )
     rows = read_rows(tmp_path / "out")
     assert len(rows) == bad_table.table.num_rows  # every input row answered, duplicates included
     by_id = {}
@@ -133,8 +154,13 @@ def test_bad_input_end_to_end(ray_cluster, bad_table, tmp_path, small_settings, 
 
 def test_actor_killed_mid_batch(ray_cluster, tmp_path, small_settings, read_rows):
     marker = tmp_path / "crashed"
-    synthesize(small_settings, f"output.dir={tmp_path}/out", "cluster.rows_per_block=4",
-               "cluster.crash_on_batch=2", f"cluster.crash_marker={marker}")
+    synthesize(
+        small_settings,
+        f"output.dir={tmp_path}/out",
+        "cluster.rows_per_block=4",
+        "cluster.crash_on_batch=2",
+        f"cluster.crash_marker={marker}",
+    )
     assert marker.exists()  # the actor did die on its second batch
     rows = read_rows(tmp_path / "out")
     assert_each_once(rows, DEMO_IDS)
@@ -145,13 +171,18 @@ def test_actor_killed_mid_batch(ray_cluster, tmp_path, small_settings, read_rows
 def test_driver_killed_then_resumed(ray_cluster, driver_env, demo_table, tmp_path, small_settings, read_rows):
     # a larger input so that the kill lands mid-run: the demo three times over
     ids = [f"{i}-copy{k}" for k in range(3) for i in DEMO_IDS]
-    copies = [demo_table.set_column(0, S.ID, pa.array(ids[k * DEMO_ROWS:(k + 1) * DEMO_ROWS])) for k in range(3)]
+    copies = [demo_table.set_column(0, S.ID, pa.array(ids[k * DEMO_ROWS : (k + 1) * DEMO_ROWS])) for k in range(3)]
     source = tmp_path / "big.parquet"
     pq.write_table(pa.concat_tables(copies), source)
     out = tmp_path / "out"
     args = [*small_settings, f"data.path={source}", f"output.dir={out}", "cluster.rows_per_block=3"]
-    driver = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=REPO, env=driver_env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args],
+        cwd=REPO,
+        env=driver_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     layout = OutputLayout(str(out))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(layout.parts() if (out / "data").exists() else []) < 3:
@@ -176,8 +207,9 @@ def test_no_arguments_runs_the_demo(driver_env, tmp_path):
         shutil.copytree(REPO / part, clone / part, ignore=shutil.ignore_patterns("__pycache__"))
     env = dict(driver_env, CHORUS_CACHE=str(tmp_path / "cache"))  # a fresh machine: no demo built yet
     env.pop("PYTHONPATH")
-    result = subprocess.run([sys.executable, "-m", "pipeline"], cwd=clone, env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline"], cwd=clone, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = clone / "outputs" / "demo"
     assert f"output written to {out}" in result.stdout

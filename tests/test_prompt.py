@@ -1,5 +1,6 @@
 """Prompt building beyond the upstream vectors: formats without a reference, several
 references, speaker turns, and the text checks."""
+
 import re
 
 import numpy as np
@@ -38,8 +39,10 @@ def test_no_reference_formats(builder):
     text = decode_text(lm, p.tokens)
     assert not p.tokens[1:].any()  # no reference codes anywhere
     if lm.config.family == "s2":
-        assert text == ("<|im_start|>system\nconvert the provided text to speech<|im_end|>\n"
-                        "<|im_start|>user\nHello world.<|im_end|>\n<|im_start|>assistant\n<|voice|>")
+        assert text == (
+            "<|im_start|>system\nconvert the provided text to speech<|im_end|>\n"
+            "<|im_start|>user\nHello world.<|im_end|>\n<|im_start|>assistant\n<|voice|>"
+        )
         assert decode_text(lm, p.tokens[:, : p.prefix_len]).endswith("<|im_start|>user\n")
     else:
         assert text == "<|interleave|><|speaker:0|>Hello world."
@@ -50,34 +53,46 @@ def test_multiple_references(builder):
     b, lm = builder
     c = lm.config
     rng = np.random.default_rng(0)
-    refs = [Reference("First voice.", rng.integers(0, c.codebook_size, (c.num_codebooks, 3))),
-            Reference("<|speaker:7|>Second.", rng.integers(0, c.codebook_size, (c.num_codebooks, 2)))]
+    refs = [
+        Reference("First voice.", rng.integers(0, c.codebook_size, (c.num_codebooks, 3))),
+        Reference("<|speaker:7|>Second.", rng.integers(0, c.codebook_size, (c.num_codebooks, 2))),
+    ]
     p = b.build("Go.", references=refs)
     semantic = (p.tokens[0] >= c.semantic_begin_id) & (p.tokens[0] <= c.semantic_end_id)
     assert semantic.sum() == 5 and np.array_equal(p.tokens[1:, semantic], np.concatenate([r.codes for r in refs], 1))
     assert np.array_equal(p.tokens[0, semantic] - c.semantic_begin_id, p.tokens[1, semantic])
     text = decode_text(lm, p.tokens)
     if c.family == "s2":  # tagged per index unless already tagged, joined by newlines, codes together
-        assert "Text:\n<|speaker:0|>First voice.\n<|speaker:7|>Second.\n\nSpeech:\n<sem><sem><sem><sem><sem><|im_end|>" in text
+        assert (
+            "Text:\n<|speaker:0|>First voice.\n<|speaker:7|>Second.\n\nSpeech:\n<sem><sem><sem><sem><sem><|im_end|>"
+            in text
+        )
     else:  # each reference its own speaker turn ending in <|im_end|>
-        assert text.startswith("<|interleave|><|speaker:0|>First voice.<sem><sem><sem><|im_end|>"
-                               "<|speaker:0|><|speaker:7|>Second.<sem><sem><|im_end|><|speaker:0|>Go.")
+        assert text.startswith(
+            "<|interleave|><|speaker:0|>First voice.<sem><sem><sem><|im_end|>"
+            "<|speaker:0|><|speaker:7|>Second.<sem><sem><|im_end|><|speaker:0|>Go."
+        )
 
 
 def test_speaker_turns_are_split_stripped_and_joined():
-    assert split_speaker_turns("<|speaker:0|> Hi there.  <|speaker:1|>Yo ") == "<|speaker:0|> Hi there.\n<|speaker:1|>Yo"
+    assert (
+        split_speaker_turns("<|speaker:0|> Hi there.  <|speaker:1|>Yo ") == "<|speaker:0|> Hi there.\n<|speaker:1|>Yo"
+    )
     assert split_speaker_turns("  plain text  ") == "  plain text  "
 
 
-@pytest.mark.parametrize("text, message", [
-    ("bell\x07here", "control character U+0007 at position 4"),
-    ("nul\x00", "control character U+0000"),
-    ("c1\x85x", "control character U+0085"),
-    (b"\xff\xfe bad", "not valid UTF-8"),
-    ("lone \ud800 surrogate", "unpaired surrogate"),
-    ("   ", "text is empty"),
-    (42, "must be a string"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("bell\x07here", "control character U+0007 at position 4"),
+        ("nul\x00", "control character U+0000"),
+        ("c1\x85x", "control character U+0085"),
+        (b"\xff\xfe bad", "not valid UTF-8"),
+        ("lone \ud800 surrogate", "unpaired surrogate"),
+        ("   ", "text is empty"),
+        (42, "must be a string"),
+    ],
+)
 def test_bad_text_is_rejected_with_a_clear_message(builder, text, message):
     b, _ = builder
     with pytest.raises(PromptError, match=re.escape(message)):

@@ -6,6 +6,7 @@ URIs that decode to the right durations, escaping of user data), on degenerate r
 (empty, all errors, audio by path, no finish times), through the CLI without torch, and in
 a real headless Chromium (no console errors, every audio element loads and plays, a
 screenshot kept under artifacts/)."""
+
 from __future__ import annotations
 
 import base64
@@ -28,8 +29,8 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from pipeline.report import write_report
 from helpers import REPO
+from pipeline.report import write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 SR = 24000
@@ -48,24 +49,43 @@ def flac_tone(seconds: float, freq: float = 440.0) -> bytes:
     return buf.getvalue()
 
 
-def make_rows(n: int = 30, *, n_err: int = 4, audio_as: str = "bytes", finished_at: bool = True,
-              out: Path | None = None) -> list[dict]:
+def make_rows(
+    n: int = 30, *, n_err: int = 4, audio_as: str = "bytes", finished_at: bool = True, out: Path | None = None
+) -> list[dict]:
     """Rows shaped like DESIGN.md §4 output. Row 0 is ok and has a hostile id and text; the
     last n_err rows are errors (three share one message, one is hostile)."""
     rows = []
     t0 = 1_700_000_000.0
     for i in range(n):
         rid = EVIL_ID if i == 0 else f"row-{i:03d}"
-        row = {"id": rid, "text": EVIL_TEXT if i == 0 else f"Sentence number {i}.",
-               "sample_rate": SR, "actor": f"actor-{i % 2}", "node": "node-a", "device": "cpu",
-               "model": "tiny-s2", "seed": i, "queue_ms": 5.0 + i, "prefill_ms": 20.0 + i,
-               "decode_ms": 300.0 + 10 * i, "codec_ms": 40.0}
+        row = {
+            "id": rid,
+            "text": EVIL_TEXT if i == 0 else f"Sentence number {i}.",
+            "sample_rate": SR,
+            "actor": f"actor-{i % 2}",
+            "node": "node-a",
+            "device": "cpu",
+            "model": "tiny-s2",
+            "seed": i,
+            "queue_ms": 5.0 + i,
+            "prefill_ms": 20.0 + i,
+            "decode_ms": 300.0 + 10 * i,
+            "codec_ms": 40.0,
+        }
         if finished_at:
             row["finished_at"] = t0 + 0.35 * i
         if i >= n - n_err:
             msg = EVIL_ERROR if i == n - 1 else COMMON_ERROR
-            row.update(status="error", error=msg, stop_reason="error", audio=None, n_frames=None,
-                       audio_seconds=None, total_ms=12.0, rtf=None)
+            row.update(
+                status="error",
+                error=msg,
+                stop_reason="error",
+                audio=None,
+                n_frames=None,
+                audio_seconds=None,
+                total_ms=12.0,
+                rtf=None,
+            )
         else:
             seconds = 0.5 + 0.25 * (i % 5)
             data = flac_tone(seconds, 220.0 + 20 * i)
@@ -77,9 +97,16 @@ def make_rows(n: int = 30, *, n_err: int = 4, audio_as: str = "bytes", finished_
                 (out / rel).write_bytes(data)
                 audio = {"bytes": None, "path": rel}
             total = row["queue_ms"] + row["prefill_ms"] + row["decode_ms"] + row["codec_ms"]
-            row.update(status="ok", error=None, stop_reason="budget" if i % 7 == 3 else "eos",
-                       audio=audio, n_frames=int(seconds * 21.53), audio_seconds=seconds,
-                       total_ms=total, rtf=total / 1000 / seconds)
+            row.update(
+                status="ok",
+                error=None,
+                stop_reason="budget" if i % 7 == 3 else "eos",
+                audio=audio,
+                n_frames=int(seconds * 21.53),
+                audio_seconds=seconds,
+                total_ms=total,
+                rtf=total / 1000 / seconds,
+            )
         rows.append(row)
     return rows
 
@@ -91,8 +118,7 @@ def write_run(out: Path, rows: list[dict], *, summary: dict | None = None, split
         part = [rows[i] for i in idx]
         table = pa.Table.from_pylist(part) if part else pa.table({"id": pa.array([], pa.string())})
         if "audio" in table.column_names:
-            table = table.set_column(table.column_names.index("audio"), "audio",
-                                     table.column("audio").cast(AUDIO_TYPE))
+            table = table.set_column(table.column_names.index("audio"), "audio", table.column("audio").cast(AUDIO_TYPE))
         # the second file sits one folder down: the report globs everything below data/
         sub = out / "data" / ("part-1" if k else "")
         pq.write_table(table, sub / f"{k:05d}.parquet", row_group_size=4)
@@ -101,9 +127,17 @@ def write_run(out: Path, rows: list[dict], *, summary: dict | None = None, split
     return out
 
 
-SUMMARY = {"rows_ok": 26, "rows_error": 4, "audio_hours": 0.0086, "wall_s": 11.5, "rows_per_s": 2.6,
-           "frames_per_s": 58.1, "rtf": 0.37, "model": "tiny-s2",
-           "per_actor": {"actor-0": {"rows": 15, "audio_s": 16.0}, "actor-1": {"rows": 15, "audio_s": 15.0}}}
+SUMMARY = {
+    "rows_ok": 26,
+    "rows_error": 4,
+    "audio_hours": 0.0086,
+    "wall_s": 11.5,
+    "rows_per_s": 2.6,
+    "frames_per_s": 58.1,
+    "rtf": 0.37,
+    "model": "tiny-s2",
+    "per_actor": {"actor-0": {"rows": 15, "audio_s": 16.0}, "actor-1": {"rows": 15, "audio_s": 15.0}},
+}
 BENCH = {"name": "slots sweep", "configs": [{"slots": 4, "rows_per_s": 1.5}, {"slots": 8, "rows_per_s": 2.7}]}
 
 
@@ -114,7 +148,7 @@ class Page(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.tags: dict[str, int] = {}
-        self.audio: list[tuple[str, str]] = []   # (row id, src)
+        self.audio: list[tuple[str, str]] = []  # (row id, src)
         self.rows: list[list[str]] = []
         self.srcs: list[str] = []
         self.text: list[str] = []
@@ -228,6 +262,7 @@ def test_report_is_rewritten_atomically(run_dir, report, monkeypatch):
 
     def boom(*a, **k):
         raise OSError("disk full")
+
     monkeypatch.setattr(rep.os, "replace", boom)
     with pytest.raises(OSError, match="disk full"):
         write_report(str(run_dir))
@@ -275,19 +310,33 @@ def test_cli_without_torch(run_dir, tmp_path):
     (out / "report.html").unlink()
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps(BENCH))
-    code = ("import runpy, sys; sys.argv = ['pipeline.report', sys.argv[1], '--title', 'cli run', '--bench', "
-            "sys.argv[2]]\ntry:\n    runpy.run_module('pipeline.report', run_name='__main__')\n"
-            "except SystemExit as e:\n    assert not e.code, e.code\n"
-            "assert 'torch' not in sys.modules, 'pipeline.report imported torch'\n")
+    code = (
+        "import runpy, sys; sys.argv = ['pipeline.report', sys.argv[1], '--title', 'cli run', '--bench', "
+        "sys.argv[2]]\ntry:\n    runpy.run_module('pipeline.report', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "assert 'torch' not in sys.modules, 'pipeline.report imported torch'\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-c", code, str(out), str(bench)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(out), str(bench)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(out / "report.html")
     assert "cli run" in (out / "report.html").read_text(encoding="utf-8")
     # a missing directory is a usage error, not a traceback
-    proc = subprocess.run([sys.executable, "-m", "pipeline.report", str(tmp_path / "nope")], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.report", str(tmp_path / "nope")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
@@ -326,11 +375,25 @@ console.error("%(canary)s");
 
 
 def chromium(args: list[str], profile: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-           "--disable-quic", "--no-first-run", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--mute-audio",
-           "--autoplay-policy=no-user-gesture-required", f"--user-data-dir={profile}",
-           "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *args]
+    cmd = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--mute-audio",
+        "--autoplay-policy=no-user-gesture-required",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -338,15 +401,18 @@ def console_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium not installed at /usr/bin/chromium "
-                    "(apt-get install -y chromium chromium-driver)")
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="headless Chromium not installed at /usr/bin/chromium (apt-get install -y chromium chromium-driver)",
+)
 def test_report_in_chromium(report, tmp_path):
     rows = {r["id"]: r for r in make_rows()}
 
     # 1. the page as written: renders with no console output at all, and a screenshot is kept
     shot = tmp_path / "report-screenshot.png"
-    proc = chromium([f"--screenshot={shot}", "--window-size=1280,2000", Path(report).as_uri()],
-                    tmp_path / "profile-shot")
+    proc = chromium(
+        [f"--screenshot={shot}", "--window-size=1280,2000", Path(report).as_uri()], tmp_path / "profile-shot"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert console_lines(proc.stderr) == []
     assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,12 +1,13 @@
 """Sampling rules against hand-computed distributions."""
+
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from actors.engine.decoding import Candidates, RowDecoder, pick_main
 from actors.engine.config import parse_config, with_semantic_ids
+from actors.engine.decoding import Candidates, RowDecoder, pick_main
 from actors.engine.sampling import RowSampling, apply_repetition_penalty, draw, filtered_probs, sample
 from actors.engine.types import SamplingParams, upstream_sampling
 
@@ -102,8 +103,19 @@ def test_repetition_penalty_hand_computed():
 
 
 def _candidates():
-    cfg = parse_config({"model_type": "dual_ar", "vocab_size": 300, "n_layer": 1, "n_head": 2, "dim": 8,
-                        "head_dim": 4, "codebook_size": 3, "num_codebooks": 2}, "test")
+    cfg = parse_config(
+        {
+            "model_type": "dual_ar",
+            "vocab_size": 300,
+            "n_layer": 1,
+            "n_head": 2,
+            "dim": 8,
+            "head_dim": 4,
+            "codebook_size": 3,
+            "num_codebooks": 2,
+        },
+        "test",
+    )
     cfg = with_semantic_ids(cfg, 280, 282, "test")
     return Candidates(cfg, im_end_id=261, device="cpu")
 

@@ -1,6 +1,7 @@
 """SynthActor called directly on pyarrow tables, without Ray: one output row per input row,
 audio that decodes to what the metadata says, clear per-row errors for every kind of bad
 row, results that do not depend on batching, and the per-actor reference cache."""
+
 from __future__ import annotations
 
 import io
@@ -11,7 +12,7 @@ import pyarrow.compute as pc
 import pytest
 import soundfile as sf
 
-from actors.synth import SynthActor, _LRU, row_seed
+from actors.synth import _LRU, SynthActor, row_seed
 from pipeline import schema as S
 from pipeline.config import compose, to_plain
 from pipeline.plan import actor_arguments
@@ -70,8 +71,7 @@ def test_bad_rows_come_back_as_errors(actor, bad_table):
     keep = [i for i, row_id in enumerate(bad_table.table.column(S.ID).to_pylist()) if row_id not in rejected]
     batch = bad_table.table.take(keep)
     # a null id still gets its row back (the driver normally answers it before the actor)
-    batch = pa.concat_tables([batch, bad_table.table.filter(
-        pc.is_null(bad_table.table.column(S.ID)))])
+    batch = pa.concat_tables([batch, bad_table.table.filter(pc.is_null(bad_table.table.column(S.ID)))])
     out = actor(batch)
     assert out.num_rows == batch.num_rows
     rows = by_id(out.filter(pc.is_valid(out.column(S.ID))))
@@ -103,7 +103,9 @@ def test_rows_do_not_depend_on_batching(actor, demo_table):
 def test_references_are_encoded_once_per_actor(actor, demo_table, monkeypatch):
     encoded = []
     real = actor.codec.encode_batch
-    monkeypatch.setattr(actor.codec, "encode_batch", lambda waves, **kw: encoded.append(len(waves)) or real(waves, **kw))
+    monkeypatch.setattr(
+        actor.codec, "encode_batch", lambda waves, **kw: encoded.append(len(waves)) or real(waves, **kw)
+    )
     actor.references = _LRU(8)
     table = demo_table.slice(0, 10)
     first = by_id(actor(table))

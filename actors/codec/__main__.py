@@ -71,7 +71,9 @@ def _make_tiny(args: argparse.Namespace) -> int:
     from .tiny import make_tiny
 
     path = make_tiny(
-        args.out, seed=args.seed, semantic_codebook_size=args.semantic_codebook_size,
+        args.out,
+        seed=args.seed,
+        semantic_codebook_size=args.semantic_codebook_size,
         codebook_size=args.codebook_size,
     )
     print(path)
@@ -82,8 +84,13 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench import format_table, run_bench
 
     result = run_bench(
-        size=args.size, seconds=args.seconds, repeats=args.repeats, big_batch=args.batch,
-        big_batch_repeats=args.batch_repeats, threads=args.threads, dtype=args.dtype,
+        size=args.size,
+        seconds=args.seconds,
+        repeats=args.repeats,
+        big_batch=args.batch,
+        big_batch_repeats=args.batch_repeats,
+        threads=args.threads,
+        dtype=args.dtype,
     )
     print(format_table(result))
     if args.json:
@@ -121,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--batch", type=int, default=16, help="the larger decode batch")
     bench.add_argument("--batch-repeats", type=int, default=1)
     bench.add_argument("--threads", type=int, default=None)
-    bench.add_argument("--dtype", type=_dtype, default=torch.float32,
-                       help="bfloat16 is ~2x faster on CPUs with bf16 units, ~1.5%% error")
+    bench.add_argument(
+        "--dtype",
+        type=_dtype,
+        default=torch.float32,
+        help="bfloat16 is ~2x faster on CPUs with bf16 units, ~1.5%% error",
+    )
     bench.add_argument("--json", type=Path, default=None)
     bench.set_defaults(run=_bench)
 

@@ -11,8 +11,9 @@ import os
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -90,8 +91,7 @@ def run_bench(
     build_start = time.perf_counter()
     codec = random_codec(bench_config(size), seed=0, dtype=dtype)
     build_s = time.perf_counter() - build_start
-    log(f"built {size} codec with random weights in {build_s:.1f} s "
-        f"(peak RSS {peak_rss_gib():.2f} GiB)")
+    log(f"built {size} codec with random weights in {build_s:.1f} s (peak RSS {peak_rss_gib():.2f} GiB)")
     frames = math.ceil(seconds * codec.sample_rate / codec.frame_length)
     clip_seconds = frames * codec.frame_length / codec.sample_rate
     rows: list[BenchRow] = []
@@ -102,8 +102,10 @@ def run_bench(
         row = BenchRow(operation, batch, clip_seconds * batch, min(walls), statistics.median(walls), count)
         rows.append(row)
         rss[f"{operation}_b{batch}"] = peak_rss_gib()
-        log(f"  {operation} batch {batch}: best {row.best_wall_s:.3f} s "
-            f"({row.best_speed:.3f} s audio / s), peak RSS {peak_rss_gib():.2f} GiB")
+        log(
+            f"  {operation} batch {batch}: best {row.best_wall_s:.3f} s "
+            f"({row.best_speed:.3f} s audio / s), peak RSS {peak_rss_gib():.2f} GiB"
+        )
 
     codes_one = random_codes(codec, 1, frames, seed=1)
     codec.decode(codes_one)  # warm-up: allocator, oneDNN kernel selection

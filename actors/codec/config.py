@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 CONFIG_FILE_NAME = "config.json"
 
@@ -65,9 +66,7 @@ class TransformerConfig:
         if self.head_dim % 2:
             raise CodecConfigError(f"{where}: RoPE needs an even head_dim, got {self.head_dim}")
         if self.n_head % self.kv_heads:
-            raise CodecConfigError(
-                f"{where}: n_head {self.n_head} is not a multiple of n_local_heads {self.kv_heads}"
-            )
+            raise CodecConfigError(f"{where}: n_head {self.n_head} is not a multiple of n_local_heads {self.kv_heads}")
         if self.window_size is not None and self.window_size < 1:
             raise CodecConfigError(f"{where}: window_size must be >= 1, got {self.window_size}")
 
@@ -123,12 +122,8 @@ class CodecConfig:
     semantic_codebook_size: int = 4096
     downsample_factor: tuple[int, ...] = (2, 2)
     downsample_dims: Optional[tuple[int, ...]] = None
-    pre_module: Optional[TransformerConfig] = field(
-        default_factory=lambda: _real_quantizer_transformer()
-    )
-    post_module: Optional[TransformerConfig] = field(
-        default_factory=lambda: _real_quantizer_transformer()
-    )
+    pre_module: Optional[TransformerConfig] = field(default_factory=lambda: _real_quantizer_transformer())
+    post_module: Optional[TransformerConfig] = field(default_factory=lambda: _real_quantizer_transformer())
 
     # ---- derived sizes -------------------------------------------------
     @property
@@ -177,7 +172,7 @@ class CodecConfig:
             window_size=ENCODER_TRANSFORMER_WINDOW,
         )
 
-    def validate(self) -> "CodecConfig":
+    def validate(self) -> CodecConfig:
         if len(self.encoder_rates) != len(self.encoder_transformer_layers):
             raise CodecConfigError(
                 "encoder_rates and encoder_transformer_layers must have the same length, got "
@@ -193,21 +188,15 @@ class CodecConfig:
                 "upstream fixes frame_length = hop_length * 4; downsample_factor "
                 f"{list(self.downsample_factor)} has product {math.prod(self.downsample_factor)}"
             )
-        if self.downsample_dims is not None and len(self.downsample_dims) != len(
-            self.downsample_factor
-        ):
+        if self.downsample_dims is not None and len(self.downsample_dims) != len(self.downsample_factor):
             raise CodecConfigError("downsample_dims must have one entry per downsample_factor")
         if self.decoder_dim % 2 ** len(self.decoder_rates):
-            raise CodecConfigError(
-                f"decoder_dim {self.decoder_dim} must be divisible by 2**{len(self.decoder_rates)}"
-            )
+            raise CodecConfigError(f"decoder_dim {self.decoder_dim} must be divisible by 2**{len(self.decoder_rates)}")
         for stage in range(len(self.encoder_rates)):
             block = self.encoder_transformer(stage)
             if block is not None:
                 if block.n_head == 0:
-                    raise CodecConfigError(
-                        f"encoder stage {stage} has width {block.dim} < 64: no room for a head"
-                    )
+                    raise CodecConfigError(f"encoder stage {stage} has width {block.dim} < 64: no room for a head")
                 block.validate(f"encoder transformer {stage}")
         bottleneck = self.quantizer_dims[-1]
         for name, module in (("pre_module", self.pre_module), ("post_module", self.post_module)):
@@ -223,7 +212,7 @@ class CodecConfig:
 
     # ---- Hydra layout --------------------------------------------------
     @classmethod
-    def from_hydra(cls, tree: Mapping[str, Any]) -> "CodecConfig":
+    def from_hydra(cls, tree: Mapping[str, Any]) -> CodecConfig:
         """Parse the upstream DAC constructor tree (as in modded_dac_vq.yaml)."""
         if not isinstance(tree, Mapping):
             raise CodecConfigError(f"codec config must be a mapping, got {type(tree).__name__}")
@@ -247,9 +236,7 @@ class CodecConfig:
         )
         # Upstream's DAC defaults to no transformers when the keys are absent.
         n_stages = len(values["encoder_rates"])
-        values["encoder_transformer_layers"] = _int_tuple(
-            tree.get("encoder_transformer_layers", (0,) * n_stages)
-        )
+        values["encoder_transformer_layers"] = _int_tuple(tree.get("encoder_transformer_layers", (0,) * n_stages))
         values["decoder_transformer_layers"] = _int_tuple(
             tree.get("decoder_transformer_layers", (0,) * len(values["decoder_rates"]))
         )
@@ -257,9 +244,7 @@ class CodecConfig:
         if quantizer:
             input_dim = int(quantizer.get("input_dim", 1024))
             if input_dim != latent:
-                raise CodecConfigError(
-                    f"quantizer.input_dim {input_dim} != encoder latent width {latent}"
-                )
+                raise CodecConfigError(f"quantizer.input_dim {input_dim} != encoder latent width {latent}")
             values.update(
                 n_codebooks=int(quantizer.get("n_codebooks", 9)),
                 codebook_size=int(quantizer.get("codebook_size", 1024)),
@@ -267,9 +252,7 @@ class CodecConfig:
                 semantic_codebook_size=int(quantizer.get("semantic_codebook_size", 4096)),
                 downsample_factor=_int_tuple(quantizer.get("downsample_factor", (2, 2))),
                 downsample_dims=(
-                    None
-                    if quantizer.get("downsample_dims") is None
-                    else _int_tuple(quantizer["downsample_dims"])
+                    None if quantizer.get("downsample_dims") is None else _int_tuple(quantizer["downsample_dims"])
                 ),
                 pre_module=_parse_window_transformer(quantizer.get("pre_module"), "pre_module"),
                 post_module=_parse_window_transformer(quantizer.get("post_module"), "post_module"),
@@ -326,7 +309,7 @@ class CodecConfig:
         return tree
 
     @classmethod
-    def from_json_file(cls, path: str | Path) -> "CodecConfig":
+    def from_json_file(cls, path: str | Path) -> CodecConfig:
         path = Path(path)
         try:
             tree = json.loads(path.read_text())
@@ -338,15 +321,20 @@ class CodecConfig:
             raise CodecConfigError(f"{path}: {exc}") from exc
 
     @classmethod
-    def real(cls) -> "CodecConfig":
+    def real(cls) -> CodecConfig:
         """The codec shipped with OpenAudio S1 and S2-Pro (modded_dac_vq.yaml)."""
         return cls().validate()
 
     @classmethod
-    def tiny(cls, semantic_codebook_size: int = 256, codebook_size: int = 128) -> "CodecConfig":
+    def tiny(cls, semantic_codebook_size: int = 256, codebook_size: int = 128) -> CodecConfig:
         """Same module types as the real codec at test-vector size (codec-tiny)."""
         quantizer_transformer = TransformerConfig(
-            n_layer=2, n_head=4, dim=64, intermediate_size=192, head_dim=16, window_size=8,
+            n_layer=2,
+            n_head=4,
+            dim=64,
+            intermediate_size=192,
+            head_dim=16,
+            window_size=8,
             input_dim=64,
         )
         return cls(
@@ -359,13 +347,18 @@ class CodecConfig:
             post_module=quantizer_transformer,
         ).validate()
 
-    def with_codebook_sizes(self, semantic: int, residual: int) -> "CodecConfig":
+    def with_codebook_sizes(self, semantic: int, residual: int) -> CodecConfig:
         return replace(self, semantic_codebook_size=semantic, codebook_size=residual).validate()
 
 
 def _real_quantizer_transformer() -> TransformerConfig:
     return TransformerConfig(
-        n_layer=8, n_head=16, dim=1024, intermediate_size=3072, head_dim=64, window_size=128,
+        n_layer=8,
+        n_head=16,
+        dim=1024,
+        intermediate_size=3072,
+        head_dim=64,
+        window_size=128,
         input_dim=1024,
     )
 

@@ -58,9 +58,7 @@ class CausalConv1d(nn.Module):
         weight_norm: str = WEIGHT_NORM_PARAMETRIZED,
     ):
         super().__init__()
-        self.conv = nn.Conv1d(
-            in_channels, out_channels, kernel_size, stride=stride, dilation=dilation, groups=groups
-        )
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, stride=stride, dilation=dilation, groups=groups)
         self.conv.weight_norm_storage = weight_norm
         self.stride = stride
         self.left_padding = (kernel_size - 1) * dilation + 1 - stride

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional, Union
+from typing import Optional, Union
 
 import torch
 
@@ -80,13 +81,11 @@ def unwrap_state_dict(raw: object, source: str) -> dict[str, torch.Tensor]:
     state = {str(k): v for k, v in raw.items() if isinstance(v, torch.Tensor)}
     if any(k.startswith("generator.") for k in state):
         # A training checkpoint: keep the generator, drop discriminators etc.
-        state = {k[len("generator."):]: v for k, v in state.items() if k.startswith("generator.")}
+        state = {k[len("generator.") :]: v for k, v in state.items() if k.startswith("generator.")}
     return state
 
 
-def fold_state_dict(
-    state: Mapping[str, torch.Tensor], codec: Codec, source: str
-) -> dict[str, torch.Tensor]:
+def fold_state_dict(state: Mapping[str, torch.Tensor], codec: Codec, source: str) -> dict[str, torch.Tensor]:
     """Map checkpoint tensors onto the codec's keys, folding weight norm
     (W = g * v / ||v||, norm over all dims but 0) into plain weights.
 
@@ -106,9 +105,7 @@ def fold_state_dict(
 
     def check(key: str, tensor: torch.Tensor, shape: tuple) -> bool:
         if tuple(tensor.shape) != shape:
-            mismatched.append(
-                f"{key}: checkpoint shape {tuple(tensor.shape)}, expected {shape}"
-            )
+            mismatched.append(f"{key}: checkpoint shape {tuple(tensor.shape)}, expected {shape}")
             return False
         return True
 
@@ -152,7 +149,8 @@ def fold_state_dict(
     problems = []
     if missing:
         problems.append(
-            f"{len(missing)} missing tensor(s): " + "; ".join(missing[:_MAX_LISTED_KEYS])
+            f"{len(missing)} missing tensor(s): "
+            + "; ".join(missing[:_MAX_LISTED_KEYS])
             + (" ..." if len(missing) > _MAX_LISTED_KEYS else "")
         )
     if mismatched:

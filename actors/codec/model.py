@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -63,9 +64,7 @@ class Codec(nn.Module):
 
     # ---- tensor API (upstream semantics) --------------------------------
     @torch.inference_mode()
-    def encode(
-        self, audio: torch.Tensor, lengths: Optional[torch.Tensor] = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, audio: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """audio [B, 1, T] (or [B, T]) -> (codes [B, C, F] int64, frame_lengths [B]).
 
         The input is right-padded with zeros to F = ceil(T / frame_length)
@@ -103,14 +102,12 @@ class Codec(nn.Module):
         the caller's tensor is left untouched.
         """
         if codes.dim() != 3 or codes.shape[1] != self.num_codebooks:
-            raise ValueError(
-                f"decode expects codes [B, {self.num_codebooks}, F], got {tuple(codes.shape)}"
-            )
+            raise ValueError(f"decode expects codes [B, {self.num_codebooks}, F], got {tuple(codes.shape)}")
         if codes.dtype.is_floating_point or codes.dtype == torch.bool:
             raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
-        limits = torch.tensor(
-            [size - 1 for size in self.codebook_sizes], dtype=torch.long, device=self.device
-        ).view(1, -1, 1)
+        limits = torch.tensor([size - 1 for size in self.codebook_sizes], dtype=torch.long, device=self.device).view(
+            1, -1, 1
+        )
         safe = torch.minimum(codes.to(device=self.device, dtype=torch.long).clamp(min=0), limits)
         if safe.shape[-1] == 0:
             return torch.zeros(codes.shape[0], 1, 0, dtype=self.dtype, device=self.device)
@@ -168,9 +165,7 @@ class Codec(nn.Module):
         for index, row_codes in enumerate(codes):
             array = np.asarray(row_codes)
             if array.ndim != 2 or array.shape[0] != self.num_codebooks:
-                raise ValueError(
-                    f"codes {index} must have shape [{self.num_codebooks}, frames], got {array.shape}"
-                )
+                raise ValueError(f"codes {index} must have shape [{self.num_codebooks}, frames], got {array.shape}")
             if not np.issubdtype(array.dtype, np.integer):
                 raise ValueError(f"codes {index} must be integers, got {array.dtype}")
             arrays.append(array.astype(np.int64, copy=False))
@@ -192,9 +187,7 @@ class Codec(nn.Module):
         return results  # type: ignore[return-value]
 
 
-def _length_groups(
-    lengths: Sequence[int], max_rows: int, max_samples: int, quantum: int
-) -> Iterable[list[int]]:
+def _length_groups(lengths: Sequence[int], max_rows: int, max_samples: int, quantum: int) -> Iterable[list[int]]:
     """Indices grouped longest first so padded groups waste little work; a
     group holds at most max_rows rows and max_samples padded samples (a single
     row longer than that still forms its own group)."""

@@ -44,11 +44,7 @@ class VectorQuantizer(nn.Module):
         flat = F.normalize(projected.transpose(1, 2).reshape(-1, projected.shape[1]))
         book = F.normalize(self.codebook.weight)
         # Same expression as upstream so near-ties resolve the same way.
-        distance = (
-            flat.pow(2).sum(1, keepdim=True)
-            - 2 * flat @ book.t()
-            + book.pow(2).sum(1, keepdim=True).t()
-        )
+        distance = flat.pow(2).sum(1, keepdim=True) - 2 * flat @ book.t() + book.pow(2).sum(1, keepdim=True).t()
         return (-distance).max(1)[1].view(batch, -1)
 
     def quantize(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,18 +96,12 @@ class DownsampleResidualVectorQuantize(nn.Module):
         super().__init__()
         dims = config.quantizer_dims
         width = dims[-1]
-        self.semantic_quantizer = ResidualVectorQuantizer(
-            width, 1, config.semantic_codebook_size, config.codebook_dim
-        )
-        self.quantizer = ResidualVectorQuantizer(
-            width, config.n_codebooks, config.codebook_size, config.codebook_dim
-        )
+        self.semantic_quantizer = ResidualVectorQuantizer(width, 1, config.semantic_codebook_size, config.codebook_dim)
+        self.quantizer = ResidualVectorQuantizer(width, config.n_codebooks, config.codebook_size, config.codebook_dim)
         self.downsample = nn.Sequential(
             *(
                 nn.Sequential(
-                    CausalConv1d(
-                        dims[i], dims[i + 1], factor, stride=factor, weight_norm=PLAIN_WEIGHT
-                    ),
+                    CausalConv1d(dims[i], dims[i + 1], factor, stride=factor, weight_norm=PLAIN_WEIGHT),
                     ConvNeXtBlock(dims[i + 1]),
                 )
                 for i, factor in enumerate(config.downsample_factor)
@@ -121,24 +111,14 @@ class DownsampleResidualVectorQuantize(nn.Module):
         self.upsample = nn.Sequential(
             *(
                 nn.Sequential(
-                    CausalConvTranspose1d(
-                        dims[i + 1], dims[i], factor, stride=factor, weight_norm=PLAIN_WEIGHT
-                    ),
+                    CausalConvTranspose1d(dims[i + 1], dims[i], factor, stride=factor, weight_norm=PLAIN_WEIGHT),
                     ConvNeXtBlock(dims[i]),
                 )
                 for i, factor in reversed(list(enumerate(config.downsample_factor)))
             )
         )
-        self.pre_module = (
-            nn.Identity()
-            if config.pre_module is None
-            else WindowLimitedTransformer(config.pre_module)
-        )
-        self.post_module = (
-            nn.Identity()
-            if config.post_module is None
-            else WindowLimitedTransformer(config.post_module)
-        )
+        self.pre_module = nn.Identity() if config.pre_module is None else WindowLimitedTransformer(config.pre_module)
+        self.post_module = nn.Identity() if config.post_module is None else WindowLimitedTransformer(config.post_module)
 
     def encode(self, latent: torch.Tensor) -> torch.Tensor:
         """Encoder latents [B, C, 4F] -> codes [B, 1 + n, F]."""
@@ -149,7 +129,5 @@ class DownsampleResidualVectorQuantize(nn.Module):
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """In-range codes [B, 1 + n, F] -> decoder input [B, C, 4F]."""
-        z = self.semantic_quantizer.from_codes(codes[:, :1]) + self.quantizer.from_codes(
-            codes[:, 1:]
-        )
+        z = self.semantic_quantizer.from_codes(codes[:, :1]) + self.quantizer.from_codes(codes[:, 1:])
         return self.upsample(self.post_module(z))

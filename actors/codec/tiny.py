@@ -88,7 +88,10 @@ def random_codec(
 ) -> Codec:
     """A Codec with random weights built in memory (no file)."""
     return codec_from_state_dict(
-        random_state_dict(config, seed), config, device=device, dtype=dtype,
+        random_state_dict(config, seed),
+        config,
+        device=device,
+        dtype=dtype,
         source=f"random codec (seed {seed})",
     )
 
@@ -156,7 +159,11 @@ def _uniform(shape: tuple, bounds: tuple, generator: torch.Generator) -> torch.T
 
 
 def _random_parameter(
-    module: nn.Module, param_name: str, shape: tuple, gains: dict, module_name: str,
+    module: nn.Module,
+    param_name: str,
+    shape: tuple,
+    gains: dict,
+    module_name: str,
     generator: torch.Generator,
 ) -> torch.Tensor:
     if isinstance(module, Snake1d):

@@ -74,7 +74,11 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 def window_mask(
-    query_start: int, query_end: int, key_start: int, key_end: int, window: Optional[int],
+    query_start: int,
+    query_end: int,
+    key_start: int,
+    key_end: int,
+    window: Optional[int],
     device: torch.device,
 ) -> torch.Tensor:
     """Boolean [queries, keys] mask: query i sees key j iff i - window < j <= i."""
@@ -115,9 +119,7 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.rope_base = config.rope_base
         self.window = config.window_size
-        self.wqkv = nn.Linear(
-            config.dim, (config.n_head + 2 * config.kv_heads) * config.head_dim, bias=False
-        )
+        self.wqkv = nn.Linear(config.dim, (config.n_head + 2 * config.kv_heads) * config.head_dim, bias=False)
         self.wo = nn.Linear(config.n_head * config.head_dim, config.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -141,7 +143,10 @@ class Attention(nn.Module):
 
 
 def windowed_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: Optional[int],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window: Optional[int],
     block: Optional[int] = None,
 ) -> torch.Tensor:
     """Causal (optionally window-limited) attention over [B, H, T, D]."""

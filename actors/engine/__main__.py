@@ -1,10 +1,10 @@
 """python -m actors.engine {info,score,generate,make-tiny,bench} — checkpoint tools."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -22,26 +22,41 @@ def cmd_info(args) -> int:
     params = sum(p.numel() for p in lm.model.parameters())
     elem = lm.model.embeddings.weight.element_size()
     info = {
-        "checkpoint": str(lm.checkpoint_dir), "family": c.family, "weights": lm.report.files,
-        "tokenizer": lm.tokenizer.kind, "parameters": params, "bytes": params * elem, "dtype": str(lm.dtype),
-        "semantic_ids": [c.semantic_begin_id, c.semantic_end_id], "im_end_id": lm.im_end_id,
+        "checkpoint": str(lm.checkpoint_dir),
+        "family": c.family,
+        "weights": lm.report.files,
+        "tokenizer": lm.tokenizer.kind,
+        "parameters": params,
+        "bytes": params * elem,
+        "dtype": str(lm.dtype),
+        "semantic_ids": [c.semantic_begin_id, c.semantic_end_id],
+        "im_end_id": lm.im_end_id,
         "slow_kv_bytes_per_token": c.slow_kv_bytes_per_token(elem),
         "fast_kv_bytes_per_row": c.fast_kv_bytes_per_frame(elem),
-        "unexpected_tensors": lm.report.unexpected, "config": c.to_json_dict(),
+        "unexpected_tensors": lm.report.unexpected,
+        "config": c.to_json_dict(),
     }
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     print(f"checkpoint   {info['checkpoint']} ({c.family}, tokenizer {info['tokenizer']})")
-    print(f"slow         {c.n_layer} layers, dim {c.dim}, heads {c.n_head}/{c.n_local_heads} x {c.head_dim}, "
-          f"ffn {c.intermediate_size}, vocab {c.vocab_size}, qk-norm {c.attention_qk_norm}, "
-          f"tied {c.tie_word_embeddings}, max_seq_len {c.max_seq_len}")
-    print(f"fast         {c.n_fast_layer} layers, dim {c.fast_dim}, heads {c.fast_n_head}/{c.fast_n_local_heads} "
-          f"x {c.fast_head_dim}, ffn {c.fast_intermediate_size}, input {'post' if c.norm_fastlayer_input else 'pre'}-norm")
-    print(f"codebooks    {c.num_codebooks} x {c.codebook_size}, semantic ids {c.semantic_begin_id}..{c.semantic_end_id}")
+    print(
+        f"slow         {c.n_layer} layers, dim {c.dim}, heads {c.n_head}/{c.n_local_heads} x {c.head_dim}, "
+        f"ffn {c.intermediate_size}, vocab {c.vocab_size}, qk-norm {c.attention_qk_norm}, "
+        f"tied {c.tie_word_embeddings}, max_seq_len {c.max_seq_len}"
+    )
+    print(
+        f"fast         {c.n_fast_layer} layers, dim {c.fast_dim}, heads {c.fast_n_head}/{c.fast_n_local_heads} "
+        f"x {c.fast_head_dim}, ffn {c.fast_intermediate_size}, input {'post' if c.norm_fastlayer_input else 'pre'}-norm"
+    )
+    print(
+        f"codebooks    {c.num_codebooks} x {c.codebook_size}, semantic ids {c.semantic_begin_id}..{c.semantic_end_id}"
+    )
     print(f"parameters   {params:,} ({params * elem / 2**20:.1f} MiB in {lm.dtype})")
-    print(f"KV bytes     {info['slow_kv_bytes_per_token']:,} per token (slow) + "
-          f"{info['fast_kv_bytes_per_row']:,} per row (fast)")
+    print(
+        f"KV bytes     {info['slow_kv_bytes_per_token']:,} per token (slow) + "
+        f"{info['fast_kv_bytes_per_row']:,} per row (fast)"
+    )
     if lm.report.unexpected:
         print(f"unexpected   {len(lm.report.unexpected)} tensor(s) not used: {lm.report.unexpected[:5]}")
     return 0
@@ -56,8 +71,11 @@ def cmd_score(args) -> int:
     tokens = np.load(args.tokens)
     c = lm.config
     if tokens.ndim != 2 or tokens.shape[0] != 1 + c.num_codebooks or not np.issubdtype(tokens.dtype, np.integer):
-        print(f"error: {args.tokens}: expected an int64 [{1 + c.num_codebooks}, T] token matrix, "
-              f"got {tokens.dtype} {list(tokens.shape)}", file=sys.stderr)
+        print(
+            f"error: {args.tokens}: expected an int64 [{1 + c.num_codebooks}, T] token matrix, "
+            f"got {tokens.dtype} {list(tokens.shape)}",
+            file=sys.stderr,
+        )
         return 2
     slow, fast = lm.model.score(torch.from_numpy(tokens.astype(np.int64)).to(lm.device))
     np.savez(args.out, slow_logits=slow.float().cpu().numpy(), fast_logits=fast.float().cpu().numpy())
@@ -72,29 +90,47 @@ def cmd_generate(args) -> int:
 
     lm = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
     prompt = np.load(args.prompt_tokens)
-    overrides = {k: v for k, v in dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                       seed=args.seed, repetition_penalty=args.repetition_penalty).items()
-                 if v is not None}
+    overrides = {
+        k: v
+        for k, v in dict(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            repetition_penalty=args.repetition_penalty,
+        ).items()
+        if v is not None
+    }
     # current upstream's loop, for either format: repetition-aware sampling over 10 frames
     sampling = SamplingParams(ras_window=10, **overrides)
-    engine = Engine(lm, EngineConfig(max_rows=1, max_tokens=prompt.shape[-1] + args.max_frames,
-                                     prefill_chunk=args.prefill_chunk))
+    engine = Engine(
+        lm, EngineConfig(max_rows=1, max_tokens=prompt.shape[-1] + args.max_frames, prefill_chunk=args.prefill_chunk)
+    )
     result = engine.generate([Request("cli", prompt, args.max_frames, sampling, stop_on_eos=not args.no_eos)])[0]
     if result.error:
         print(f"error: {result.error}", file=sys.stderr)
         return 2
     np.save(args.out, result.codes)
-    print(f"wrote {args.out}: codes {list(result.codes.shape)}, stop {result.stop_reason}, "
-          f"prefill {result.prefill_ms:.1f} ms, decode {result.frame_ms:.1f} ms/frame")
+    print(
+        f"wrote {args.out}: codes {list(result.codes.shape)}, stop {result.stop_reason}, "
+        f"prefill {result.prefill_ms:.1f} ms, decode {result.frame_ms:.1f} ms/frame"
+    )
     return 0
 
 
 def cmd_make_tiny(args) -> int:
     from .tiny import make_tiny
 
-    out = make_tiny(args.out, fmt=args.format, seed=args.seed, max_seq_len=args.max_seq_len,
-                    n_layer=args.n_layer, dim=args.dim, num_codebooks=args.num_codebooks,
-                    codebook_size=args.codebook_size)
+    out = make_tiny(
+        args.out,
+        fmt=args.format,
+        seed=args.seed,
+        max_seq_len=args.max_seq_len,
+        n_layer=args.n_layer,
+        dim=args.dim,
+        num_codebooks=args.num_codebooks,
+        codebook_size=args.codebook_size,
+    )
     print(f"wrote {args.format} checkpoint to {out}")
     return 0
 
@@ -156,12 +192,20 @@ def main(argv=None) -> int:
     p.add_argument("--max-rows", type=int, default=32)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--frames", type=int, default=64)
-    p.add_argument("--references", type=int, default=0,
-                   help="share this many reference prompts across rows (prefix reuse); 0 = none")
+    p.add_argument(
+        "--references",
+        type=int,
+        default=0,
+        help="share this many reference prompts across rows (prefix reuse); 0 = none",
+    )
     p.add_argument("--reference-frames", type=int, default=100)
     p.add_argument("--uncached", action="store_true", help="also run the (slow) uncached reference loop")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="run every mode this many times, interleaved; each reports its median run")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run every mode this many times, interleaved; each reports its median run",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the table as JSON here")

@@ -4,6 +4,7 @@ uncached reference loop, and (with --references) prefix reuse on vs off.
 
 Every row runs its full frame budget (EOS stopping off) so each mode does identical work.
 With --repeats N the modes run N times, interleaved, and each reports its median run."""
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ def _workload(loaded, args) -> list[Request]:
     c = loaded.config
     sampling = upstream_sampling(c.family)
     refs = []
-    for i in range(args.references):
+    for _ in range(args.references):
         codes = rng.integers(0, c.codebook_size, (c.num_codebooks, args.reference_frames))
         prefix = np.zeros((1 + c.num_codebooks, args.reference_frames + 2), np.int64)
         prefix[0, 0] = loaded.im_end_id  # a text column, then the reference frames
@@ -43,8 +44,17 @@ def _workload(loaded, args) -> list[Request]:
         if refs:
             ref = refs[i % len(refs)]
             prompt = np.concatenate([ref, text], axis=1)
-            requests.append(Request(f"r{i}", prompt, frames, replace(sampling, seed=i), stop_on_eos=False,
-                                    prefix_key=f"ref{i % len(refs)}", prefix_len=ref.shape[1]))
+            requests.append(
+                Request(
+                    f"r{i}",
+                    prompt,
+                    frames,
+                    replace(sampling, seed=i),
+                    stop_on_eos=False,
+                    prefix_key=f"ref{i % len(refs)}",
+                    prefix_len=ref.shape[1],
+                )
+            )
         else:
             requests.append(Request(f"r{i}", text, frames, replace(sampling, seed=i), stop_on_eos=False))
     return requests
@@ -61,21 +71,28 @@ def _row(mode: str, results, wall: float, kv_bytes: int) -> dict:
         raise RuntimeError(f"{mode}: {len(errors)} request(s) failed, e.g. {errors[0]}")
     first = sorted(r.first_frame_ms for r in results)
     return {
-        "mode": mode, "rows": len(results), "frames": frames, "wall_s": wall,
-        "frames_per_s": frames / wall, "rows_per_s": len(results) / wall,
+        "mode": mode,
+        "rows": len(results),
+        "frames": frames,
+        "wall_s": wall,
+        "frames_per_s": frames / wall,
+        "rows_per_s": len(results) / wall,
         # seconds of audio generated per wall second (> 1: faster than real time)
         "x_realtime": frames / FRAME_RATE / wall,
-        "ttff_ms_p50": first[len(first) // 2], "ttff_ms_first": first[0],
+        "ttff_ms_p50": first[len(first) // 2],
+        "ttff_ms_first": first[0],
         # per row, decode wall time per frame (one step's latency as that row saw it)
         "decode_step_ms": sum(r.decode_ms for r in results) / max(1, frames),
-        "peak_rss_mib": _rss_mib(), "kv_bytes": kv_bytes,
+        "peak_rss_mib": _rss_mib(),
+        "kv_bytes": kv_bytes,
     }
 
 
 def _run_engine(loaded, requests, max_rows, args, use_prefix=True) -> tuple[dict, list]:
     max_tokens = max(r.prompt.shape[1] + r.max_frames for r in requests)
-    engine = Engine(loaded, EngineConfig(max_rows=max_rows, max_tokens=max_tokens,
-                                         prefix_cache_entries=max(8, args.references)))
+    engine = Engine(
+        loaded, EngineConfig(max_rows=max_rows, max_tokens=max_tokens, prefix_cache_entries=max(8, args.references))
+    )
     if not use_prefix:
         requests = [replace(r, prefix_key=None, prefix_len=0) for r in requests]
     engine.generate(requests[:1])  # warm-up (allocator, kernels); not timed
@@ -97,11 +114,18 @@ def run_bench(args) -> int:
     t0 = time.perf_counter()
     if args.checkpoint:
         from .loader import load_model
+
         loaded = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
     else:
         from .tiny import random_model
-        loaded = random_model(args.size, seed=args.seed, device=args.device, dtype=args.dtype,
-                              max_seq_len=max(4096, 2 * (args.prompt_len + args.frames + args.reference_frames)))
+
+        loaded = random_model(
+            args.size,
+            seed=args.seed,
+            device=args.device,
+            dtype=args.dtype,
+            max_seq_len=max(4096, 2 * (args.prompt_len + args.frames + args.reference_frames)),
+        )
     load_s = time.perf_counter() - t0
     requests = _workload(loaded, args)
     modes = [(args.max_rows, True)] + ([(args.max_rows, False)] if args.references else []) + [(1, True)]
@@ -120,32 +144,51 @@ def run_bench(args) -> int:
     batched, single = rows[0], rows[-1]
     single_results = runs[-1][0][1]
     # every run of every mode must produce the one-row codes
-    same = all(np.array_equal(a.codes, b.codes) for mode_runs in runs for run in mode_runs
-               for a, b in zip(run[1], single_results))
+    same = all(
+        np.array_equal(a.codes, b.codes)
+        for mode_runs in runs
+        for run in mode_runs
+        for a, b in zip(run[1], single_results)
+    )
     if args.uncached:
         t = time.perf_counter()
         results = [reference_generate(loaded, replace(r, prefix_key=None)) for r in requests]
         rows.append(_row("uncached reference", results, time.perf_counter() - t, 0))
     report = {
-        "model": str(loaded.checkpoint_dir), "parameters": sum(p.numel() for p in loaded.model.parameters()),
-        "dtype": str(loaded.dtype), "device": str(loaded.device), "threads": torch.get_num_threads(),
-        "rows": args.rows, "max_rows": args.max_rows, "prompt_len": args.prompt_len, "frames": args.frames,
-        "references": args.references, "repeats": repeats, "load_s": load_s,
+        "model": str(loaded.checkpoint_dir),
+        "parameters": sum(p.numel() for p in loaded.model.parameters()),
+        "dtype": str(loaded.dtype),
+        "device": str(loaded.device),
+        "threads": torch.get_num_threads(),
+        "rows": args.rows,
+        "max_rows": args.max_rows,
+        "prompt_len": args.prompt_len,
+        "frames": args.frames,
+        "references": args.references,
+        "repeats": repeats,
+        "load_s": load_s,
         "speedup_batched_vs_single": batched["frames_per_s"] / single["frames_per_s"],
-        "batched_codes_equal_single": same, "modes": rows,
+        "batched_codes_equal_single": same,
+        "modes": rows,
     }
-    print(f"model {report['model']} ({report['parameters'] / 1e6:.1f}M params, {report['dtype']}, "
-          f"{report['device']}, {report['threads']} threads), {args.rows} rows, prompt ~{args.prompt_len}, "
-          f"frames ~{args.frames}, references {args.references}, median of {repeats} run(s) per mode")
+    print(
+        f"model {report['model']} ({report['parameters'] / 1e6:.1f}M params, {report['dtype']}, "
+        f"{report['device']}, {report['threads']} threads), {args.rows} rows, prompt ~{args.prompt_len}, "
+        f"frames ~{args.frames}, references {args.references}, median of {repeats} run(s) per mode"
+    )
     header = f"{'mode':<34}{'frames/s':>10}{'rows/s':>9}{'x realtime':>11}{'TTFF p50 ms':>13}{'step ms':>9}{'peak RSS MiB':>14}{'KV MiB':>9}"
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['mode']:<34}{r['frames_per_s']:>10.1f}{r['rows_per_s']:>9.2f}{r['x_realtime']:>11.2f}"
-              f"{r['ttff_ms_p50']:>13.0f}{r['decode_step_ms']:>9.1f}{r['peak_rss_mib']:>14.0f}"
-              f"{r['kv_bytes'] / 2**20:>9.1f}")
-    print(f"batched / one-row-at-a-time frames/s: {report['speedup_batched_vs_single']:.2f}x; "
-          f"batched codes identical to one-at-a-time: {same}")
+        print(
+            f"{r['mode']:<34}{r['frames_per_s']:>10.1f}{r['rows_per_s']:>9.2f}{r['x_realtime']:>11.2f}"
+            f"{r['ttff_ms_p50']:>13.0f}{r['decode_step_ms']:>9.1f}{r['peak_rss_mib']:>14.0f}"
+            f"{r['kv_bytes'] / 2**20:>9.1f}"
+        )
+    print(
+        f"batched / one-row-at-a-time frames/s: {report['speedup_batched_vs_single']:.2f}x; "
+        f"batched codes identical to one-at-a-time: {same}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -1,6 +1,7 @@
 """The slot KV cache: fixed `max_rows` slots x `max_tokens` positions, allocated once per
 engine and reused; who owns which slot and how long each slot's sequence is; a bounded cache
 of shared prompt prefixes (e.g. one reference voice used by many rows)."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -19,8 +20,15 @@ class CacheMismatchError(RuntimeError):
 
 
 class SlotKVCache:
-    def __init__(self, config: ModelConfig, max_rows: int, max_tokens: int,
-                 device: torch.device, dtype: torch.dtype, model_id: int):
+    def __init__(
+        self,
+        config: ModelConfig,
+        max_rows: int,
+        max_tokens: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        model_id: int,
+    ):
         if max_rows < 1 or max_tokens < 2:
             raise ValueError(f"the KV cache needs max_rows >= 1 and max_tokens >= 2, got {max_rows}, {max_tokens}")
         self.config, self.max_rows, self.max_tokens = config, max_rows, max_tokens
@@ -28,14 +36,17 @@ class SlotKVCache:
         c = config
 
         def alloc(slots, heads, length, head_dim):
-            return LayerKV(k=torch.zeros(slots, heads, length, head_dim, device=device, dtype=dtype),
-                           v=torch.zeros(slots, heads, length, head_dim, device=device, dtype=dtype))
+            return LayerKV(
+                k=torch.zeros(slots, heads, length, head_dim, device=device, dtype=dtype),
+                v=torch.zeros(slots, heads, length, head_dim, device=device, dtype=dtype),
+            )
 
         self.slow = [alloc(max_rows, c.n_local_heads, max_tokens, c.head_dim) for _ in range(c.n_layer)]
         # The fast stack's cache lives for one frame (num_codebooks positions) and is indexed
         # by batch position, not slot: every decode step rebuilds it from position 0.
-        self.fast = [alloc(max_rows, c.fast_n_local_heads, c.num_codebooks, c.fast_head_dim)
-                     for _ in range(c.n_fast_layer)]
+        self.fast = [
+            alloc(max_rows, c.fast_n_local_heads, c.num_codebooks, c.fast_head_dim) for _ in range(c.n_fast_layer)
+        ]
         self.lengths = [0] * max_rows
         self.owner: list[Optional[str]] = [None] * max_rows
 
@@ -45,8 +56,9 @@ class SlotKVCache:
         if model_id != self.model_id:
             raise CacheMismatchError("this KV cache was allocated for a different model instance")
         if torch.device(device) != torch.device(self.device) or dtype != self.dtype:
-            raise CacheMismatchError(f"this KV cache holds {self.dtype} on {self.device}, "
-                                     f"the model runs {dtype} on {device}")
+            raise CacheMismatchError(
+                f"this KV cache holds {self.dtype} on {self.device}, the model runs {dtype} on {device}"
+            )
 
     # -- slots -------------------------------------------------------------------------
     def free_slots(self) -> int:
@@ -104,7 +116,7 @@ class PrefixCache:
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._entries: "OrderedDict[str, _Prefix]" = OrderedDict()
+        self._entries: OrderedDict[str, _Prefix] = OrderedDict()
         self.hits = 0
         self.misses = 0
 

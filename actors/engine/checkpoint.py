@@ -10,15 +10,16 @@ with the S2-Pro key names mapped back (`text_model.model.X` -> `X`,
 -> `fast_Y`) and separate wq/wk/wv concatenated into wqkv. The model is built on the meta
 device and each tensor is copied straight into its target dtype/device, so memory never
 holds a second full copy of the weights."""
+
 from __future__ import annotations
 
 import json
 import logging
 import pickle
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
@@ -58,7 +59,8 @@ def weight_files(checkpoint_dir: Path) -> list[Path]:
         if (d / name).is_file():
             return [d / name]
     raise CheckpointError(
-        f"{d}: no weights found (expected {PTH_FILE}, {SAFETENSORS_FILE}, or {INDEX_FILE} with shards)")
+        f"{d}: no weights found (expected {PTH_FILE}, {SAFETENSORS_FILE}, or {INDEX_FILE} with shards)"
+    )
 
 
 def _read_pth(path: Path) -> dict:
@@ -73,7 +75,8 @@ def _read_pth(path: Path) -> dict:
         raise CheckpointError(
             f"{path}: refused to load: it is not a weights-only state dict (it holds pickled "
             f"objects other than tensors, which could run code). Re-save it with "
-            f"torch.save(model.state_dict()). Detail: {str(e).splitlines()[0]}") from None
+            f"torch.save(model.state_dict()). Detail: {str(e).splitlines()[0]}"
+        ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: cannot read the file; it is truncated or corrupt ({e})") from None
     if isinstance(data, dict) and "state_dict" in data and isinstance(data["state_dict"], dict):
@@ -92,17 +95,20 @@ def _iter_raw(files: list[Path]) -> Iterator[tuple[str, Callable[[], torch.Tenso
                 yield name, (lambda t=data[name]: t), str(path)
         else:
             from safetensors import safe_open
+
             try:
                 handle = safe_open(str(path), framework="pt", device="cpu")
                 names = list(handle.keys())
             except Exception as e:  # SafetensorError is not exported as a stable type
                 raise CheckpointError(f"{path}: cannot read the file; it is truncated or corrupt ({e})") from None
             for name in names:
+
                 def get(h=handle, n=name, p=path):
                     try:
                         return h.get_tensor(n)
                     except Exception as e:
                         raise CheckpointError(f"{p}: cannot read tensor '{n}' ({e})") from None
+
                 yield name, get, str(path)
 
 
@@ -114,12 +120,12 @@ def _canonical_names(names: list[str]) -> dict[str, str]:
         m = n
         if is_s2:
             if m.startswith(_S2_SLOW_PREFIX):
-                m = m[len(_S2_SLOW_PREFIX):]
+                m = m[len(_S2_SLOW_PREFIX) :]
             elif m.startswith(_S2_FAST_PREFIX):
-                rest = m[len(_S2_FAST_PREFIX):]
+                rest = m[len(_S2_FAST_PREFIX) :]
                 m = rest if rest.startswith("codebook_embeddings.") else "fast_" + rest
         elif m.startswith("model."):
-            m = m[len("model."):]
+            m = m[len("model.") :]
         out[n] = m
     return out
 
@@ -139,7 +145,8 @@ def load_weights(model: torch.nn.Module, checkpoint_dir: Path) -> LoadReport:
         if tuple(tensor.shape) != tuple(target.shape):
             raise CheckpointError(
                 f"{source}: tensor '{key}' has shape {tuple(tensor.shape)}, but the config "
-                f"({Path(checkpoint_dir) / 'config.json'}) implies {tuple(target.shape)}")
+                f"({Path(checkpoint_dir) / 'config.json'}) implies {tuple(target.shape)}"
+            )
         if not tensor.is_floating_point():
             raise CheckpointError(f"{source}: tensor '{key}' has dtype {tensor.dtype}, expected floating point")
         with torch.no_grad():
@@ -160,16 +167,22 @@ def load_weights(model: torch.nn.Module, checkpoint_dir: Path) -> LoadReport:
         put(key, get(), source)
     for key, parts in split_qkv.items():
         if set(parts) != {"wq", "wk", "wv"}:
-            raise CheckpointError(f"{Path(checkpoint_dir)}: '{key}' is stored split but only "
-                                  f"{sorted(parts)} of wq/wk/wv are present")
+            raise CheckpointError(
+                f"{Path(checkpoint_dir)}: '{key}' is stored split but only {sorted(parts)} of wq/wk/wv are present"
+            )
         put(key, torch.cat([parts[p][0]() for p in ("wq", "wk", "wv")]), parts["wq"][1])
     missing = [k for k in expected if k not in loaded]
     if missing:
         shown = ", ".join(f"'{k}' {tuple(expected[k].shape)}" for k in missing[:8])
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
-        raise CheckpointError(f"{Path(checkpoint_dir)}: missing tensor(s) {shown}{more} "
-                              f"(the weights do not match config.json)")
+        raise CheckpointError(
+            f"{Path(checkpoint_dir)}: missing tensor(s) {shown}{more} (the weights do not match config.json)"
+        )
     if report.unexpected:
-        log.warning("%s: %d unexpected tensor(s) not used by the model: %s", checkpoint_dir,
-                    len(report.unexpected), ", ".join(report.unexpected[:10]))
+        log.warning(
+            "%s: %d unexpected tensor(s) not used by the model: %s",
+            checkpoint_dir,
+            len(report.unexpected),
+            ", ".join(report.unexpected[:10]),
+        )
     return report

@@ -1,6 +1,7 @@
 """One typed model config read from either on-disk `config.json` form of the dual-AR family:
 the flat OpenAudio S1 form (`model_type: "dual_ar"`) and the nested S2-Pro form
 (`model_type: "fish_qwen3_omni"`). Defaults follow upstream fish-speech's model args."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,13 +66,26 @@ class ModelConfig:
             norms = 2 * dim + 2 * head_dim * qk_norm
             return qkv + wo + 3 * dim * ffn + norms
 
-        slow = self.n_layer * block(self.dim, self.n_head, self.n_local_heads, self.head_dim,
-                                    self.intermediate_size, self.attention_qkv_bias,
-                                    self.attention_o_bias, self.attention_qk_norm)
-        fast = self.n_fast_layer * block(self.fast_dim, self.fast_n_head, self.fast_n_local_heads,
-                                         self.fast_head_dim, self.fast_intermediate_size,
-                                         self.fast_attention_qkv_bias, self.fast_attention_o_bias,
-                                         self.fast_attention_qk_norm)
+        slow = self.n_layer * block(
+            self.dim,
+            self.n_head,
+            self.n_local_heads,
+            self.head_dim,
+            self.intermediate_size,
+            self.attention_qkv_bias,
+            self.attention_o_bias,
+            self.attention_qk_norm,
+        )
+        fast = self.n_fast_layer * block(
+            self.fast_dim,
+            self.fast_n_head,
+            self.fast_n_local_heads,
+            self.fast_head_dim,
+            self.fast_intermediate_size,
+            self.fast_attention_qkv_bias,
+            self.fast_attention_o_bias,
+            self.fast_attention_qk_norm,
+        )
         embeds = (self.vocab_size + self.codebook_size * self.num_codebooks) * self.dim + self.dim
         output = 0 if self.tie_word_embeddings else self.vocab_size * self.dim
         project = (self.dim * self.fast_dim + self.fast_dim) if self.fast_dim != self.dim else 0
@@ -82,8 +96,14 @@ class ModelConfig:
         return 2 * self.n_layer * self.n_local_heads * self.head_dim * bytes_per_element
 
     def fast_kv_bytes_per_frame(self, bytes_per_element: int) -> int:
-        return (2 * self.n_fast_layer * self.num_codebooks * self.fast_n_local_heads
-                * self.fast_head_dim * bytes_per_element)
+        return (
+            2
+            * self.n_fast_layer
+            * self.num_codebooks
+            * self.fast_n_local_heads
+            * self.fast_head_dim
+            * bytes_per_element
+        )
 
 
 def _find_multiple(n: int, k: int) -> int:
@@ -153,6 +173,7 @@ def _flat_fields(f: _Fields) -> dict:
 
 def _with_fast_defaults(cfg: dict, fast: dict) -> dict:
     """Fast fields left null (or 0, as upstream's `or` does) take the slow values."""
+
     def pick(name, slow_value):
         value = fast.get(name)
         return slow_value if value is None or value == 0 and not isinstance(value, bool) else value
@@ -182,10 +203,16 @@ def parse_config(data: dict, source: str = "config.json") -> ModelConfig:
             norm_fastlayer_input=top.get("norm_fastlayer_input", bool, False),
             n_fast_layer=top.get("n_fast_layer", int, 4),
         )
-        fast = {name: top.get(name, int, None) for name in
-                ("fast_dim", "fast_n_head", "fast_n_local_heads", "fast_head_dim", "fast_intermediate_size")}
-        fast.update({name: top.get(name, bool, None) for name in
-                     ("fast_attention_qkv_bias", "fast_attention_qk_norm", "fast_attention_o_bias")})
+        fast = {
+            name: top.get(name, int, None)
+            for name in ("fast_dim", "fast_n_head", "fast_n_local_heads", "fast_head_dim", "fast_intermediate_size")
+        }
+        fast.update(
+            {
+                name: top.get(name, bool, None)
+                for name in ("fast_attention_qkv_bias", "fast_attention_qk_norm", "fast_attention_o_bias")
+            }
+        )
         cfg = _with_fast_defaults(cfg, fast)
     elif model_type == MODEL_TYPE_NESTED:
         text = _Fields(top.get("text_config", dict), source, "text_config.")
@@ -216,25 +243,41 @@ def parse_config(data: dict, source: str = "config.json") -> ModelConfig:
     else:
         raise CheckpointError(
             f"{source}: field 'model_type' is {model_type!r}; chorus loads "
-            f"'{MODEL_TYPE_FLAT}' (OpenAudio S1) and '{MODEL_TYPE_NESTED}' (S2-Pro) checkpoints")
+            f"'{MODEL_TYPE_FLAT}' (OpenAudio S1) and '{MODEL_TYPE_NESTED}' (S2-Pro) checkpoints"
+        )
     config = ModelConfig(**cfg)
     _check_shapes(config, source)
     return config
 
 
 def _check_shapes(c: ModelConfig, source: str) -> None:
-    positive = ("vocab_size", "n_layer", "n_head", "n_local_heads", "dim", "head_dim",
-                "intermediate_size", "max_seq_len", "codebook_size", "num_codebooks",
-                "n_fast_layer", "fast_dim", "fast_n_head", "fast_n_local_heads",
-                "fast_head_dim", "fast_intermediate_size")
+    positive = (
+        "vocab_size",
+        "n_layer",
+        "n_head",
+        "n_local_heads",
+        "dim",
+        "head_dim",
+        "intermediate_size",
+        "max_seq_len",
+        "codebook_size",
+        "num_codebooks",
+        "n_fast_layer",
+        "fast_dim",
+        "fast_n_head",
+        "fast_n_local_heads",
+        "fast_head_dim",
+        "fast_intermediate_size",
+    )
     for name in positive:
         if getattr(c, name) <= 0:
             raise CheckpointError(f"{source}: field '{name}' must be positive, got {getattr(c, name)}")
     if c.n_head % c.n_local_heads:
         raise CheckpointError(f"{source}: n_head ({c.n_head}) is not a multiple of n_local_heads ({c.n_local_heads})")
     if c.fast_n_head % c.fast_n_local_heads:
-        raise CheckpointError(f"{source}: fast_n_head ({c.fast_n_head}) is not a multiple of "
-                              f"fast_n_local_heads ({c.fast_n_local_heads})")
+        raise CheckpointError(
+            f"{source}: fast_n_head ({c.fast_n_head}) is not a multiple of fast_n_local_heads ({c.fast_n_local_heads})"
+        )
     for name in ("head_dim", "fast_head_dim"):
         if getattr(c, name) % 2:
             raise CheckpointError(f"{source}: field '{name}' must be even for RoPE, got {getattr(c, name)}")
@@ -245,8 +288,9 @@ def _check_shapes(c: ModelConfig, source: str) -> None:
 def load_config(checkpoint_dir: str | Path) -> ModelConfig:
     path = Path(checkpoint_dir) / "config.json"
     if not path.is_file():
-        raise CheckpointError(f"{path}: not found (a checkpoint directory holds config.json, "
-                              f"the weights and the tokenizer files)")
+        raise CheckpointError(
+            f"{path}: not found (a checkpoint directory holds config.json, the weights and the tokenizer files)"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -259,4 +303,3 @@ def with_semantic_ids(config: ModelConfig, begin: int, end: int, source: str) ->
     if end >= config.vocab_size:
         raise CheckpointError(f"{source}: semantic id {end} is outside vocab_size {config.vocab_size}")
     return dataclasses.replace(config, semantic_begin_id=begin, semantic_end_id=end)
-

@@ -4,10 +4,12 @@ reference loop so that both pick tokens by the same rules from the same random s
 Per frame: the main (slow) token over the semantic ids + <|im_end|> (S1 repetition penalty,
 S2 repetition-aware resampling), then codebook 0 = main - semantic_begin (clamped), then
 codebooks 1..C-1 from the fast stack."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -64,10 +66,15 @@ def _history_tensor(values: Sequence[Sequence[int]], device) -> Tensor:
 
 def _sampling(rows: Sequence[RowDecoder], device, ras: bool = False) -> RowSampling:
     if ras:
-        return RowSampling.stack([r.params.ras_temperature for r in rows], [r.params.ras_top_p for r in rows],
-                                 [r.params.top_k for r in rows], device)
-    return RowSampling.stack([r.params.temperature for r in rows], [r.params.top_p for r in rows],
-                             [r.params.top_k for r in rows], device)
+        return RowSampling.stack(
+            [r.params.ras_temperature for r in rows],
+            [r.params.ras_top_p for r in rows],
+            [r.params.top_k for r in rows],
+            device,
+        )
+    return RowSampling.stack(
+        [r.params.temperature for r in rows], [r.params.top_p for r in rows], [r.params.top_k for r in rows], device
+    )
 
 
 def _penalise(logits: Tensor, rows: Sequence[RowDecoder], histories: Sequence[Sequence[int]]) -> Tensor:

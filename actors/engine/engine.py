@@ -6,12 +6,14 @@ rows together — one batched slow step, then the batched fast stack over the co
 retires rows that stop, freeing their slot at once for the next request. Each row keeps its
 own slot, random stream and stop state, so its result is what it would have produced alone.
 """
+
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -81,14 +83,16 @@ class _Row:
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()):
+    def __init__(self, loaded: LoadedModel, config: Optional[EngineConfig] = None):
+        config = config or EngineConfig()
         self.loaded, self.config = loaded, config
         self.model, self.mc = loaded.model, loaded.config
         self.device, self.dtype = loaded.device, loaded.dtype
         if config.prefill_chunk < 1:
             raise ValueError("prefill_chunk must be >= 1")
-        self.cache = SlotKVCache(self.mc, config.max_rows, config.max_tokens, self.device, self.dtype,
-                                 model_id=id(self.model))
+        self.cache = SlotKVCache(
+            self.mc, config.max_rows, config.max_tokens, self.device, self.dtype, model_id=id(self.model)
+        )
         self.prefixes = PrefixCache(config.prefix_cache_entries)
         self.candidates = Candidates(self.mc, loaded.im_end_id, self.device)
         limits = config.codebook_limits
@@ -132,10 +136,12 @@ class Engine:
             return f"bad sampling settings: {e}"
         need = p.shape[1] + request.max_frames
         if need > self.config.max_tokens or need > c.max_seq_len:
-            return (f"prompt ({p.shape[1]} tokens) + max_frames ({request.max_frames}) = {need} positions "
-                    f"exceeds the per-row budget (engine max_tokens {self.config.max_tokens}, model "
-                    f"max_seq_len {c.max_seq_len}); shorten the text/reference or lower max_frames "
-                    f"(no sliding window is applied)")
+            return (
+                f"prompt ({p.shape[1]} tokens) + max_frames ({request.max_frames}) = {need} positions "
+                f"exceeds the per-row budget (engine max_tokens {self.config.max_tokens}, model "
+                f"max_seq_len {c.max_seq_len}); shorten the text/reference or lower max_frames "
+                f"(no sliding window is applied)"
+            )
         if not (0 <= request.prefix_len <= p.shape[1]):
             return f"prefix_len {request.prefix_len} is outside the prompt (0..{p.shape[1]})"
         return None
@@ -154,8 +160,9 @@ class Engine:
             if problem:
                 results[i] = self._error(req, problem, start)
             elif req.max_frames == 0:  # a zero budget stops at once, no work needed
-                results[i] = self._finish(_Row(i, req, RowDecoder(req.sampling, req.stop_on_eos),
-                                               admitted_at=start), STOP_BUDGET, start)
+                results[i] = self._finish(
+                    _Row(i, req, RowDecoder(req.sampling, req.stop_on_eos), admitted_at=start), STOP_BUDGET, start
+                )
             else:
                 queue.append(_Row(i, req, RowDecoder(req.sampling, req.stop_on_eos)))
         live: list[_Row] = []
@@ -209,9 +216,14 @@ class Engine:
 
     def _error(self, req: Request, message: str, start: float) -> Result:
         now = time.perf_counter()
-        return Result(request_id=req.request_id, codes=np.zeros((self.mc.num_codebooks, 0), np.int64),
-                      stop_reason=STOP_ERROR, error=message, prompt_tokens=int(getattr(req.prompt, "shape", (0, 0))[-1]),
-                      total_ms=(now - start) * 1e3)
+        return Result(
+            request_id=req.request_id,
+            codes=np.zeros((self.mc.num_codebooks, 0), np.int64),
+            stop_reason=STOP_ERROR,
+            error=message,
+            prompt_tokens=int(getattr(req.prompt, "shape", (0, 0))[-1]),
+            total_ms=(now - start) * 1e3,
+        )
 
     def _finish(self, row: _Row, reason: str, start: float) -> Result:
         now = time.perf_counter()
@@ -219,12 +231,18 @@ class Engine:
         codes = torch.stack(row.frames, dim=1).cpu().numpy() if row.frames else np.zeros((c, 0), np.int64)
         queue_ms = (row.admitted_at - start) * 1e3
         return Result(
-            request_id=row.request.request_id, codes=codes.astype(np.int64), stop_reason=reason,
-            prompt_tokens=int(row.request.prompt.shape[1]), frames=codes.shape[1], prefix_reused_tokens=row.reused,
-            queue_ms=queue_ms, prefill_ms=row.prefill_s * 1e3,
+            request_id=row.request.request_id,
+            codes=codes.astype(np.int64),
+            stop_reason=reason,
+            prompt_tokens=int(row.request.prompt.shape[1]),
+            frames=codes.shape[1],
+            prefix_reused_tokens=row.reused,
+            queue_ms=queue_ms,
+            prefill_ms=row.prefill_s * 1e3,
             decode_ms=max(0.0, (now - row.admitted_at - row.prefill_s) * 1e3),
             first_frame_ms=(row.first_frame_at - start) * 1e3 if row.frames else 0.0,
-            total_ms=(now - start) * 1e3)
+            total_ms=(now - start) * 1e3,
+        )
 
     @staticmethod
     def _prefix_leaders_first(rows: list[_Row]) -> list[list[_Row]]:
@@ -304,13 +322,22 @@ class Engine:
             tokens[i, :, : e - s] = prompts[r.slot][:, s:e]
         starts = torch.tensor([s for s, _ in chunks], device=self.device)
         # padding positions run past the row's chunk; keep them inside the slot
-        positions = (starts.unsqueeze(1) + torch.arange(width, device=self.device)).clamp_(max=self.config.max_tokens - 1)
+        positions = (starts.unsqueeze(1) + torch.arange(width, device=self.device)).clamp_(
+            max=self.config.max_tokens - 1
+        )
         last = torch.tensor([e - s - 1 for s, e in chunks], device=self.device)
         attend_len = min(max(s for s, _ in chunks) + width, self.config.max_tokens)
         out = self.model.forward_slow(
-            tokens, positions, cache=self.cache.slow, rows=self._slot_rows([r.slot for r in group]),
-            attend_len=attend_len, last_only=True, select=last, logit_head=self.logit_head,
-            want_logits=any(e == r.request.prompt.shape[1] for r, (_, e) in zip(group, chunks)))
+            tokens,
+            positions,
+            cache=self.cache.slow,
+            rows=self._slot_rows([r.slot for r in group]),
+            attend_len=attend_len,
+            last_only=True,
+            select=last,
+            logit_head=self.logit_head,
+            want_logits=any(e == r.request.prompt.shape[1] for r, (_, e) in zip(group, chunks)),
+        )
         for i, (r, (s, e)) in enumerate(zip(group, chunks)):
             before = self.cache.lengths[r.slot]
             self.cache.lengths[r.slot] = e
@@ -332,9 +359,15 @@ class Engine:
         return torch.tensor(slots, device=self.device)
 
     def _slow_forward(self, tokens, positions, rows, attend_len):
-        return self.model.forward_slow(tokens, positions, cache=self.cache.slow, rows=rows,
-                                       attend_len=attend_len, last_only=True,
-                                       logit_head=self.logit_head)
+        return self.model.forward_slow(
+            tokens,
+            positions,
+            cache=self.cache.slow,
+            rows=rows,
+            attend_len=attend_len,
+            last_only=True,
+            logit_head=self.logit_head,
+        )
 
     def _run_slow(self, rows: list[_Row]) -> None:
         """One batched decode forward for the rows whose last frame still has to be fed."""
@@ -364,8 +397,9 @@ class Engine:
             self.cache.lengths[r.slot] += 1
             r.logits, r.hidden = logits[i], hidden[i]
         if self.config.record_steps:
-            self.steps.append(StepRecord("decode", tuple(slots), 1, before,
-                                         tuple(self.cache.lengths[s] for s in slots)))
+            self.steps.append(
+                StepRecord("decode", tuple(slots), 1, before, tuple(self.cache.lengths[s] for s in slots))
+            )
 
     def _decode_step(self, live: list[_Row], observe: Optional[LogitObserver] = None) -> list[tuple[_Row, str]]:
         """Sample one frame for every live row; return the rows that stopped."""
@@ -401,8 +435,9 @@ class Engine:
             row.next_column = torch.cat([main[i : i + 1], codes[i]])
         return stopped
 
-    def _fast_frame(self, hidden: torch.Tensor, main: torch.Tensor, decoders,
-                    keep_logits: Optional[list] = None) -> torch.Tensor:
+    def _fast_frame(
+        self, hidden: torch.Tensor, main: torch.Tensor, decoders, keep_logits: Optional[list] = None
+    ) -> torch.Tensor:
         """The batched fast stack for one frame: position 0 gets the slow hidden (its logits
         are ignored), position k gets the embedding of codebook k-1 and yields codebook k."""
         b = hidden.shape[0]
@@ -411,8 +446,9 @@ class Engine:
         code = first_code(main, self.mc)
         codes = [code]
         for k in range(1, self.mc.num_codebooks):
-            logits = self.model.forward_fast(self.model.fast_codebook_input(code), start=k,
-                                             cache=self.cache.fast, rows=rows)[:, -1]
+            logits = self.model.forward_fast(
+                self.model.fast_codebook_input(code), start=k, cache=self.cache.fast, rows=rows
+            )[:, -1]
             if keep_logits is not None:
                 keep_logits.append(logits)
             code = pick_code(logits, k, decoders, None if self.limits is None else self.limits[k])

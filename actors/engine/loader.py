@@ -1,4 +1,5 @@
 """Checkpoint directory -> a ready model + tokenizer on the requested device and dtype."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,10 +15,14 @@ from .model import DualARModel
 from .tokenizer import Tokenizer, load_tokenizer
 
 DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "float64": torch.float64, "fp64": torch.float64,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
 }
 
 
@@ -55,6 +60,7 @@ class LoadedModel:
     @property
     def im_end_id(self) -> int:
         from .tokenizer import IM_END
+
         return self.tokenizer.token_id(IM_END)
 
 
@@ -66,13 +72,18 @@ def build_empty_model(config: ModelConfig, device: torch.device, dtype: torch.dt
     # ops for meta tensors, which import sympy and the symbolic-shape machinery (~0.5 s)
     for module in model.modules():
         for name, meta in list(module.named_parameters(recurse=False)):
-            setattr(module, name, nn.Parameter(torch.empty(meta.shape, dtype=dtype, device=device),
-                                               requires_grad=False))
+            setattr(
+                module, name, nn.Parameter(torch.empty(meta.shape, dtype=dtype, device=device), requires_grad=False)
+            )
     return model.eval()
 
 
-def load_model(checkpoint_dir: str | Path, device: str | torch.device = "auto",
-               dtype: str | torch.dtype = "auto", tokenizer: str = "auto") -> LoadedModel:
+def load_model(
+    checkpoint_dir: str | Path,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    tokenizer: str = "auto",
+) -> LoadedModel:
     checkpoint_dir = Path(checkpoint_dir)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -81,8 +92,9 @@ def load_model(checkpoint_dir: str | Path, device: str | torch.device = "auto",
     config = with_semantic_ids(config, tok.semantic_begin_id, tok.semantic_end_id, tok.source)
     model = build_empty_model(config, dev, dt)
     report = load_weights(model, checkpoint_dir)
-    return LoadedModel(config=config, model=model, tokenizer=tok, checkpoint_dir=checkpoint_dir,
-                       device=dev, dtype=dt, report=report)
+    return LoadedModel(
+        config=config, model=model, tokenizer=tok, checkpoint_dir=checkpoint_dir, device=dev, dtype=dt, report=report
+    )
 
 
 def with_dtype(loaded: LoadedModel, dtype: str | torch.dtype) -> LoadedModel:

@@ -3,6 +3,7 @@ KV cache handed in by the caller, numerics matching upstream fish-speech (DESIGN
 
 Shapes: B rows, T new columns, C = num_codebooks, S = cache capacity per slot.
 """
+
 from __future__ import annotations
 
 import math
@@ -130,8 +131,14 @@ class Attention(nn.Module):
             self.k_norm = HeadRMSNorm(head_dim, eps)
         self.qk_norm = qk_norm
 
-    def forward(self, x: Tensor, cos_sin: Tensor, mask: Optional[Tensor],
-                cache: Optional[LayerKV] = None, view: Optional[CacheView] = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cos_sin: Tensor,
+        mask: Optional[Tensor],
+        cache: Optional[LayerKV] = None,
+        view: Optional[CacheView] = None,
+    ) -> Tensor:
         b, t, _ = x.shape
         q_size, kv_size = self.n_head * self.head_dim, self.n_kv * self.head_dim
         q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
@@ -227,9 +234,19 @@ class DualARModel(nn.Module):
         self.embeddings = uninitialised_embedding(c.vocab_size, c.dim)
         self.codebook_embeddings = uninitialised_embedding(c.codebook_size * c.num_codebooks, c.dim)
         self.layers = nn.ModuleList(
-            Block(c.dim, c.n_head, c.n_local_heads, c.head_dim, c.intermediate_size,
-                  c.attention_qkv_bias, c.attention_o_bias, c.attention_qk_norm, c.norm_eps)
-            for _ in range(c.n_layer))
+            Block(
+                c.dim,
+                c.n_head,
+                c.n_local_heads,
+                c.head_dim,
+                c.intermediate_size,
+                c.attention_qkv_bias,
+                c.attention_o_bias,
+                c.attention_qk_norm,
+                c.norm_eps,
+            )
+            for _ in range(c.n_layer)
+        )
         self.norm = RMSNorm(c.dim, c.norm_eps)
         if not c.tie_word_embeddings:
             self.output = nn.Linear(c.dim, c.vocab_size, bias=False)
@@ -237,10 +254,19 @@ class DualARModel(nn.Module):
             self.fast_project_in = nn.Linear(c.dim, c.fast_dim)
         self.fast_embeddings = uninitialised_embedding(c.codebook_size, c.fast_dim)
         self.fast_layers = nn.ModuleList(
-            Block(c.fast_dim, c.fast_n_head, c.fast_n_local_heads, c.fast_head_dim,
-                  c.fast_intermediate_size, c.fast_attention_qkv_bias, c.fast_attention_o_bias,
-                  c.fast_attention_qk_norm, c.norm_eps)
-            for _ in range(c.n_fast_layer))
+            Block(
+                c.fast_dim,
+                c.fast_n_head,
+                c.fast_n_local_heads,
+                c.fast_head_dim,
+                c.fast_intermediate_size,
+                c.fast_attention_qkv_bias,
+                c.fast_attention_o_bias,
+                c.fast_attention_qk_norm,
+                c.norm_eps,
+            )
+            for _ in range(c.n_fast_layer)
+        )
         self.fast_norm = RMSNorm(c.fast_dim, c.norm_eps)
         self.fast_output = nn.Linear(c.fast_dim, c.codebook_size, bias=False)
         self._rope_slow: Optional[Tensor] = None
@@ -256,8 +282,9 @@ class DualARModel(nn.Module):
 
     def _fast_rope(self, device) -> Tensor:
         if self._rope_fast is None or self._rope_fast.device != device:
-            self._rope_fast = rope_table(self.config.num_codebooks, self.config.fast_head_dim,
-                                         self.config.rope_base, device)
+            self._rope_fast = rope_table(
+                self.config.num_codebooks, self.config.fast_head_dim, self.config.rope_base, device
+            )
         return self._rope_fast
 
     # -- slow stack ---------------------------------------------------------------------
@@ -274,10 +301,19 @@ class DualARModel(nn.Module):
             x = torch.where(semantic.unsqueeze(-1), x / math.sqrt(c.num_codebooks + 1), x)
         return x
 
-    def forward_slow(self, tokens: Tensor, positions: Tensor, cache: Optional[list[LayerKV]] = None,
-                     rows=None, attend_len: int = 0, last_only: bool = True,
-                     logit_rows: Optional[Tensor] = None, want_logits: bool = True,
-                     logit_head: Optional[nn.Module] = None, select: Optional[Tensor] = None) -> SlowOutput:
+    def forward_slow(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: Optional[list[LayerKV]] = None,
+        rows=None,
+        attend_len: int = 0,
+        last_only: bool = True,
+        logit_rows: Optional[Tensor] = None,
+        want_logits: bool = True,
+        logit_head: Optional[nn.Module] = None,
+        select: Optional[Tensor] = None,
+    ) -> SlowOutput:
         """tokens [B, 1+C, T]; positions [B, T] absolute positions of the columns.
 
         Without a cache the call is a full causal recompute of exactly these columns (the
@@ -332,8 +368,7 @@ class DualARModel(nn.Module):
         return hidden
 
     # -- fast stack ---------------------------------------------------------------------
-    def forward_fast(self, x: Tensor, start: int = 0, cache: Optional[list[LayerKV]] = None,
-                     rows=None) -> Tensor:
+    def forward_fast(self, x: Tensor, start: int = 0, cache: Optional[list[LayerKV]] = None, rows=None) -> Tensor:
         """Fast-stack logits [B, T, codebook_size] for inputs x [B, T, fast_dim] at frame
         positions start..start+T-1. Without a cache: a full causal pass (T = C for the
         teacher-forced score path). With a cache: K/V of this frame live in slots `rows`."""
@@ -370,7 +405,7 @@ class DualARModel(nn.Module):
         fast = torch.zeros(t, c.num_codebooks, c.codebook_size, dtype=slow.dtype, device=slow.device)
         if t > 1:
             hidden = out.hidden[0, : t - 1].unsqueeze(1)  # [T-1, 1, fast_dim]
-            next_codes = tokens[0, 1:c.num_codebooks, 1:].T  # [T-1, C-1]: codes 0..C-2 of column t+1
+            next_codes = tokens[0, 1 : c.num_codebooks, 1:].T  # [T-1, C-1]: codes 0..C-2 of column t+1
             x = torch.cat([hidden, self.fast_embeddings(next_codes)], dim=1)
             fast[: t - 1] = self.forward_fast(x)
         return slow, fast

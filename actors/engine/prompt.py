@@ -15,12 +15,14 @@ S1 (interleave form):
 `prefix_len` counts the leading columns that depend only on the references (and the
 format), so rows sharing references can share that part of the KV cache.
 """
+
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -66,8 +68,10 @@ def check_text(text, what: str = "text") -> str:
         raise PromptError(f"{what} is not valid UTF-8 (it contains an unpaired surrogate)") from None
     for i, ch in enumerate(text):
         if ch not in _ALLOWED_CONTROLS and unicodedata.category(ch) == "Cc":
-            raise PromptError(f"{what} contains control character U+{ord(ch):04X} at position {i}; "
-                              f"remove it (only tab and newlines are allowed)")
+            raise PromptError(
+                f"{what} contains control character U+{ord(ch):04X} at position {i}; "
+                f"remove it (only tab and newlines are allowed)"
+            )
     return text
 
 
@@ -93,7 +97,7 @@ class PromptBuilder:
         self.rows = 1 + config.num_codebooks
 
     @classmethod
-    def for_model(cls, loaded) -> "PromptBuilder":
+    def for_model(cls, loaded) -> PromptBuilder:
         return cls(loaded.tokenizer, loaded.config)
 
     def _text(self, text: str) -> np.ndarray:
@@ -106,22 +110,29 @@ class PromptBuilder:
         c = self.config
         codes = np.asarray(ref.codes)
         if codes.ndim != 2 or codes.shape[0] != c.num_codebooks:
-            raise PromptError(f"reference {index}: codes must have shape [{c.num_codebooks}, frames], "
-                              f"got {list(codes.shape)}")
+            raise PromptError(
+                f"reference {index}: codes must have shape [{c.num_codebooks}, frames], got {list(codes.shape)}"
+            )
         if codes.shape[1] == 0:
             raise PromptError(f"reference {index}: codes have no frames")
         if not np.issubdtype(codes.dtype, np.integer):
             raise PromptError(f"reference {index}: codes must be integers, got {codes.dtype}")
         if codes.min() < 0 or codes.max() >= c.codebook_size:
-            raise PromptError(f"reference {index}: codes must lie in [0, {c.codebook_size}), "
-                              f"got [{codes.min()}, {codes.max()}]")
+            raise PromptError(
+                f"reference {index}: codes must lie in [0, {c.codebook_size}), got [{codes.min()}, {codes.max()}]"
+            )
         cols = np.zeros((self.rows, codes.shape[1]), dtype=np.int64)
         cols[0] = codes[0] + c.semantic_begin_id
         cols[1:] = codes
         return cols
 
-    def build(self, text: str, ref_text: Optional[str] = None, ref_codes: Optional[np.ndarray] = None,
-              references: Optional[Sequence[Reference]] = None) -> Prompt:
+    def build(
+        self,
+        text: str,
+        ref_text: Optional[str] = None,
+        ref_codes: Optional[np.ndarray] = None,
+        references: Optional[Sequence[Reference]] = None,
+    ) -> Prompt:
         text = check_text(text)
         if not text.strip():
             raise PromptError("text is empty")
@@ -144,8 +155,10 @@ class PromptBuilder:
         t = self._text
         prefix = [t(f"{IM_START}system\n")]
         if refs:
-            tagged = [r.text if _SPEAKER_TAG.search(r.text) else SPEAKER_TEMPLATE.format(i) + r.text
-                      for i, r in enumerate(refs)]
+            tagged = [
+                r.text if _SPEAKER_TAG.search(r.text) else SPEAKER_TEMPLATE.format(i) + r.text
+                for i, r in enumerate(refs)
+            ]
             prefix += [t(S2_SYSTEM_WITH_REFERENCE), t("\n".join(tagged)), t(S2_SPEECH_HEADER)]
             prefix += [self._codes(r, i) for i, r in enumerate(refs)]
         else:

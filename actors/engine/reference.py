@@ -2,10 +2,12 @@
 (slow stack over all columns so far, fast stack over the frame so far) without any KV cache.
 Slow by design; kept as the oracle for the cached engine and as the benchmark's baseline.
 It picks tokens with the same rules and random stream as the engine (`decoding`)."""
+
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import numpy as np
 import torch
@@ -19,8 +21,9 @@ LogitObserver = Callable[[int, torch.Tensor, torch.Tensor], None]
 
 
 @torch.inference_mode()
-def reference_generate(loaded: LoadedModel, request: Request, codebook_limits=None,
-                       observe: Optional[LogitObserver] = None) -> Result:
+def reference_generate(
+    loaded: LoadedModel, request: Request, codebook_limits=None, observe: Optional[LogitObserver] = None
+) -> Result:
     model, c = loaded.model, loaded.config
     cand = Candidates(c, loaded.im_end_id, loaded.device)
     decoder = RowDecoder(request.sampling, request.stop_on_eos)
@@ -59,6 +62,13 @@ def reference_generate(loaded: LoadedModel, request: Request, codebook_limits=No
         seq = torch.cat([seq, torch.cat([main, frame]).unsqueeze(1)], dim=1)
     codes = torch.stack(frames, dim=1).cpu().numpy() if frames else np.zeros((c.num_codebooks, 0), np.int64)
     total = (time.perf_counter() - t0) * 1e3
-    return Result(request_id=request.request_id, codes=codes, stop_reason=stop,
-                  prompt_tokens=int(request.prompt.shape[1]), frames=codes.shape[1],
-                  decode_ms=total, first_frame_ms=first_frame * 1e3, total_ms=total)
+    return Result(
+        request_id=request.request_id,
+        codes=codes,
+        stop_reason=stop,
+        prompt_tokens=int(request.prompt.shape[1]),
+        frames=codes.shape[1],
+        decode_ms=total,
+        first_frame_ms=first_frame * 1e3,
+        total_ms=total,
+    )

@@ -5,10 +5,11 @@ Order (upstream fish-speech): [repetition penalty] -> top-p over the softmax of 
 take the argmax, ties to the lowest index. Every draw consumes exactly one uniform from that
 row's own CPU `torch.Generator`, so a row's output never depends on which rows share its batch.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -24,14 +25,17 @@ class RowSampling:
     greedy: Tensor  # [B] bool
 
     @staticmethod
-    def stack(temperature: Sequence[float], top_p: Sequence[float], top_k: Sequence[int],
-              device) -> "RowSampling":
+    def stack(temperature: Sequence[float], top_p: Sequence[float], top_k: Sequence[int], device) -> RowSampling:
         t = torch.tensor(list(temperature), dtype=torch.float32, device=device)
         k = torch.tensor(list(top_k), dtype=torch.int64, device=device)
-        return RowSampling(temperature=t, top_p=torch.tensor(list(top_p), dtype=torch.float32, device=device),
-                           top_k=k, greedy=(t == 0) | (k == 1))
+        return RowSampling(
+            temperature=t,
+            top_p=torch.tensor(list(top_p), dtype=torch.float32, device=device),
+            top_k=k,
+            greedy=(t == 0) | (k == 1),
+        )
 
-    def select(self, index: Tensor) -> "RowSampling":
+    def select(self, index: Tensor) -> RowSampling:
         return RowSampling(self.temperature[index], self.top_p[index], self.top_k[index], self.greedy[index])
 
 

@@ -5,32 +5,89 @@ run on these; `bench` builds bigger shapes in memory with `random_model`.
 
 The byte-level tokenizer: ids 0..255 are the UTF-8 bytes, then the special tokens in
 `SPECIAL_TOKENS` order, then <|semantic:0..codebook_size-1|>."""
+
 from __future__ import annotations
 
 import base64
 import json
 import math
 from pathlib import Path
+
 import torch
 
-from .config import FAMILY_S1, FAMILY_S2, MODEL_TYPE_FLAT, MODEL_TYPE_NESTED, ModelConfig, parse_config, with_semantic_ids
+from .config import (
+    FAMILY_S1,
+    FAMILY_S2,
+    MODEL_TYPE_FLAT,
+    MODEL_TYPE_NESTED,
+    parse_config,
+    with_semantic_ids,
+)
 from .loader import LoadedModel, build_empty_model, resolve_device, resolve_dtype
 from .tokenizer import IM_END, IM_START, INTERLEAVE, SEMANTIC_TEMPLATE, VOICE, Tokenizer
 
-SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|endoftext|>", "<|pad|>", IM_START, IM_END,
-                  "<|phoneme_start|>", "<|phoneme_end|>", "<|tool_call_start|>", "<|tool_call_end|>",
-                  "<|text|>", VOICE, INTERLEAVE, "<|audio_start|>", "<|audio_end|>", "<|audio|>",
-                  "<|audio_pad|>"]
+SPECIAL_TOKENS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|endoftext|>",
+    "<|pad|>",
+    IM_START,
+    IM_END,
+    "<|phoneme_start|>",
+    "<|phoneme_end|>",
+    "<|tool_call_start|>",
+    "<|tool_call_end|>",
+    "<|text|>",
+    VOICE,
+    INTERLEAVE,
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<|audio|>",
+    "<|audio_pad|>",
+]
 
 # Named shapes. `small` is S1-mini cut to 12 slow layers (fits a 2-core machine);
 # `s1-mini` is the full S1-mini shape.
 SIZES = {
-    "tiny": dict(n_layer=2, dim=128, n_head=4, n_local_heads=2, head_dim=32, intermediate_size=384,
-                 n_fast_layer=2, fast_head_dim=32, num_codebooks=10, codebook_size=128, vocab_size=None),
-    "small": dict(n_layer=12, dim=1024, n_head=16, n_local_heads=8, head_dim=128, intermediate_size=3072,
-                  n_fast_layer=4, fast_head_dim=64, num_codebooks=10, codebook_size=4096, vocab_size=155776),
-    "s1-mini": dict(n_layer=28, dim=1024, n_head=16, n_local_heads=8, head_dim=128, intermediate_size=3072,
-                    n_fast_layer=4, fast_head_dim=64, num_codebooks=10, codebook_size=4096, vocab_size=155776),
+    "tiny": dict(
+        n_layer=2,
+        dim=128,
+        n_head=4,
+        n_local_heads=2,
+        head_dim=32,
+        intermediate_size=384,
+        n_fast_layer=2,
+        fast_head_dim=32,
+        num_codebooks=10,
+        codebook_size=128,
+        vocab_size=None,
+    ),
+    "small": dict(
+        n_layer=12,
+        dim=1024,
+        n_head=16,
+        n_local_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        n_fast_layer=4,
+        fast_head_dim=64,
+        num_codebooks=10,
+        codebook_size=4096,
+        vocab_size=155776,
+    ),
+    "s1-mini": dict(
+        n_layer=28,
+        dim=1024,
+        n_head=16,
+        n_local_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        n_fast_layer=4,
+        fast_head_dim=64,
+        num_codebooks=10,
+        codebook_size=4096,
+        vocab_size=155776,
+    ),
 }
 
 
@@ -65,8 +122,9 @@ class SyntheticTokenizer(Tokenizer):
 
 def _byte_to_unicode() -> dict[int, str]:
     """GPT-2's byte <-> printable-unicode table used by HF ByteLevel tokenizers."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -80,7 +138,8 @@ def _byte_to_unicode() -> dict[int, str]:
 def write_tokenizer(out_dir: Path, codebook_size: int, tiktoken_files: bool = True) -> None:
     """tokenizer.json (+ tokenizer_config.json) always; tokenizer.tiktoken + special_tokens.json
     for the S1 form."""
-    from tokenizers import AddedToken, Tokenizer as HFTok, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTok
 
     special = special_tokens(codebook_size)
     byte_map = _byte_to_unicode()
@@ -90,9 +149,13 @@ def write_tokenizer(out_dir: Path, codebook_size: int, tiktoken_files: bool = Tr
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in special])
     tok.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "pad_token": "<|pad|>"},
-        indent=2) + "\n")
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "pad_token": "<|pad|>"},
+            indent=2,
+        )
+        + "\n"
+    )
     if tiktoken_files:
         lines = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
         (out_dir / "tokenizer.tiktoken").write_text("\n".join(lines) + "\n")
@@ -103,33 +166,73 @@ def config_dict(fmt: str, sizes: dict, max_seq_len: int) -> dict:
     """config.json content in the flat S1 or nested S2 form."""
     n_special = len(SPECIAL_TOKENS) + sizes["codebook_size"]
     vocab = sizes.get("vocab_size") or 256 + n_special
-    slow = dict(vocab_size=vocab, n_layer=sizes["n_layer"], n_head=sizes["n_head"], n_local_heads=sizes["n_local_heads"],
-                head_dim=sizes["head_dim"], dim=sizes["dim"], intermediate_size=sizes["intermediate_size"],
-                rope_base=1000000.0, norm_eps=1e-6, max_seq_len=max_seq_len, dropout=0.0,
-                tie_word_embeddings=True, attention_qkv_bias=False, attention_o_bias=False, attention_qk_norm=True)
+    slow = dict(
+        vocab_size=vocab,
+        n_layer=sizes["n_layer"],
+        n_head=sizes["n_head"],
+        n_local_heads=sizes["n_local_heads"],
+        head_dim=sizes["head_dim"],
+        dim=sizes["dim"],
+        intermediate_size=sizes["intermediate_size"],
+        rope_base=1000000.0,
+        norm_eps=1e-6,
+        max_seq_len=max_seq_len,
+        dropout=0.0,
+        tie_word_embeddings=True,
+        attention_qkv_bias=False,
+        attention_o_bias=False,
+        attention_qk_norm=True,
+    )
     fast_dim = sizes.get("fast_dim") or sizes["dim"]
     if fmt == FAMILY_S1:
-        return dict(model_type=MODEL_TYPE_FLAT, **slow, codebook_size=sizes["codebook_size"],
-                    num_codebooks=sizes["num_codebooks"], scale_codebook_embeddings=True,
-                    n_fast_layer=sizes["n_fast_layer"], fast_dim=fast_dim, fast_n_head=sizes["n_head"],
-                    fast_n_local_heads=sizes["n_local_heads"], fast_head_dim=sizes["fast_head_dim"],
-                    fast_intermediate_size=sizes["intermediate_size"], fast_attention_qkv_bias=False,
-                    fast_attention_qk_norm=True, fast_attention_o_bias=False)
+        return dict(
+            model_type=MODEL_TYPE_FLAT,
+            **slow,
+            codebook_size=sizes["codebook_size"],
+            num_codebooks=sizes["num_codebooks"],
+            scale_codebook_embeddings=True,
+            n_fast_layer=sizes["n_fast_layer"],
+            fast_dim=fast_dim,
+            fast_n_head=sizes["n_head"],
+            fast_n_local_heads=sizes["n_local_heads"],
+            fast_head_dim=sizes["fast_head_dim"],
+            fast_intermediate_size=sizes["intermediate_size"],
+            fast_attention_qkv_bias=False,
+            fast_attention_qk_norm=True,
+            fast_attention_o_bias=False,
+        )
     if fmt == FAMILY_S2:
         special = special_tokens(sizes["codebook_size"])
         return dict(
-            architectures=["FishQwen3OmniForCausalLM"], model_type=MODEL_TYPE_NESTED, dtype="bfloat16",
-            sample_rate=44100, eos_token_id=special[IM_END], pad_token_id=special["<|pad|>"],
+            architectures=["FishQwen3OmniForCausalLM"],
+            model_type=MODEL_TYPE_NESTED,
+            dtype="bfloat16",
+            sample_rate=44100,
+            eos_token_id=special[IM_END],
+            pad_token_id=special["<|pad|>"],
             semantic_start_token_id=special[SEMANTIC_TEMPLATE.format(0)],
             semantic_end_token_id=special[SEMANTIC_TEMPLATE.format(sizes["codebook_size"] - 1)],
             text_config=dict(model_type="fish_qwen3", **slow),
             audio_decoder_config=dict(
-                model_type="fish_qwen3_audio_decoder", vocab_size=sizes["codebook_size"],
-                num_codebooks=sizes["num_codebooks"], n_layer=sizes["n_fast_layer"], dim=fast_dim,
-                n_head=sizes["n_head"], n_local_heads=sizes["n_local_heads"], head_dim=sizes["fast_head_dim"],
-                intermediate_size=sizes["intermediate_size"], rope_base=1000000.0, norm_eps=1e-6,
-                max_seq_len=sizes["num_codebooks"] + 1, tie_word_embeddings=False, attention_qkv_bias=False,
-                attention_o_bias=False, attention_qk_norm=False, text_dim=sizes["dim"]))
+                model_type="fish_qwen3_audio_decoder",
+                vocab_size=sizes["codebook_size"],
+                num_codebooks=sizes["num_codebooks"],
+                n_layer=sizes["n_fast_layer"],
+                dim=fast_dim,
+                n_head=sizes["n_head"],
+                n_local_heads=sizes["n_local_heads"],
+                head_dim=sizes["fast_head_dim"],
+                intermediate_size=sizes["intermediate_size"],
+                rope_base=1000000.0,
+                norm_eps=1e-6,
+                max_seq_len=sizes["num_codebooks"] + 1,
+                tie_word_embeddings=False,
+                attention_qkv_bias=False,
+                attention_o_bias=False,
+                attention_qk_norm=False,
+                text_dim=sizes["dim"],
+            ),
+        )
     raise ValueError(f"format must be 's1' or 's2', got {fmt!r}")
 
 
@@ -152,7 +255,7 @@ def randomise_(model: torch.nn.Module, seed: int) -> None:
 
 def _s2_name(name: str) -> str:
     if name.startswith("fast_"):
-        return "audio_decoder." + name[len("fast_"):]
+        return "audio_decoder." + name[len("fast_") :]
     if name.startswith("codebook_embeddings."):
         return "audio_decoder." + name
     return "text_model.model." + name
@@ -183,11 +286,13 @@ def write_weights(out_dir: Path, state_dict: dict, fmt: str, shards: int = 2) ->
         save_file(group, str(out_dir / fname), metadata={"format": "pt"})
         weight_map.update({k: fname for k in group})
     (out_dir / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
+    )
 
 
-def make_tiny(out_dir: str | Path, fmt: str = FAMILY_S1, seed: int = 0, max_seq_len: int = 2048,
-              size: str = "tiny", **overrides) -> Path:
+def make_tiny(
+    out_dir: str | Path, fmt: str = FAMILY_S1, seed: int = 0, max_seq_len: int = 2048, size: str = "tiny", **overrides
+) -> Path:
     """Write a deterministic random checkpoint (config, weights, tokenizer) and return its dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,8 +300,12 @@ def make_tiny(out_dir: str | Path, fmt: str = FAMILY_S1, seed: int = 0, max_seq_
     cfg_json = config_dict(fmt, sizes, max_seq_len)
     config = parse_config(cfg_json, "<make_tiny>")
     special = special_tokens(sizes["codebook_size"])
-    config = with_semantic_ids(config, special[SEMANTIC_TEMPLATE.format(0)],
-                               special[SEMANTIC_TEMPLATE.format(sizes["codebook_size"] - 1)], "<make_tiny>")
+    config = with_semantic_ids(
+        config,
+        special[SEMANTIC_TEMPLATE.format(0)],
+        special[SEMANTIC_TEMPLATE.format(sizes["codebook_size"] - 1)],
+        "<make_tiny>",
+    )
     model = build_empty_model(config, torch.device("cpu"), torch.bfloat16)
     randomise_(model, seed)
     (out / "config.json").write_text(json.dumps(cfg_json, indent=2) + "\n")
@@ -205,8 +314,14 @@ def make_tiny(out_dir: str | Path, fmt: str = FAMILY_S1, seed: int = 0, max_seq_
     return out
 
 
-def random_model(size: str = "tiny", seed: int = 0, device: str = "auto", dtype: str = "auto",
-                 max_seq_len: int = 4096, fmt: str = FAMILY_S1) -> LoadedModel:
+def random_model(
+    size: str = "tiny",
+    seed: int = 0,
+    device: str = "auto",
+    dtype: str = "auto",
+    max_seq_len: int = 4096,
+    fmt: str = FAMILY_S1,
+) -> LoadedModel:
     """A random model of a named shape built straight in memory (bench: no multi-GB files)."""
     sizes = SIZES[size]
     config = parse_config(config_dict(fmt, sizes, max_seq_len), f"<random {size}>")
@@ -217,6 +332,13 @@ def random_model(size: str = "tiny", seed: int = 0, device: str = "auto", dtype:
     model = build_empty_model(config, dev, dt)
     randomise_(model, seed)
     from .checkpoint import LoadReport
-    return LoadedModel(config=config, model=model, tokenizer=tok, checkpoint_dir=Path(f"random-{size}"),
-                       device=dev, dtype=dt, report=LoadReport(files=[]))
 
+    return LoadedModel(
+        config=config,
+        model=model,
+        tokenizer=tok,
+        checkpoint_dir=Path(f"random-{size}"),
+        device=dev,
+        dtype=dt,
+        report=LoadReport(files=[]),
+    )

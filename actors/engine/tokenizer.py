@@ -2,6 +2,7 @@
 (`tokenizer.tiktoken` + `special_tokens.json`, OpenAudio S1) and HF `tokenizer.json`
 (S2-Pro). Special tokens written inside text are matched as single tokens and are always
 looked up by their string, never by a hard-coded id."""
+
 from __future__ import annotations
 
 import base64
@@ -23,16 +24,18 @@ SPEAKER_TEMPLATE = "<|speaker:{}|>"  # plain text, not a special token
 # Pre-tokenizer split of the S1-era tiktoken tokenizer (upstream FISH_TIKTOKEN_PATTERN): a
 # GPT-4o-style pattern that splits punctuation off on its own. It decides where BPE merges
 # may happen, so it is part of the format.
-_S1_SPLIT_PATTERN = "|".join([
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)",
-    r"\p{P}",
-    r"[^\r\n\p{L}\p{N}]?\p{L}+",
-    r"\p{N}",
-    r" ?[^\s\p{L}\p{N}]+[\r\n]*",
-    r"\s*[\r\n]+",
-    r"\s+(\?!\S)",
-    r"\s+",
-])
+_S1_SPLIT_PATTERN = "|".join(
+    [
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)",
+        r"\p{P}",
+        r"[^\r\n\p{L}\p{N}]?\p{L}+",
+        r"\p{N}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n]*",
+        r"\s*[\r\n]+",
+        r"\s+(\?!\S)",
+        r"\s+",
+    ]
+)
 
 
 class Tokenizer:
@@ -43,11 +46,11 @@ class Tokenizer:
     def __init__(self, special: dict[str, int], source: str):
         self.special = special
         self.source = source
-        semantic = {int(m.group(1)): tid for tok, tid in special.items()
-                    if (m := SEMANTIC_PATTERN.fullmatch(tok))}
+        semantic = {int(m.group(1)): tid for tok, tid in special.items() if (m := SEMANTIC_PATTERN.fullmatch(tok))}
         if not semantic:
-            raise CheckpointError(f"{source}: the tokenizer has no <|semantic:N|> tokens; it is not "
-                                  f"a dual-AR TTS tokenizer")
+            raise CheckpointError(
+                f"{source}: the tokenizer has no <|semantic:N|> tokens; it is not a dual-AR TTS tokenizer"
+            )
         if 0 not in semantic:
             raise CheckpointError(f"{source}: the tokenizer lacks <|semantic:0|>")
         ids = sorted(semantic.values())
@@ -57,8 +60,10 @@ class Tokenizer:
         # `token - semantic_begin_id` rule is right.
         for code, tid in semantic.items():
             if tid != self.semantic_begin_id + code:
-                raise CheckpointError(f"{source}: <|semantic:{code}|> has id {tid}, expected "
-                                      f"{self.semantic_begin_id + code} (semantic ids must be contiguous)")
+                raise CheckpointError(
+                    f"{source}: <|semantic:{code}|> has id {tid}, expected "
+                    f"{self.semantic_begin_id + code} (semantic ids must be contiguous)"
+                )
 
     def token_id(self, token: str) -> int:
         try:
@@ -101,8 +106,8 @@ class TiktokenTokenizer(Tokenizer):
             raise CheckpointError(f"{special_path}: expected a JSON object {{token: id}}")
         super().__init__(special, str(special_path))
         self._encoding = tiktoken.Encoding(
-            name=ranks_path.stem, pat_str=_S1_SPLIT_PATTERN, mergeable_ranks=ranks,
-            special_tokens=special)
+            name=ranks_path.stem, pat_str=_S1_SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=special
+        )
         self.vocab_size = max(max(ranks.values(), default=-1), max(special.values())) + 1
 
     def encode(self, text: str) -> list[int]:
@@ -141,4 +146,5 @@ def load_tokenizer(checkpoint_dir: str | Path, prefer: str = "auto") -> Tokenize
     if prefer in ("auto", "hf") and hf.is_file():
         return HFTokenizer(hf)
     raise CheckpointError(
-        f"{d}: no tokenizer found (expected tokenizer.tiktoken + special_tokens.json, or tokenizer.json)")
+        f"{d}: no tokenizer found (expected tokenizer.tiktoken + special_tokens.json, or tokenizer.json)"
+    )

@@ -1,6 +1,7 @@
 """The engine's public request/result types: what callers (the Ray actor, the CLI, the
 benchmarks) hand in and get back. Plain dataclasses over numpy so that nothing outside the
 engine needs torch to build or read them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -54,7 +55,7 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
-    def with_seed(self, seed: int) -> "SamplingParams":
+    def with_seed(self, seed: int) -> SamplingParams:
         return replace(self, seed=int(seed))
 
 

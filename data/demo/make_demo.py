@@ -5,6 +5,7 @@ refs/*.flac   short clips of real (synthetic-voice) speech from espeak-ng, one p
 demo.parquet  sentences to synthesize: some rows without a reference, some naming a clip by
               path (relative to this directory), one speaker's clip embedded as bytes
 """
+
 from __future__ import annotations
 
 import io
@@ -85,8 +86,15 @@ def main() -> None:
     rows = []
     for index, sentence in enumerate(SENTENCES):
         speaker = speakers[index % len(speakers)]
-        row = {"id": f"demo-{index:03d}", "text": sentence, "speaker": speaker, "ref_text": None,
-               "ref_audio_path": None, "ref_audio": None, "seed": None}
+        row = {
+            "id": f"demo-{index:03d}",
+            "text": sentence,
+            "speaker": speaker,
+            "ref_text": None,
+            "ref_audio_path": None,
+            "ref_audio": None,
+            "seed": None,
+        }
         if speaker is not None:
             row["ref_text"] = SPEAKERS[speaker][2]
             if speaker == EMBEDDED:
@@ -96,9 +104,17 @@ def main() -> None:
         if index % 10 == 3:
             row["seed"] = 1000 + index  # a few rows pin their seed explicitly
         rows.append(row)
-    schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("speaker", pa.string()),
-                        ("ref_text", pa.string()), ("ref_audio_path", pa.string()),
-                        ("ref_audio", pa.binary()), ("seed", pa.int64())])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("text", pa.string()),
+            ("speaker", pa.string()),
+            ("ref_text", pa.string()),
+            ("ref_audio_path", pa.string()),
+            ("ref_audio", pa.binary()),
+            ("seed", pa.int64()),
+        ]
+    )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), HERE / "demo.parquet")
     print(f"{len(rows)} rows -> {HERE / 'demo.parquet'}")
 
