@@ -1,31 +1,42 @@
 """chorus's generation engine for the Fish Audio dual-AR family: load a checkpoint, build
-prompts, generate codes for many rows at once. Plain torch; usable without Ray."""
+prompts, generate codes for many rows at once. Plain torch; usable without Ray.
 
-from .config import CheckpointError, ModelConfig, load_config
-from .engine import Engine, EngineConfig
-from .loader import LoadedModel, load_model
-from .prompt import Prompt, PromptBuilder, PromptError, Reference
-from .reference import reference_generate
-from .types import STOP_BUDGET, STOP_EOS, STOP_ERROR, Request, Result, SamplingParams, upstream_sampling
+The names below load lazily, so `from actors.engine.types import Request` or
+`from actors.engine.settings import EngineConfig` never imports torch (the driver does that)."""
 
-__all__ = [
-    "CheckpointError",
-    "ModelConfig",
-    "load_config",
-    "Engine",
-    "EngineConfig",
-    "LoadedModel",
-    "load_model",
-    "Prompt",
-    "PromptBuilder",
-    "PromptError",
-    "Reference",
-    "reference_generate",
-    "Request",
-    "Result",
-    "SamplingParams",
-    "upstream_sampling",
-    "STOP_BUDGET",
-    "STOP_EOS",
-    "STOP_ERROR",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "CheckpointError": "config",
+    "ModelConfig": "config",
+    "load_config": "config",
+    "Engine": "engine",
+    "EngineConfig": "settings",
+    "LoadedModel": "loader",
+    "load_model": "loader",
+    "Prompt": "prompt",
+    "PromptBuilder": "prompt",
+    "PromptError": "prompt",
+    "Reference": "prompt",
+    "reference_generate": "reference",
+    "Request": "types",
+    "Result": "types",
+    "SamplingParams": "types",
+    "upstream_sampling": "types",
+    "STOP_BUDGET": "types",
+    "STOP_EOS": "types",
+    "STOP_ERROR": "types",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'actors.engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

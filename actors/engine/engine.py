@@ -22,31 +22,8 @@ from .cache import PrefixCache, SlotKVCache
 from .decoding import Candidates, RowDecoder, first_code, pick_code, pick_main
 from .loader import LoadedModel
 from .model import pack_cpu_linears
+from .settings import EngineConfig
 from .types import STOP_BUDGET, STOP_EOS, STOP_ERROR, Request, Result
-
-
-@dataclass
-class EngineConfig:
-    """max_rows: KV slots = rows decoded together. max_tokens: positions per slot (prompt +
-    frames); size it to the work, not the model's context. prefill_chunk: prompt columns per
-    prefill call. static_shapes: decode over every slot with full-capacity masks so the step
-    has one shape (for torch.compile / CUDA graphs); off = attend over real lengths only.
-    codebook_limits: optional per-codebook upper bounds for sampled codes (e.g. the codec's
-    sizes); None samples all codebook_size ids, as current upstream. prefix_cache_entries:
-    how many shared prompt prefixes keep their K/V."""
-
-    max_rows: int = 16
-    max_tokens: int = 1024
-    prefill_chunk: int = 512
-    static_shapes: bool = False
-    compile: bool = False
-    codebook_limits: Optional[tuple[int, ...]] = None
-    prefix_cache_entries: int = 8
-    record_steps: bool = False
-    # CPU only: pre-pack linear weights for oneDNN (~2x faster matmuls; costs a second copy
-    # of the linear weights in memory). Ignored on GPU and for float64.
-    cpu_packed_linears: bool = True
-
 
 # observer(request_id, frame_index, slow_logits [n_candidates], fast_logits [C-1, codebook_size])
 LogitObserver = Callable[[str, int, torch.Tensor, torch.Tensor], None]
@@ -88,8 +65,7 @@ class Engine:
         self.loaded, self.config = loaded, config
         self.model, self.mc = loaded.model, loaded.config
         self.device, self.dtype = loaded.device, loaded.dtype
-        if config.prefill_chunk < 1:
-            raise ValueError("prefill_chunk must be >= 1")
+        config.validate()
         self.cache = SlotKVCache(
             self.mc, config.max_rows, config.max_tokens, self.device, self.dtype, model_id=id(self.model)
         )

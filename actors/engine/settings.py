@@ -1,0 +1,44 @@
+"""The engine's settings: one typed dataclass, free of torch, so that the driver's Hydra schema
+can nest it and the actor hands it to `Engine` unchanged. Each default lives here once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class EngineConfig:
+    """max_rows: KV slots = rows decoded together. max_tokens: positions per slot (prompt +
+    frames); size it to the work, not the model's context. prefill_chunk: prompt columns per
+    prefill call. static_shapes: decode a batch padded to a size bucket, attending over the
+    slot's full capacity, so each bucket has one shape (implied by compile and CUDA graphs).
+    compile: wrap the whole decode frame (slow step, fast stack, sampling) in
+    torch.compile(fullgraph=True); a graph break is an error. cuda_graphs: on CUDA, capture
+    each bucket's decode frame as a CUDA graph. codebook_limits: optional per-codebook upper
+    bounds for sampled codes (e.g. the codec's sizes); None samples all codebook_size ids, as
+    current upstream. prefix_cache_entries: how many shared prompt prefixes keep their K/V."""
+
+    max_rows: int = 16
+    max_tokens: int = 1024
+    prefill_chunk: int = 512
+    static_shapes: bool = False
+    compile: bool = False
+    cuda_graphs: bool = False
+    codebook_limits: Optional[tuple[int, ...]] = None
+    prefix_cache_entries: int = 8
+    record_steps: bool = False
+    # CPU only: pre-pack linear weights for oneDNN (~2x faster matmuls; costs a second copy
+    # of the linear weights in memory). Ignored on GPU and for float64.
+    cpu_packed_linears: bool = True
+
+    def validate(self) -> None:
+        """Range checks a config schema cannot express; raises ValueError naming the key."""
+        if self.max_rows < 1:
+            raise ValueError(f"engine.max_rows must be >= 1, got {self.max_rows}")
+        if self.max_tokens < 2:
+            raise ValueError(f"engine.max_tokens must be >= 2, got {self.max_tokens}")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"engine.prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.prefix_cache_entries < 0:
+            raise ValueError(f"engine.prefix_cache_entries must be >= 0, got {self.prefix_cache_entries}")
