@@ -116,7 +116,8 @@ def test_positions_are_global_and_prompt_is_fed_once(lm32):
     engine.generate(reqs)
     prefill = [s for s in engine.steps if s.kind == "prefill"]
     fed = sum(s.input_len for s in prefill)
-    assert fed == sum(r.prompt.shape[1] for r in reqs)
+    # prefill writes every prompt column but the last; the row's first decode frame feeds it
+    assert fed == sum(r.prompt.shape[1] - 1 for r in reqs)
     for s in engine.steps:
         assert all(after - before == s.input_len for before, after in zip(s.cache_before, s.cache_after))
     # every prefill chunk starts where the slot's cache ended
@@ -124,8 +125,11 @@ def test_positions_are_global_and_prompt_is_fed_once(lm32):
         assert s.cache_before[0] % 7 == 0
     decode = [s for s in engine.steps if s.kind == "decode"]
     assert all(s.input_len == 1 for s in decode)
-    # 5 frames per row: the first comes from the prefill logits, 4 from decode steps
-    assert sum(len(s.slots) for s in decode) == 3 * 4
+    # 5 frames per row, one decode step each: the first feeds the prompt's last column, the
+    # others the frame sampled before (the fifth frame is never fed: the row stops)
+    assert sum(len(s.slots) for s in decode) == 3 * 5
+    first_decode = next(i for i, s in enumerate(engine.steps) if s.kind == "decode")
+    assert engine.steps[first_decode].cache_before == tuple(r.prompt.shape[1] - 1 for r in reqs[:2])
 
 
 def test_window_overflow_is_a_per_request_error(lm32):

@@ -7,8 +7,16 @@ import pytest
 import torch
 
 from actors.engine.config import parse_config, with_semantic_ids
-from actors.engine.decoding import Candidates, RowDecoder, pick_main
-from actors.engine.sampling import RowSampling, apply_repetition_penalty, draw, filtered_probs, sample
+from actors.engine.decoding import Candidates, SlotSampling, pick_main
+from actors.engine.sampling import (
+    RowSampling,
+    apply_repetition_penalty,
+    counter_uniforms,
+    draw,
+    filtered_probs,
+    sample,
+    seed_keys,
+)
 from actors.engine.types import SamplingParams, upstream_sampling
 
 
@@ -16,8 +24,12 @@ def rows(temperature, top_p, top_k):
     return RowSampling.stack([temperature], [top_p], [top_k], "cpu")
 
 
-def gens(n, seed=0):
-    return [torch.Generator().manual_seed(seed + i) for i in range(n)]
+def uniforms(n, seed=0, frame=0, draw_index=0):
+    """One counter-based uniform per row, row i seeded seed + i."""
+    keys = [seed_keys(seed + i) for i in range(n)]
+    key1 = torch.tensor([k[0] for k in keys])
+    key2 = torch.tensor([k[1] for k in keys])
+    return counter_uniforms(key1, key2, torch.full((n,), frame), draw_index)
 
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
@@ -31,12 +43,11 @@ def softmax(x):
 def test_greedy_ties_go_to_lowest_id_and_temperature_zero_is_greedy():
     logits = torch.tensor([[0.0, 3.0, 1.0, 3.0], [5.0, 5.0, 5.0, 5.0]])
     s = RowSampling.stack([0.0, 0.0], [0.8, 0.8], [30, 30], "cpu")
-    g = gens(2)
-    states = [x.get_state() for x in g]
-    assert sample(logits, s, g).tolist() == [1, 0]
-    # greedy consumes no randomness and never divides by zero
-    assert all(torch.equal(a.get_state(), b) for a, b in zip(g, states))
-    assert sample(logits, RowSampling.stack([0.7, 1.0], [1.0, 1.0], [1, 1], "cpu"), gens(2)).tolist() == [1, 0]
+    assert sample(logits, s, uniforms(2)).tolist() == [1, 0]
+    # greedy never divides by zero and ignores the uniform, whatever it is
+    for u in (torch.zeros(2), torch.full((2,), 1 - 2**-24)):
+        assert sample(logits, s, u).tolist() == [1, 0]
+    assert sample(logits, RowSampling.stack([0.7, 1.0], [1.0, 1.0], [1, 1], "cpu"), uniforms(2)).tolist() == [1, 0]
 
 
 def test_top_k_renormalises_over_kept_set():
@@ -83,7 +94,7 @@ def test_empirical_distribution_matches_intended(temperature, top_p, top_k):
     n = 4000
     logits = LOGITS.repeat(n, 1)
     s = RowSampling.stack([temperature] * n, [top_p] * n, [top_k] * n, "cpu")
-    picks = sample(logits, s, gens(n, seed=99)).numpy()
+    picks = sample(logits, s, uniforms(n, seed=99)).numpy()
     expected = filtered_probs(LOGITS, rows(temperature, top_p, top_k))[0].double().numpy()
     counts = np.bincount(picks, minlength=5)
     assert counts[expected == 0].sum() == 0
@@ -120,6 +131,17 @@ def _candidates():
     return Candidates(cfg, im_end_id=261, device="cpu")
 
 
+def _pick(cand, logits, params, history=(), stop_on_eos=True):
+    """pick_main for one row whose recent main tokens (candidate indices, oldest first) are
+    `history`, through the engine's per-slot device state."""
+    state = SlotSampling(1, 2, 16, len(cand.ids), 3, "cpu")
+    state.admit(0, params, stop_on_eos)
+    for index in history:
+        batch = state.batch(slice(0, 1), [0])
+        state.commit(slice(0, 1), torch.tensor([index]), torch.zeros(1, 2, dtype=torch.int64), batch)
+    return pick_main(logits, state.batch(slice(0, 1), [0]), cand).item()
+
+
 def test_candidates_are_ordered_by_token_id():
     c = _candidates()
     assert c.ids.tolist() == [261, 280, 281, 282] and c.im_end_index == 0
@@ -131,27 +153,21 @@ def test_repetition_aware_sampling_redraws_repeated_tokens():
     c = _candidates()
     logits = torch.tensor([[-9.0, 3.0, 2.5, -9.0]])
     params = SamplingParams(temperature=1e-3, top_p=1.0, top_k=2, ras_window=10, ras_temperature=1.0, ras_top_p=1.0)
-    fresh = [pick_main(logits, [RowDecoder(params.with_seed(s), True)], c).item() for s in range(400)]
+    fresh = [_pick(c, logits, params.with_seed(s)) for s in range(400)]
     assert set(fresh) == {1}  # candidate 1 (id 280) is the near-certain normal pick
-    repeated = []
-    for s in range(400):
-        d = RowDecoder(params.with_seed(s), True)
-        d.main_history = [1, 2]
-        repeated.append(pick_main(logits, [d], c).item())
+    repeated = [_pick(c, logits, params.with_seed(s), history=[1, 2]) for s in range(400)]
     share = repeated.count(2) / len(repeated)
     expected = softmax([3.0, 2.5])[1]  # RAS draw: temperature 1 over the top-2
     assert abs(share - expected) < 4 * math.sqrt(expected * (1 - expected) / 400)
     # outside the window: no redraw
-    d = RowDecoder(params.with_seed(0), True)
-    d.main_history = [1] + [2] * 10
-    assert pick_main(logits, [d], c).item() == 1
+    assert _pick(c, logits, params.with_seed(0), history=[1] + [2] * 10) == 1
 
 
 def test_eos_off_never_offers_im_end():
     c = _candidates()
     logits = torch.tensor([[9.0, 0.0, 0.0, 0.0]])
-    assert pick_main(logits, [RowDecoder(SamplingParams(temperature=0), True)], c).item() == 0
-    assert pick_main(logits, [RowDecoder(SamplingParams(temperature=0), False)], c).item() == 1
+    assert _pick(c, logits, SamplingParams(temperature=0)) == 0
+    assert _pick(c, logits, SamplingParams(temperature=0), stop_on_eos=False) == 1
 
 
 def test_upstream_defaults_and_validation():
@@ -161,3 +177,25 @@ def test_upstream_defaults_and_validation():
     for bad in (dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(repetition_penalty=0)):
         with pytest.raises(ValueError):
             SamplingParams(**bad).validate()
+
+
+def test_counter_uniforms_are_uniform_and_keyed_by_seed_frame_and_draw():
+    """The counter-based stream: values in [0, 1 - 2^-24], uniform (chi-square over 20 bins of
+    20,000 (seed, frame, draw) triples), and a change of seed, frame or draw index changes
+    the value, while the same key gives the same value."""
+    n = 20000
+    seeds, frames = torch.arange(n) % 97, torch.arange(n) // 97
+    keys = [seed_keys(int(s)) for s in seeds]
+    key1, key2 = torch.tensor([k[0] for k in keys]), torch.tensor([k[1] for k in keys])
+    u = counter_uniforms(key1, key2, frames, 3)
+    assert u.dtype == torch.float32 and float(u.min()) >= 0 and float(u.max()) <= 1 - 2**-24
+    counts = np.bincount((u.numpy() * 20).astype(int), minlength=20)
+    chi2 = ((counts - n / 20) ** 2 / (n / 20)).sum()
+    assert chi2 < 43.82  # 99.9% quantile, 19 degrees of freedom
+    assert torch.equal(u, counter_uniforms(key1, key2, frames, 3))
+    for other in (counter_uniforms(key1, key2, frames + 1, 3), counter_uniforms(key1, key2, frames, 4)):
+        assert (other != u).float().mean() > 0.99
+    assert seed_keys(0) != seed_keys(1) and seed_keys(2**40) != seed_keys(0) and seed_keys(-1) == seed_keys(2**64 - 1)
+    # neighbouring streams are not correlated: draws of seed s and s+1 at the same counter
+    a, b = u[:-1].double().numpy(), u[1:].double().numpy()
+    assert abs(np.corrcoef(a, b)[0, 1]) < 0.05

@@ -97,7 +97,7 @@ def _run_engine(loaded, requests, max_rows, args, use_prefix=True) -> tuple[dict
         requests = [replace(r, prefix_key=None, prefix_len=0) for r in requests]
     engine.generate(requests[:1])  # warm-up (allocator, kernels); not timed
     if use_prefix:  # start cold: the warm-up must not pre-fill the prefix cache
-        engine.prefixes = type(engine.prefixes)(engine.prefixes.capacity)
+        engine.clear_prefix_cache()
     t0 = time.perf_counter()
     results = engine.generate(requests)
     wall = time.perf_counter() - t0

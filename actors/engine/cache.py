@@ -1,6 +1,9 @@
-"""The slot KV cache: fixed `max_rows` slots x `max_tokens` positions, allocated once per
-engine and reused; who owns which slot and how long each slot's sequence is; a bounded cache
-of shared prompt prefixes (e.g. one reference voice used by many rows)."""
+"""The slot KV-cache manager: fixed `max_rows` slots x `max_tokens` positions, allocated once
+per engine and reused; who owns which slot and how long each slot's sequence is; a bounded
+cache of shared prompt prefixes (e.g. one reference voice used by many rows).
+
+Every change of a slot's length or owner goes through a method here (allocate, release, move,
+set_written, advance, restore): nothing outside writes them."""
 
 from __future__ import annotations
 
@@ -47,12 +50,21 @@ class SlotKVCache:
         self.fast = [
             alloc(max_rows, c.fast_n_local_heads, c.num_codebooks, c.fast_head_dim) for _ in range(c.n_fast_layer)
         ]
-        self.lengths = [0] * max_rows
-        self.owner: list[Optional[str]] = [None] * max_rows
+        self._lengths = [0] * max_rows
+        self._owner: list[Optional[str]] = [None] * max_rows
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Positions written per slot (read-only: change them through the methods)."""
+        return tuple(self._lengths)
+
+    @property
+    def owner(self) -> tuple[Optional[str], ...]:
+        return tuple(self._owner)
 
     # -- contracts ---------------------------------------------------------------------
     def check_compatible(self, model_id: int, device: torch.device, dtype: torch.dtype) -> None:
-        """A cache never serves another model, dtype or device (DESIGN.md §3.2)."""
+        """A cache never serves another model, dtype or device."""
         if model_id != self.model_id:
             raise CacheMismatchError("this KV cache was allocated for a different model instance")
         if torch.device(device) != torch.device(self.device) or dtype != self.dtype:
@@ -62,30 +74,41 @@ class SlotKVCache:
 
     # -- slots -------------------------------------------------------------------------
     def free_slots(self) -> int:
-        return sum(o is None for o in self.owner)
+        return sum(o is None for o in self._owner)
 
     def allocate(self, owner: str) -> int:
-        for slot, o in enumerate(self.owner):  # lowest free slot keeps live slots contiguous
+        for slot, o in enumerate(self._owner):  # lowest free slot keeps live slots contiguous
             if o is None:
-                self.owner[slot] = owner
-                self.lengths[slot] = 0
+                self._owner[slot] = owner
+                self._lengths[slot] = 0
                 return slot
         raise RuntimeError("no free KV slot")
 
     def release(self, slot: int) -> None:
-        self.owner[slot] = None
-        self.lengths[slot] = 0
+        self._owner[slot] = None
+        self._lengths[slot] = 0
+
+    def set_written(self, slot: int, length: int) -> None:
+        """A prefill chunk wrote positions up to `length` of this slot."""
+        if self._owner[slot] is None or not (0 <= length <= self.max_tokens):
+            raise RuntimeError(f"slot {slot} ({self._owner[slot]}) cannot hold {length} positions")
+        self._lengths[slot] = length
+
+    def advance(self, slots, count: int = 1) -> None:
+        """A decode step appended `count` positions to each of these slots."""
+        for slot in slots:
+            self._lengths[slot] += count
 
     def move(self, src: int, dst: int) -> None:
         """Move a live row's K/V (its first `length` positions) and ownership from slot `src`
         to the free slot `dst`."""
-        if self.owner[dst] is not None or self.owner[src] is None:
-            raise RuntimeError(f"cannot move slot {src} ({self.owner[src]}) onto slot {dst} ({self.owner[dst]})")
-        n = self.lengths[src]
+        if self._owner[dst] is not None or self._owner[src] is None:
+            raise RuntimeError(f"cannot move slot {src} ({self._owner[src]}) onto slot {dst} ({self._owner[dst]})")
+        n = self._lengths[src]
         for layer in self.slow:
             layer.k[dst, :, :n] = layer.k[src, :, :n]
             layer.v[dst, :, :n] = layer.v[src, :, :n]
-        self.owner[dst], self.lengths[dst] = self.owner[src], n
+        self._owner[dst], self._lengths[dst] = self._owner[src], n
         self.release(src)
 
     # -- sizes -------------------------------------------------------------------------
@@ -94,7 +117,8 @@ class SlotKVCache:
         return torch.empty((), dtype=self.dtype).element_size()
 
     def bytes(self) -> dict:
-        """Allocated bytes, which equal the formulas of DESIGN.md §3.8."""
+        """Allocated bytes: slow 2 x n_layer x slots x max_tokens x kv_heads x head_dim x bytes,
+        fast 2 x n_fast_layer x slots x num_codebooks x fast_kv_heads x fast_head_dim x bytes."""
         c, e = self.config, self.element_size
         slow = 2 * c.n_layer * self.max_rows * self.max_tokens * c.n_local_heads * c.head_dim * e
         fast = 2 * c.n_fast_layer * self.max_rows * c.num_codebooks * c.fast_n_local_heads * c.fast_head_dim * e
@@ -141,11 +165,16 @@ class PrefixCache:
 
     @staticmethod
     def restore(entry: _Prefix, cache: SlotKVCache, slot: int) -> int:
+        """Copy a stored prefix's K/V into a freshly allocated slot; returns its length."""
         n = entry.tokens.shape[1]
         for src, dst in zip(entry.layers, cache.slow):
             dst.k[slot, :, :n] = src.k
             dst.v[slot, :, :n] = src.v
+        cache.set_written(slot, n)
         return n
+
+    def clear(self) -> None:
+        self._entries.clear()
 
     def bytes(self) -> int:
         return sum(l.k.numel() * l.k.element_size() * 2 for e in self._entries.values() for l in e.layers)

@@ -27,6 +27,9 @@ class EngineConfig:
     cuda_graphs: bool = False
     codebook_limits: Optional[tuple[int, ...]] = None
     prefix_cache_entries: int = 8
+    # frames of sampling history kept per row on the device (repetition-aware sampling and the
+    # repetition penalty look back at most this far; a request asking for more is an error)
+    sampling_history: int = 32
     record_steps: bool = False
     # CPU only: pre-pack linear weights for oneDNN (~2x faster matmuls; costs a second copy
     # of the linear weights in memory). Ignored on GPU and for float64.
@@ -40,5 +43,7 @@ class EngineConfig:
             raise ValueError(f"engine.max_tokens must be >= 2, got {self.max_tokens}")
         if self.prefill_chunk < 1:
             raise ValueError(f"engine.prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.sampling_history < 1:
+            raise ValueError(f"engine.sampling_history must be >= 1, got {self.sampling_history}")
         if self.prefix_cache_entries < 0:
             raise ValueError(f"engine.prefix_cache_entries must be >= 0, got {self.prefix_cache_entries}")

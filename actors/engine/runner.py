@@ -1,0 +1,243 @@
+"""The model runner: turns the scheduler's decisions into batch tensors and runs them.
+
+Prefill writes a row's prompt K/V (all columns but the last) in batched chunk rounds. A decode
+frame feeds every live row's pending column (the prompt's last column, or the frame it sampled
+last) through the slow stack, samples the main token, runs the fast stack over the codebooks
+with their draws, and records the frame in the per-slot sampling state — all on the device,
+then reads the frame's tokens back once. Everything a frame needs lives in per-slot device
+buffers, so the frame can be one compiled graph (and one CUDA graph per batch-size bucket).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .cache import PrefixCache, SlotKVCache
+from .decoding import BatchSampling, Candidates, SlotSampling, first_code, pick_code, pick_main
+from .loader import LoadedModel
+from .model import pack_cpu_linears
+from .settings import EngineConfig
+
+
+@dataclass
+class StepRecord:
+    """One forward call, for tests (contract: each prompt column is fed exactly once)."""
+
+    kind: str  # "prefill" | "decode"
+    slots: tuple[int, ...]
+    input_len: int
+    cache_before: tuple[int, ...]
+    cache_after: tuple[int, ...]
+
+
+@dataclass
+class PrefillWork:
+    """One admitted row's prefill, as the scheduler planned it. chunks cover columns
+    0..T-2 of the prompt (the last column is fed by the first decode frame); their bounds
+    depend only on the request, never on what is cached. `reused` is set by the runner."""
+
+    slot: int
+    prompt: np.ndarray
+    chunks: list[tuple[int, int]]
+    prefix_key: Optional[str]
+    prefix_len: int
+    reused: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class FrameOutput:
+    tokens: np.ndarray  # [n, 1+C] int64: main token id, then the C codes, per live row
+    slow_logits: Optional[Tensor] = None  # [n, n_candidates], when asked for
+    fast_logits: Optional[Tensor] = None  # [n, C-1, codebook_size], when asked for
+
+
+def bucket_size(n: int, max_rows: int) -> int:
+    """The captured batch size that serves n live rows: the next power of two, capped."""
+    return min(max_rows, 1 << max(0, n - 1).bit_length())
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, cache: SlotKVCache):
+        self.loaded, self.config, self.cache = loaded, config, cache
+        self.model, self.mc = loaded.model, loaded.config
+        self.device = loaded.device
+        c = self.mc
+        self.candidates = Candidates(c, loaded.im_end_id, self.device)
+        limits = config.codebook_limits
+        if limits is not None and len(limits) != c.num_codebooks:
+            raise ValueError(f"codebook_limits needs {c.num_codebooks} values, got {len(limits)}")
+        self.limits = None if limits is None else tuple(int(x) for x in limits)
+        self.sampling = SlotSampling(
+            config.max_rows, c.num_codebooks, config.sampling_history, len(self.candidates.ids), c.codebook_size,
+            self.device,
+        )  # fmt: skip
+        # per slot: the column its next decode frame feeds (prompt's last, then each sampled frame)
+        self.next_tokens = torch.zeros(config.max_rows, 1 + c.num_codebooks, dtype=torch.int64, device=self.device)
+        self.prefixes = PrefixCache(config.prefix_cache_entries)
+        self.steps: list[StepRecord] = []
+        self.logit_head = self.model.candidate_head(self.candidates.ids)
+        captured = config.compile or (config.cuda_graphs and self.device.type == "cuda")
+        self.static = config.static_shapes or captured
+        # oneDNN packing replaces Linear.forward with an op torch.compile cannot trace; a
+        # compiled CPU frame lets inductor pack the weights instead
+        if config.cpu_packed_linears and self.device.type == "cpu" and not captured:
+            pack_cpu_linears(self.model, config.max_rows)
+            pack_cpu_linears(self.logit_head, config.max_rows)
+        self.model._slow_rope(config.max_tokens, self.device)  # build once, before any captured frame
+        self.model._fast_rope(self.device)
+        self._frame = self._decode_frame
+        if captured:
+            mode = "reduce-overhead" if self.device.type == "cuda" and config.cuda_graphs else None
+            self._frame = torch.compile(self._decode_frame, fullgraph=True, dynamic=False, mode=mode)
+
+    # -- slots -------------------------------------------------------------------------
+    def admit(self, slot: int, prompt: np.ndarray, sampling, stop_on_eos: bool) -> None:
+        """A new row took `slot`: its sampling state, and its prompt's last column as the
+        column its first decode frame feeds."""
+        self.sampling.admit(slot, sampling, stop_on_eos)
+        self.next_tokens[slot] = torch.from_numpy(np.ascontiguousarray(prompt[:, -1], dtype=np.int64))
+
+    def release(self, slot: int) -> None:
+        self.sampling.release(slot)
+        self.cache.release(slot)
+
+    def move(self, src: int, dst: int) -> None:
+        """Move a live row to a free slot: K/V, sampling state, pending column."""
+        self.cache.move(src, dst)
+        self.sampling.move(src, dst)
+        self.next_tokens[dst] = self.next_tokens[src]
+
+    # -- prefill -----------------------------------------------------------------------
+    def prefill(self, work: list[PrefillWork]) -> None:
+        """Write the K/V of newly admitted rows (slots already taken). Rows go through their
+        chunks in rounds, one chunk per row per round, batched: shorter chunks are padded, their
+        padding lands beyond the row's real length (masked, and overwritten before it is read)."""
+        prompts = {}
+        for w in work:
+            w.reused, w.seconds = 0, 0.0
+            if w.prefix_key and w.prefix_len:
+                entry = self.prefixes.lookup(w.prefix_key, w.prompt[:, : w.prefix_len])
+                if entry is not None:
+                    w.reused = PrefixCache.restore(entry, self.cache, w.slot)
+            prompts[w.slot] = torch.from_numpy(np.ascontiguousarray(w.prompt, dtype=np.int64)).to(self.device)
+        todo = {w.slot: [ch for ch in w.chunks if ch[1] > w.reused] for w in work}
+        round_index = 0
+        while True:
+            pending = [w for w in work if round_index < len(todo[w.slot])]
+            if not pending:
+                break
+            chunks = [todo[w.slot][round_index] for w in pending]
+            for group, group_chunks in _similar_widths(pending, chunks):
+                self._prefill_group(group, group_chunks, prompts)
+            round_index += 1
+
+    def _prefill_group(self, group: list[PrefillWork], chunks: list[tuple[int, int]], prompts: dict) -> None:
+        """One batched prefill call: each row's chunk, padded to the group's longest."""
+        began = time.perf_counter()
+        width = max(e - s for s, e in chunks)
+        tokens = torch.zeros(len(group), 1 + self.mc.num_codebooks, width, dtype=torch.int64, device=self.device)
+        for i, (w, (s, e)) in enumerate(zip(group, chunks)):
+            tokens[i, :, : e - s] = prompts[w.slot][:, s:e]
+        starts = torch.tensor([s for s, _ in chunks], device=self.device)
+        # padding positions run past the row's chunk; keep them inside the slot
+        positions = (starts.unsqueeze(1) + torch.arange(width, device=self.device)).clamp_(
+            max=self.config.max_tokens - 1
+        )
+        attend_len = min(max(s for s, _ in chunks) + width, self.config.max_tokens)
+        self.model.forward_slow(
+            tokens, positions, cache=self.cache.slow, rows=self._slot_rows([w.slot for w in group]),
+            attend_len=attend_len, last_only=True, want_logits=False,
+        )  # fmt: skip
+        for w, (s, e) in zip(group, chunks):
+            before = self.cache.lengths[w.slot]
+            self.cache.set_written(w.slot, e)
+            if self.config.record_steps:
+                self.steps.append(StepRecord("prefill", (w.slot,), e - s, (before,), (e,)))
+            if w.prefix_key and e == w.prefix_len and w.reused == 0:
+                self.prefixes.store(w.prefix_key, w.prompt[:, :e], self.cache, w.slot)
+        elapsed = time.perf_counter() - began
+        for w in group:
+            w.seconds += elapsed
+
+    def _slot_rows(self, slots: list[int]):
+        """How a forward call addresses these slots (ascending): a slice when consecutive,
+        which reads the cache as a view, else a tensor of slot ids (a gather)."""
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            return slice(slots[0], slots[-1] + 1)
+        return torch.tensor(slots, device=self.device)
+
+    # -- decode ------------------------------------------------------------------------
+    def decode(self, n_live: int, keep_logits: bool = False) -> FrameOutput:
+        """One frame for the live rows, which hold slots 0..n_live-1 (the scheduler keeps
+        them there). Static mode pads the batch to its bucket with free slots (their junk
+        lands in positions nobody reads) and attends over the full capacity."""
+        lengths = self.cache.lengths
+        b = bucket_size(n_live, self.config.max_rows) if self.static else n_live
+        rows = slice(0, b)
+        positions = torch.tensor(lengths[:b], dtype=torch.int64).to(self.device, non_blocking=True).unsqueeze(1)
+        attend_len = self.config.max_tokens if self.static else max(lengths[:n_live]) + 1
+        state = self.sampling.batch(rows, list(range(n_live)))
+        tokens = self.next_tokens[rows].unsqueeze(-1)  # [b, 1+C, 1]
+        frame, main_index, slow_logits, fast_logits = self._frame(
+            tokens, positions, rows, attend_len, state, keep_logits
+        )
+        # device-side bookkeeping, no sync: the pending column, the histories, the counters
+        self.next_tokens[rows] = frame
+        self.sampling.commit(rows, main_index, frame[:, 1:], state)
+        self.cache.advance(range(n_live))
+        if self.config.record_steps:
+            after = self.cache.lengths
+            self.steps.append(StepRecord("decode", tuple(range(n_live)), 1, lengths[:n_live], after[:n_live]))
+        out = FrameOutput(tokens=frame[:n_live].cpu().numpy())  # the frame's one read-back
+        if keep_logits:
+            out.slow_logits, out.fast_logits = slow_logits[:n_live], fast_logits[:n_live]
+        return out
+
+    def _decode_frame(self, tokens: Tensor, positions: Tensor, rows: slice, attend_len: int, state: BatchSampling,
+                      keep_logits: bool):  # fmt: skip
+        """The whole frame as one traceable function: no host reads, no data-dependent shapes."""
+        model, c = self.model, self.mc
+        out = model.forward_slow(
+            tokens, positions, cache=self.cache.slow, rows=rows, attend_len=attend_len, last_only=True,
+            logit_head=self.logit_head,
+        )  # fmt: skip
+        slow_logits, hidden = out.logits[:, -1], out.hidden[:, -1]
+        main_index = pick_main(slow_logits, state, self.candidates)
+        main = self.candidates.ids[main_index]
+        code = first_code(main, c)
+        codes = [code]
+        fast_rows = slice(0, tokens.shape[0])
+        model.forward_fast(hidden.unsqueeze(1), start=0, cache=self.cache.fast, rows=fast_rows)
+        fast_logits = []
+        for k in range(1, c.num_codebooks):
+            logits = model.forward_fast(model.fast_codebook_input(code), start=k, cache=self.cache.fast, rows=fast_rows)
+            logits = logits[:, -1]
+            if keep_logits:
+                fast_logits.append(logits)
+            code = pick_code(logits, k, state, None if self.limits is None else self.limits[k])
+            codes.append(code)
+        frame = torch.cat([main.unsqueeze(1), torch.stack(codes, dim=1)], dim=1)
+        kept = torch.stack(fast_logits, dim=1) if fast_logits else None
+        return frame, main_index, (slow_logits if keep_logits else None), kept
+
+
+def _similar_widths(work: list[PrefillWork], chunks: list[tuple[int, int]], slack: float = 1.25):
+    """Split one round's rows into groups whose chunk lengths differ by at most `slack`x, so
+    padding to the longest wastes little compute. Yields (rows, their chunks)."""
+    order = sorted(range(len(work)), key=lambda i: chunks[i][1] - chunks[i][0])
+    groups: list[list[int]] = []
+    first_width = None
+    for i in order:
+        width = chunks[i][1] - chunks[i][0]
+        if first_width is None or width > slack * first_width:
+            groups.append([])
+            first_width = width
+        groups[-1].append(i)
+    return [([work[i] for i in g], [chunks[i] for i in g]) for g in groups]
