@@ -221,6 +221,17 @@ def pack_cpu_linears(model: nn.Module, batch_hint: int) -> int:
     return packed
 
 
+def unpack_cpu_linears(model: nn.Module) -> int:
+    """Undo `pack_cpu_linears` (the dense weights were kept): for a model that a compiled
+    frame will trace, since inductor cannot lower the pre-packed op. Returns how many."""
+    unpacked = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and "forward" in module.__dict__:
+            del module.forward
+            unpacked += 1
+    return unpacked
+
+
 @dataclass
 class SlowOutput:
     logits: Optional[Tensor]  # [B, T', V'] (T' = 1 when last_only; V' = len(logit_rows) when given)

@@ -21,7 +21,7 @@ from torch import Tensor
 from .cache import PrefixCache, SlotKVCache
 from .decoding import BatchSampling, Candidates, SlotSampling, first_code, pick_code, pick_main
 from .loader import LoadedModel
-from .model import pack_cpu_linears
+from .model import pack_cpu_linears, unpack_cpu_linears
 from .settings import EngineConfig
 
 
@@ -87,7 +87,9 @@ class ModelRunner:
         self.static = config.static_shapes or captured
         # oneDNN packing replaces Linear.forward with an op torch.compile cannot trace; a
         # compiled CPU frame lets inductor pack the weights instead
-        if config.cpu_packed_linears and self.device.type == "cpu" and not captured:
+        if captured:
+            unpack_cpu_linears(self.model)  # another engine on this model may have packed it
+        elif config.cpu_packed_linears and self.device.type == "cpu":
             pack_cpu_linears(self.model, config.max_rows)
             pack_cpu_linears(self.logit_head, config.max_rows)
         self.model._slow_rope(config.max_tokens, self.device)  # build once, before any captured frame

@@ -1,0 +1,152 @@
+"""The engine's streaming API (add / step / has_unfinished / abort) and the sync-free decode
+frame: requests joining mid-stream, aborts, long streams with flat memory, and the whole frame
+compiled with torch.compile(fullgraph=True) against the eager frame."""
+
+import numpy as np
+import pytest
+
+from actors.engine import STOP_BUDGET, STOP_ERROR, Engine, EngineConfig, Request, SamplingParams, load_model
+from actors.engine.tiny import make_tiny
+
+HOT = SamplingParams(temperature=0.9, top_p=0.9, top_k=20, ras_window=10)
+# every sampling feature on at once: temperature, top-p, top-k, RAS and the S1 penalty
+ALL_ON = SamplingParams(temperature=0.9, top_p=0.85, top_k=20, ras_window=10, repetition_penalty=1.2)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny(
+        tmp_path_factory.mktemp("stream") / "s2", fmt="s2", seed=5, num_codebooks=4, codebook_size=64, max_seq_len=512
+    )
+
+
+@pytest.fixture(scope="module")
+def lm64(ckpt):
+    return load_model(ckpt, device="cpu", dtype="float64")
+
+
+@pytest.fixture(scope="module")
+def lm32(ckpt):
+    return load_model(ckpt, device="cpu", dtype="float32")
+
+
+def text_prompt(length: int, seed: int, codebooks: int = 4) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    prompt = np.zeros((1 + codebooks, length), np.int64)
+    prompt[0] = rng.integers(32, 127, length)  # printable byte tokens
+    return prompt
+
+
+def requests(n: int, sampling=HOT, frames=lambda i: 6 + i % 5, prefix: str = "r") -> list[Request]:
+    return [
+        Request(f"{prefix}{i}", text_prompt(8 + (i * 7) % 23, seed=i), frames(i), sampling.with_seed(i), False)
+        for i in range(n)
+    ]
+
+
+def run(engine: Engine) -> dict:
+    """Step until nothing is left; results by id, with the step each finished at."""
+    out, step = {}, 0
+    while engine.has_unfinished():
+        step += 1
+        for result in engine.step():
+            out[result.request_id] = (result, step)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_request_added_mid_stream_gets_its_solo_codes(lm64, lm32, dtype):
+    lm = lm64 if dtype == "float64" else lm32
+    target = Request("target", text_prompt(17, seed=99), 12, HOT.with_seed(4242), stop_on_eos=False)
+    alone = Engine(lm, EngineConfig(max_rows=1, max_tokens=128)).generate([target])[0]
+    engine = Engine(lm, EngineConfig(max_rows=4, max_tokens=128))
+    early = requests(3, frames=lambda i: 20 + 3 * i)
+    for r in early:
+        engine.add(r)
+    for _ in range(5):  # the first rows are 5 frames in when the target arrives
+        assert engine.step() == []
+    engine.add(target)
+    done = run(engine)
+    result, finished_at = done["target"]
+    assert result.frames == 12 and result.stop_reason == STOP_BUDGET
+    # float64: bit-identical; float32: the same codes (the contract of batch independence)
+    assert np.array_equal(result.codes, alone.codes)
+    # it really ran beside the others: they finished after it joined, and it before them
+    assert all(done[r.request_id][1] > 6 for r in early) and finished_at < done["r2"][1]
+    for r in early:
+        solo = Engine(lm, EngineConfig(max_rows=1, max_tokens=128)).generate([r])[0]
+        assert np.array_equal(done[r.request_id][0].codes, solo.codes)
+
+
+def test_abort_frees_the_slot_and_leaves_the_others_alone(lm32):
+    engine = Engine(lm32, EngineConfig(max_rows=3, max_tokens=128))
+    rows = requests(5, frames=lambda i: 15)
+    for r in rows:
+        engine.add(r)
+    engine.step()
+    engine.step()
+    assert engine.cache.free_slots() == 0
+    assert engine.abort("r1")  # running: its slot frees at once
+    assert engine.cache.free_slots() == 1
+    assert engine.abort("r4")  # still queued
+    assert not engine.abort("r4") and not engine.abort("nobody")
+    done = run(engine)
+    assert sorted(done) == ["r0", "r2", "r3"]  # an aborted request returns no Result
+    for r in (rows[0], rows[2], rows[3]):
+        solo = Engine(lm32, EngineConfig(max_rows=1, max_tokens=128)).generate([r])[0]
+        assert np.array_equal(done[r.request_id][0].codes, solo.codes)
+    assert engine.cache.free_slots() == 3 and not engine.has_unfinished()
+
+
+def test_bad_and_empty_requests_come_back_from_the_next_step(lm32):
+    engine = Engine(lm32, EngineConfig(max_rows=2, max_tokens=64))
+    engine.add(Request("bad", text_prompt(8, 0)[:3], 4))  # wrong number of rows
+    engine.add(Request("hot", text_prompt(8, 0), 4, SamplingParams(temperature=1e39)))
+    engine.add(Request("zero", text_prompt(8, 0), 0))
+    engine.add(Request("long", text_prompt(60, 0), 10))  # 70 positions > max_tokens 64
+    assert engine.has_unfinished()
+    got = {r.request_id: r for r in engine.step()}
+    assert {k: v.stop_reason for k, v in got.items()} == {
+        "bad": STOP_ERROR,
+        "hot": STOP_ERROR,
+        "zero": STOP_BUDGET,
+        "long": STOP_ERROR,
+    }
+    assert "float32" in got["hot"].error and "max_tokens 64" in got["long"].error
+    assert not engine.has_unfinished()
+
+
+def test_a_thousand_requests_keep_kv_memory_flat(lm32):
+    """1,000 requests streamed through add/step with 8 slots: the K/V buffers are the same
+    allocation throughout, every slot comes back, and the engine keeps no per-request state."""
+    engine = Engine(lm32, EngineConfig(max_rows=8, max_tokens=64))
+    pointers = [layer.k.data_ptr() for layer in engine.cache.slow + engine.cache.fast]
+    kv = engine.kv_bytes()["total"]
+    rows = requests(1000, sampling=ALL_ON, frames=lambda i: 1 + i % 3)
+    finished = 0
+    for start in range(0, len(rows), 50):  # keep adding while earlier rows run
+        for r in rows[start : start + 50]:
+            engine.add(r)
+        for _ in range(10):
+            finished += len(engine.step())
+    finished += sum(1 for _ in run(engine))
+    assert finished == 1000
+    assert [layer.k.data_ptr() for layer in engine.cache.slow + engine.cache.fast] == pointers
+    assert engine.cache.allocated_bytes() == kv
+    assert engine.cache.free_slots() == 8
+    s = engine.scheduler
+    assert not s.waiting and not s.live and not s.done
+    assert all(p is None for p in engine.runner.sampling.params)
+
+
+@pytest.mark.slow
+def test_compiled_frame_equals_eager_frame(lm32):
+    """The whole decode frame (slow step, fast stack, sampling) under
+    torch.compile(fullgraph=True): any graph break raises. 8 rows with every sampling
+    feature on; its tokens equal the eager frame's, frame after frame."""
+    rows = [Request(f"c{i}", text_prompt(10 + i, seed=i), 4, ALL_ON.with_seed(i), stop_on_eos=False) for i in range(8)]
+    eager = Engine(lm32, EngineConfig(max_rows=8, max_tokens=64, static_shapes=True)).generate(rows)
+    compiled = Engine(lm32, EngineConfig(max_rows=8, max_tokens=64, compile=True)).generate(rows)
+    assert all(r.frames == 4 for r in compiled)
+    for a, b in zip(eager, compiled):
+        assert np.array_equal(a.codes, b.codes), a.request_id
