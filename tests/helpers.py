@@ -27,3 +27,7 @@ def run_module(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+# The device engine tests load their models on: scripts/gpu_check.sh sets it to "cuda".
+TEST_DEVICE = os.environ.get("CHORUS_TEST_DEVICE", "cpu")

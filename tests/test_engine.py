@@ -1,6 +1,7 @@
-"""The engine contracts of DESIGN.md §3, each against a real tiny checkpoint."""
+"""The engine contracts (docs/architecture.md), each against a real tiny checkpoint."""
 
 import gc
+import json
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from actors.engine import (
 )
 from actors.engine.cache import CacheMismatchError
 from actors.engine.tiny import make_tiny
-from helpers import vector_set
+from helpers import TEST_DEVICE, run_module, vector_set
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -34,12 +35,12 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lm64(ckpt):
-    return load_model(ckpt, device="cpu", dtype="float64")
+    return load_model(ckpt, device=TEST_DEVICE, dtype="float64")
 
 
 @pytest.fixture(scope="module")
 def lm32(ckpt):
-    return load_model(ckpt, device="cpu", dtype="float32")
+    return load_model(ckpt, device=TEST_DEVICE, dtype="float32")
 
 
 def prompt_for(lm, text: str, ref_frames: int = 0, seed: int = 0):
@@ -333,7 +334,7 @@ def test_codebook_limits_bound_sampled_codes(lm32):
 
 def test_s1_vectors_greedy_in_float64_too():
     v = vector_set("dualar-s1-tiny")
-    lm = load_model(v / "checkpoint", device="cpu", dtype="float64")
+    lm = load_model(v / "checkpoint", device=TEST_DEVICE, dtype="float64")
     prompt = np.load(v / "vectors/greedy_prompt.npy")
     r = Engine(lm, EngineConfig(max_rows=1, max_tokens=128)).generate([Request("g", prompt, 48, GREEDY)])[0]
     assert np.array_equal(r.codes, np.load(v / "vectors/greedy_codes.npy"))
@@ -344,10 +345,6 @@ def test_s1_vectors_greedy_in_float64_too():
 def test_bench_cli_reports_every_mode_side_by_side(tmp_path):
     """`python -m actors.engine bench`: the modes run interleaved --repeats times on the same
     requests, each reports its median run, and the figures agree with each other."""
-    import json
-
-    from helpers import run_module
-
     out = tmp_path / "bench.json"
     proc = run_module(
         "actors.engine",
@@ -386,3 +383,24 @@ def test_bench_cli_reports_every_mode_side_by_side(tmp_path):
     assert report["speedup_batched_vs_single"] == pytest.approx(modes[0]["frames_per_s"] / modes[-1]["frames_per_s"])
     assert modes[0]["prefix_hits"] > 0 and modes[1]["prefix_hits"] == 0
     assert "median of 3 run(s)" in proc.stdout
+
+
+def test_bench_runs_dtypes_side_by_side(tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["--size", "tiny", "--rows", "4", "--max-rows", "2", "--prompt-len", "8", "--frames", "3"]
+    proc = run_module(
+        "actors.engine", "bench", *args, "--dtype", "float32,bfloat16", "--threads", "1", "--json", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert [m["mode"] for m in report["modes"]] == [
+        "engine max_rows=2 float32",
+        "engine max_rows=1 float32",
+        "engine max_rows=2 bfloat16",
+        "engine max_rows=1 bfloat16",
+    ]
+    by_mode = {m["mode"]: m for m in report["modes"]}
+    ratio = by_mode["engine max_rows=2 bfloat16"]["frames_per_s"] / by_mode["engine max_rows=2 float32"]["frames_per_s"]
+    assert report["dtype_speedups"]["bfloat16"]["max_rows=2"] == pytest.approx(ratio)
+    assert report["codes_equal_across_modes"]["float32"] is True
+    assert "bfloat16 / float32 frames/s" in proc.stdout

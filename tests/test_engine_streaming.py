@@ -7,6 +7,7 @@ import pytest
 
 from actors.engine import STOP_BUDGET, STOP_ERROR, Engine, EngineConfig, Request, SamplingParams, load_model
 from actors.engine.tiny import make_tiny
+from helpers import TEST_DEVICE
 
 HOT = SamplingParams(temperature=0.9, top_p=0.9, top_k=20, ras_window=10)
 # every sampling feature on at once: temperature, top-p, top-k, RAS and the S1 penalty
@@ -22,12 +23,12 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lm64(ckpt):
-    return load_model(ckpt, device="cpu", dtype="float64")
+    return load_model(ckpt, device=TEST_DEVICE, dtype="float64")
 
 
 @pytest.fixture(scope="module")
 def lm32(ckpt):
-    return load_model(ckpt, device="cpu", dtype="float32")
+    return load_model(ckpt, device=TEST_DEVICE, dtype="float32")
 
 
 def text_prompt(length: int, seed: int, codebooks: int = 4) -> np.ndarray:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from actors.engine import Engine, EngineConfig, PromptBuilder, Request, SamplingParams, load_model
-from helpers import DUALAR_SETS, run_module, vector_set
+from helpers import DUALAR_SETS, TEST_DEVICE, run_module, vector_set
 
 ATOL = 1e-4
 
@@ -42,7 +42,7 @@ def test_greedy_codes_reproduce_through_engine_and_cli(name, tmp_path):
     prompt = np.load(v / "vectors/greedy_prompt.npy")
     expected = np.load(v / "vectors/greedy_codes.npy")
     meta = json.loads((v / "vectors/greedy_meta.json").read_text())
-    lm = load_model(v / "checkpoint", device="cpu", dtype="float32")
+    lm = load_model(v / "checkpoint", device=TEST_DEVICE, dtype="float32")
     engine = Engine(lm, EngineConfig(max_rows=2, max_tokens=prompt.shape[1] + 48, prefill_chunk=32))
     result = engine.generate([Request("g", prompt, meta["max_new_tokens"], SamplingParams(temperature=0))])[0]
     assert np.array_equal(result.codes, expected)
@@ -71,7 +71,7 @@ def test_prompt_builder_matches_upstream_prompt(name):
     v = vector_set(name)
     prompt = np.load(v / "vectors/greedy_prompt.npy")
     meta = json.loads((v / "vectors/greedy_meta.json").read_text())["prompt_text"]
-    lm = load_model(v / "checkpoint", device="cpu", dtype="float32")
+    lm = load_model(v / "checkpoint", device=TEST_DEVICE, dtype="float32")
     c = lm.config
     semantic = (prompt[0] >= c.semantic_begin_id) & (prompt[0] <= c.semantic_end_id)
     ref_codes = prompt[1:, semantic]
@@ -86,9 +86,37 @@ def test_prompt_builder_matches_upstream_prompt(name):
 
 def test_score_in_float64_agrees_with_float32_vectors():
     v = vector_set("dualar-s2-tiny")
-    lm = load_model(v / "checkpoint", device="cpu", dtype="float64")
+    lm = load_model(v / "checkpoint", device=TEST_DEVICE, dtype="float64")
     slow, fast = lm.model.score(torch.from_numpy(np.load(v / "vectors/score_tokens.npy")))
     assert slow.dtype == torch.float64
     # upstream's own float64 run differs from its float32 files by up to 1.2e-5
     assert np.abs(slow.numpy() - np.load(v / "vectors/score_slow_logits.npy")).max() <= 5e-5
     assert np.abs(fast.numpy() - np.load(v / "vectors/score_fast_logits.npy")).max() <= 5e-5
+
+
+# bfloat16 keeps 8 significant bits: unit roundoff u = 2^-9. A block rounds its activations to
+# bf16 at about 12 places (attention norm, q/k/v, RoPE, scores-to-output, wo, residual, ffn
+# norm, w1, w3, silu*w3, w2, residual); embedding and final norm + head add 2. Each rounding
+# perturbs the value by at most u of its magnitude, and the logits are linear in those
+# perturbations to first order, so |logit error| <= (12 * layers + 2) * u * max|logit|, layers
+# being those the logit passed through (slow layers for slow logits, slow + fast for fast ones).
+BF16_UNIT_ROUNDOFF = 2.0**-9
+
+
+@pytest.mark.parametrize("name", DUALAR_SETS)
+def test_bfloat16_logits_within_the_rounding_bound(name):
+    v = vector_set(name)
+    lm = load_model(v / "checkpoint", device=TEST_DEVICE, dtype="bfloat16")
+    c = lm.config
+    slow, fast = lm.model.score(torch.from_numpy(np.load(v / "vectors/score_tokens.npy")).to(lm.device))
+    assert slow.dtype == torch.bfloat16  # weights and activations really ran in bf16
+    expected_slow = np.load(v / "vectors/score_slow_logits.npy")
+    expected_fast = np.load(v / "vectors/score_fast_logits.npy")[:-1]  # the last column is all zeros
+    slow_err = np.abs(slow.float().cpu().numpy() - expected_slow).max()
+    fast_err = np.abs(fast.float().cpu().numpy()[:-1] - expected_fast).max()
+    slow_bound = (12 * c.n_layer + 2) * BF16_UNIT_ROUNDOFF * np.abs(expected_slow).max()
+    fast_bound = (12 * (c.n_layer + c.n_fast_layer) + 2) * BF16_UNIT_ROUNDOFF * np.abs(expected_fast).max()
+    assert slow_err <= slow_bound, (slow_err, slow_bound)
+    assert fast_err <= fast_bound, (fast_err, fast_bound)
+    # and far from float32's agreement: bf16 really is a different precision (guards the test)
+    assert slow_err > 1e-3

@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
 
 def _dtype_arg(p: argparse.ArgumentParser, default: str = "float32") -> None:
-    p.add_argument("--dtype", default=default, help="float32 | float64 | bfloat16 | float16 | auto")
+    p.add_argument(
+        "--dtype",
+        default=default,
+        help="float32 | float64 | bfloat16 | float16 | auto (bench: a comma list runs each side by side)",
+    )
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
 
 
@@ -103,9 +108,16 @@ def cmd_generate(args) -> int:
     }
     # current upstream's loop, for either format: repetition-aware sampling over 10 frames
     sampling = SamplingParams(ras_window=10, **overrides)
-    engine = Engine(
-        lm, EngineConfig(max_rows=1, max_tokens=prompt.shape[-1] + args.max_frames, prefill_chunk=args.prefill_chunk)
+    config = EngineConfig(
+        max_rows=1,
+        max_tokens=prompt.shape[-1] + args.max_frames,
+        prefill_chunk=args.prefill_chunk,
+        # the whole decode frame in one torch.compile(fullgraph=True) graph: a graph break
+        # raises (on CUDA, captured as a CUDA graph per batch-size bucket)
+        compile=args.compile,
+        cuda_graphs=args.compile and lm.device.type == "cuda",
     )
+    engine = Engine(lm, config)
     result = engine.generate([Request("cli", prompt, args.max_frames, sampling, stop_on_eos=not args.no_eos)])[0]
     if result.error:
         print(f"error: {result.error}", file=sys.stderr)
@@ -116,6 +128,34 @@ def cmd_generate(args) -> int:
         f"prefill {result.prefill_ms:.1f} ms, decode {result.frame_ms:.1f} ms/frame"
     )
     return 0
+
+
+def cmd_parity(args) -> int:
+    from .checks import DEFAULT_VECTORS, vector_parity
+
+    report = vector_parity(Path(args.vectors or DEFAULT_VECTORS), args.device, args.dtype)
+    for name, r in report.items():
+        print(
+            f"{name} {r['dtype']} on {r['device']}: logits max |diff| slow {r['slow_logits_max_abs_diff']:.2e} "
+            f"fast {r['fast_logits_max_abs_diff']:.2e}; greedy frames equal {r['frames_equal']}/{r['upstream_frames']} "
+            f"(leading {r['leading_frames_equal']}), stop {r['stop_reason']}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def cmd_frame_check(args) -> int:
+    from .checks import compiled_frame_check
+
+    report = compiled_frame_check(args.device, args.dtype)
+    print(
+        f"compiled frame ({'CUDA graphs' if report['cuda_graphs'] else 'torch.compile fullgraph'}, "
+        f"{report['device']}, {report['dtype']}): {report['rows_identical']}/{report['rows']} rows identical to eager"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0 if report["ok"] else 1
 
 
 def cmd_make_tiny(args) -> int:
@@ -169,9 +209,21 @@ def main(argv=None) -> int:
     p.add_argument("--repetition-penalty", type=float, help="S1-era penalty (e.g. 1.1); default off")
     p.add_argument("--no-eos", action="store_true", help="ignore <|im_end|>: always run the full budget")
     p.add_argument("--prefill-chunk", type=int, default=512)
+    p.add_argument("--compile", action="store_true", help="compile the whole decode frame (fullgraph)")
     p.add_argument("--out", required=True)
     _dtype_arg(p)
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("parity", help="logits and greedy codes vs the upstream vectors, in any dtype/device")
+    p.add_argument("--vectors", help="folder of the vector sets (default: the ones shipped in tests/vectors)")
+    p.add_argument("--json", help="write the report here")
+    _dtype_arg(p)
+    p.set_defaults(func=cmd_parity)
+
+    p = sub.add_parser("frame-check", help="the compiled decode frame against the eager one")
+    p.add_argument("--json", help="write the report here")
+    _dtype_arg(p)
+    p.set_defaults(func=cmd_frame_check)
 
     p = sub.add_parser("make-tiny", help="write a deterministic random checkpoint in the real format")
     p.add_argument("--format", choices=["s1", "s2"], default="s1")
@@ -207,6 +259,8 @@ def main(argv=None) -> int:
         help="run every mode this many times, interleaved; each reports its median run",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    p.add_argument("--no-single", action="store_true", help="skip the one-row-at-a-time mode")
+    p.add_argument("--compile", action="store_true", help="compile the whole decode frame (fullgraph)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the table as JSON here")
     _dtype_arg(p)

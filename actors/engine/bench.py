@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from .allocator import tune_malloc
 from .engine import Engine, EngineConfig
 from .reference import reference_generate
 from .types import Request, upstream_sampling
@@ -88,11 +89,16 @@ def _row(mode: str, results, wall: float, kv_bytes: int) -> dict:
     }
 
 
-def _run_engine(loaded, requests, max_rows, args, use_prefix=True) -> tuple[dict, list]:
+def _run_engine(loaded, requests, max_rows, args, use_prefix=True, label="") -> tuple[dict, list]:
     max_tokens = max(r.prompt.shape[1] + r.max_frames for r in requests)
-    engine = Engine(
-        loaded, EngineConfig(max_rows=max_rows, max_tokens=max_tokens, prefix_cache_entries=max(8, args.references))
+    config = EngineConfig(
+        max_rows=max_rows,
+        max_tokens=max_tokens,
+        prefix_cache_entries=max(8, args.references),
+        compile=args.compile,
+        cuda_graphs=args.compile and loaded.device.type == "cuda",
     )
+    engine = Engine(loaded, config)
     if not use_prefix:
         requests = [replace(r, prefix_key=None, prefix_len=0) for r in requests]
     engine.generate(requests[:1])  # warm-up (allocator, kernels); not timed
@@ -101,7 +107,7 @@ def _run_engine(loaded, requests, max_rows, args, use_prefix=True) -> tuple[dict
     t0 = time.perf_counter()
     results = engine.generate(requests)
     wall = time.perf_counter() - t0
-    mode = f"engine max_rows={max_rows}" + ("" if use_prefix or not args.references else " no-prefix-reuse")
+    mode = f"engine max_rows={max_rows}" + ("" if use_prefix or not args.references else " no-prefix-reuse") + label
     row = _row(mode, results, wall, engine.kv_bytes()["total"])
     row["prefix_hits"] = engine.prefixes.hits
     del engine
@@ -111,45 +117,65 @@ def _run_engine(loaded, requests, max_rows, args, use_prefix=True) -> tuple[dict
 def run_bench(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    t0 = time.perf_counter()
-    if args.checkpoint:
-        from .loader import load_model
+    dtypes = [d for d in str(args.dtype).split(",") if d]
+    models, load_s = {}, {}
+    for dtype in dtypes:  # the same random weights in every dtype (same seed, cast)
+        t0 = time.perf_counter()
+        if args.checkpoint:
+            from .loader import load_model
 
-        loaded = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
-    else:
-        from .tiny import random_model
+            models[dtype] = load_model(args.checkpoint, device=args.device, dtype=dtype)
+        else:
+            from .tiny import random_model
 
-        loaded = random_model(
-            args.size,
-            seed=args.seed,
-            device=args.device,
-            dtype=args.dtype,
-            max_seq_len=max(4096, 2 * (args.prompt_len + args.frames + args.reference_frames)),
-        )
-    load_s = time.perf_counter() - t0
+            models[dtype] = random_model(
+                args.size,
+                seed=args.seed,
+                device=args.device,
+                dtype=dtype,
+                max_seq_len=max(4096, 2 * (args.prompt_len + args.frames + args.reference_frames)),
+            )
+        load_s[dtype] = time.perf_counter() - t0
+    loaded = models[dtypes[0]]
     requests = _workload(loaded, args)
-    modes = [(args.max_rows, True)] + ([(args.max_rows, False)] if args.references else []) + [(1, True)]
+    label = (lambda d: f" {d}") if len(dtypes) > 1 else (lambda d: "")
+    modes = []
+    for d in dtypes:
+        modes += [(d, args.max_rows, True)] + ([(d, args.max_rows, False)] if args.references else [])
+        modes += [] if args.no_single else [(d, 1, True)]
     # repeats interleave the modes (a slow spell of a shared machine hits all of them); each
     # mode reports its median run
     repeats = max(1, args.repeats)
     runs: list[list[tuple[dict, list]]] = [[] for _ in modes]
     for _ in range(repeats):
-        for i, (max_rows, use_prefix) in enumerate(modes):
-            runs[i].append(_run_engine(loaded, requests, max_rows, args, use_prefix=use_prefix))
+        for i, (d, max_rows, use_prefix) in enumerate(modes):
+            runs[i].append(_run_engine(models[d], requests, max_rows, args, use_prefix=use_prefix, label=label(d)))
     rows = []
-    for mode_runs in runs:
+    for (d, max_rows, _), mode_runs in zip(modes, runs):
         row = sorted((run[0] for run in mode_runs), key=lambda r: r["wall_s"])[(repeats - 1) // 2]
         row["wall_s_runs"] = [run[0]["wall_s"] for run in mode_runs]
+        row["dtype"], row["max_rows"] = d, max_rows
         rows.append(row)
-    batched, single = rows[0], rows[-1]
-    single_results = runs[-1][0][1]
-    # every run of every mode must produce the one-row codes
-    same = all(
-        np.array_equal(a.codes, b.codes)
-        for mode_runs in runs
-        for run in mode_runs
-        for a, b in zip(run[1], single_results)
-    )
+
+    def mode_row(dtype, max_rows):
+        return next((r for r in rows if r["dtype"] == dtype and r["max_rows"] == max_rows), None)
+
+    batched, single = mode_row(dtypes[0], args.max_rows), mode_row(dtypes[0], 1)
+    # per dtype: does every run of every mode produce that dtype's first mode's codes?
+    same = {}
+    for d in dtypes:
+        mine = [mode_runs for (md, _, _), mode_runs in zip(modes, runs) if md == d]
+        first = mine[0][0][1]
+        same[d] = all(
+            np.array_equal(a.codes, b.codes) for mode_runs in mine for run in mode_runs for a, b in zip(run[1], first)
+        )
+    dtype_speedups = {
+        d: {
+            f"max_rows={m}": mode_row(d, m)["frames_per_s"] / mode_row(dtypes[0], m)["frames_per_s"]
+            for m in sorted({args.max_rows} | (set() if args.no_single else {1}))
+        }
+        for d in dtypes[1:]
+    }
     if args.uncached:
         t = time.perf_counter()
         results = [reference_generate(loaded, replace(r, prefix_key=None)) for r in requests]
@@ -157,7 +183,7 @@ def run_bench(args) -> int:
     report = {
         "model": str(loaded.checkpoint_dir),
         "parameters": sum(p.numel() for p in loaded.model.parameters()),
-        "dtype": str(loaded.dtype),
+        "dtype": ",".join(dtypes),
         "device": str(loaded.device),
         "threads": torch.get_num_threads(),
         "rows": args.rows,
@@ -166,9 +192,13 @@ def run_bench(args) -> int:
         "frames": args.frames,
         "references": args.references,
         "repeats": repeats,
-        "load_s": load_s,
-        "speedup_batched_vs_single": batched["frames_per_s"] / single["frames_per_s"],
-        "batched_codes_equal_single": same,
+        "load_s": load_s[dtypes[0]],
+        "compile": args.compile,
+        "malloc_tuned": tune_malloc(),
+        "speedup_batched_vs_single": batched["frames_per_s"] / single["frames_per_s"] if single else None,
+        "batched_codes_equal_single": same[dtypes[0]],
+        "codes_equal_across_modes": same,
+        "dtype_speedups": dtype_speedups,
         "modes": rows,
     }
     print(
@@ -176,19 +206,22 @@ def run_bench(args) -> int:
         f"{report['device']}, {report['threads']} threads), {args.rows} rows, prompt ~{args.prompt_len}, "
         f"frames ~{args.frames}, references {args.references}, median of {repeats} run(s) per mode"
     )
-    header = f"{'mode':<34}{'frames/s':>10}{'rows/s':>9}{'x realtime':>11}{'TTFF p50 ms':>13}{'step ms':>9}{'peak RSS MiB':>14}{'KV MiB':>9}"
+    header = f"{'mode':<44}{'frames/s':>10}{'rows/s':>9}{'x realtime':>11}{'TTFF p50 ms':>13}{'step ms':>9}{'peak RSS MiB':>14}{'KV MiB':>9}"
     print(header)
     print("-" * len(header))
     for r in rows:
         print(
-            f"{r['mode']:<34}{r['frames_per_s']:>10.1f}{r['rows_per_s']:>9.2f}{r['x_realtime']:>11.2f}"
+            f"{r['mode']:<44}{r['frames_per_s']:>10.1f}{r['rows_per_s']:>9.2f}{r['x_realtime']:>11.2f}"
             f"{r['ttff_ms_p50']:>13.0f}{r['decode_step_ms']:>9.1f}{r['peak_rss_mib']:>14.0f}"
             f"{r['kv_bytes'] / 2**20:>9.1f}"
         )
-    print(
-        f"batched / one-row-at-a-time frames/s: {report['speedup_batched_vs_single']:.2f}x; "
-        f"batched codes identical to one-at-a-time: {same}"
-    )
+    if single:
+        print(
+            f"batched / one-row-at-a-time frames/s: {report['speedup_batched_vs_single']:.2f}x; "
+            "codes identical across modes: " + ", ".join(f"{d} {v}" for d, v in same.items())
+        )
+    for d, ratios in dtype_speedups.items():
+        print(f"{d} / {dtypes[0]} frames/s: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
