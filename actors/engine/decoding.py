@@ -55,6 +55,7 @@ class BatchSampling:
     key1: Tensor  # [B] int64
     key2: Tensor  # [B] int64
     frame: Tensor  # [B] int64: frames this row has sampled so far
+    uniforms: Tensor  # [B, 1 + C] float32: this frame's draws (main, RAS, codebooks 1..C-1)
     main_history: Tensor  # [B, H] int64 candidate indices, oldest first, -1 = empty
     code_history: Tensor  # [B, C, H] int64 codes, oldest first, -1 = empty
     # host-side facts about these rows (static per batch composition, so a captured frame
@@ -100,6 +101,8 @@ class SlotSampling:
         self.top_p.fill_(1.0)
         self.ras_top_p.fill_(1.0)
         self.params: list[Optional[SamplingParams]] = [None] * slots
+        # a frame's draws: main, its RAS redraw, then codebooks 1..C-1
+        self.draw_indices = torch.arange(1 + num_codebooks, dtype=torch.int64, device=device)
 
     def admit(self, slot: int, params: SamplingParams, stop_on_eos: bool) -> None:
         """Write a new row's settings into its slot: a handful of scalar writes, once per row."""
@@ -167,6 +170,7 @@ class SlotSampling:
             key1=self.key1[rows],
             key2=self.key2[rows],
             frame=self.frame[rows],
+            uniforms=counter_uniforms(self.key1[rows], self.key2[rows], self.frame[rows], self.draw_indices),
             main_history=self.main_history[rows],
             code_history=self.code_history[rows],
             width_main=width(self.vocab),
@@ -190,8 +194,7 @@ def pick_main(logits: Tensor, state: BatchSampling, cand: Candidates) -> Tensor:
     logits = torch.where(is_eos.unsqueeze(0) & ~state.allow_eos.unsqueeze(1), float("-inf"), logits)
     if state.any_penalty:
         logits = apply_repetition_penalty(logits, state.recent(state.main_history, state.penalty_window), state.penalty)
-    u = counter_uniforms(state.key1, state.key2, state.frame, DRAW_MAIN)
-    choice = sample(logits, state.main, u, state.width_main)
+    choice = sample(logits, state.main, state.uniforms[:, DRAW_MAIN], state.width_main)
     if not state.any_ras:
         return choice
     # S2 repetition-aware sampling: a semantic token already among the row's last
@@ -199,8 +202,7 @@ def pick_main(logits: Tensor, state: BatchSampling, cand: Candidates) -> Tensor:
     # greedy rows stay greedy: their ras_window is 0)
     recent = state.recent(state.main_history, state.ras_window)
     repeated = (recent == choice.unsqueeze(1)).any(dim=1) & cand.is_semantic[choice]
-    u_ras = counter_uniforms(state.key1, state.key2, state.frame, DRAW_RAS)
-    redraw = sample(logits, state.ras, u_ras, state.width_main)
+    redraw = sample(logits, state.ras, state.uniforms[:, DRAW_RAS], state.width_main)
     return torch.where(repeated, redraw, choice)
 
 
@@ -213,8 +215,7 @@ def pick_code(logits: Tensor, codebook: int, state: BatchSampling, limit: Option
     if state.any_penalty:
         recent = state.recent(state.code_history[:, codebook], state.penalty_window)
         logits = apply_repetition_penalty(logits, recent, state.penalty)
-    u = counter_uniforms(state.key1, state.key2, state.frame, DRAW_RAS + codebook)
-    return sample(logits, state.main, u, state.width_code)
+    return sample(logits, state.main, state.uniforms[:, DRAW_RAS + codebook], state.width_code)
 
 
 def first_code(main_tokens: Tensor, config: ModelConfig) -> Tensor:

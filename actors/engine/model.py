@@ -147,7 +147,8 @@ class Attention(nn.Module):
         v = v.view(b, t, self.n_kv, self.head_dim)
         if self.qk_norm:  # before RoPE, as upstream
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+        # one rotation for the query and key heads together: half the element-wise calls
+        q, k = apply_rope(torch.cat([q, k], dim=2), cos_sin).split([self.n_head, self.n_kv], dim=2)
         if cache is not None:
             rows = view.rows
             if isinstance(rows, slice):

@@ -50,9 +50,12 @@ def seed_keys(seed: int) -> tuple[int, int]:
     return key1, key2
 
 
-def counter_uniforms(key1: Tensor, key2: Tensor, frame: Tensor, draw_index: int) -> Tensor:
-    """float32 uniforms in [0, 1 - 2^-24], one per row: int64 key1, key2, frame [B] ->
-    float32 [B]. 24 bits, so u * total (float64) in `draw` stays strictly below the total."""
+def counter_uniforms(key1: Tensor, key2: Tensor, frame: Tensor, draw_index) -> Tensor:
+    """float32 uniforms in [0, 1 - 2^-24]: int64 key1, key2, frame [B] and a draw index (an
+    int -> [B]; an int64 tensor [D] -> [B, D], every draw of a frame in one go). 24 bits, so
+    u * total (float64) in `draw` stays strictly below the total."""
+    if isinstance(draw_index, Tensor):
+        key1, key2, frame = key1.unsqueeze(1), key2.unsqueeze(1), frame.unsqueeze(1)
     counter = (frame * DRAWS_PER_FRAME + draw_index) & _MASK32
     h = _mix32(_mix32(counter ^ key1) ^ key2)
     return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
@@ -125,7 +128,25 @@ def draw(probs: Tensor, uniforms: Tensor) -> Tensor:
 
 def sample(logits: Tensor, s: RowSampling, uniforms: Tensor, width: Optional[int] = None) -> Tensor:
     """ids [B] (int64) from logits [B, V]: the argmax for greedy rows, a draw with the row's
-    uniform for the others. Both are computed for every row and selected without a sync."""
-    greedy = torch.argmax(logits, dim=-1)
-    drawn = draw(filtered_probs(logits, s, width), uniforms)
-    return torch.where(s.greedy, greedy, drawn)
+    uniform for the others. Both are computed for every row and selected without a sync.
+
+    The draw works in the ranked space of the `width` best ids (top-k keeps no more): top-p
+    on the softmax of all V raw logits, top-k, temperature, a softmax over the kept ids, and
+    the inverse CDF over them in rank order, so its tensors are [B, width], not [B, V]. The
+    distribution is exactly `filtered_probs` (the tests check it against that definition)."""
+    logits = logits.float()
+    v = logits.shape[-1]
+    width = v if width is None else min(int(width), v)
+    if width < v:
+        ranked, order = torch.topk(logits, width, dim=-1, sorted=True)
+    else:
+        ranked, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    k = torch.where(s.top_k > 0, s.top_k, torch.full_like(s.top_k, v)).clamp(max=width)
+    cum = torch.cumsum(torch.exp(ranked - torch.logsumexp(logits, dim=-1, keepdim=True)), dim=-1)
+    rank = torch.arange(width, device=logits.device).unsqueeze(0)
+    # the best id always stays, even when it alone exceeds top_p
+    remove = ((cum > s.top_p.unsqueeze(1)) | (rank >= k.unsqueeze(1))) & (rank > 0)
+    temperature = torch.clamp(s.temperature, min=1e-5).unsqueeze(1)
+    probs = torch.softmax(torch.where(remove, float("-inf"), ranked) / temperature, dim=-1)
+    drawn = order.gather(1, draw(probs, uniforms).unsqueeze(1)).squeeze(1)
+    return torch.where(s.greedy, torch.argmax(logits, dim=-1), drawn)

@@ -1,0 +1,87 @@
+"""Side-by-side engine benchmark across source trees or environments, in one run.
+
+Runs `python -m actors.engine bench <args>` for each variant in turn, repeated and interleaved
+(a slow spell of a shared machine hits every variant), and prints each variant's median
+frames/s per mode with its ratio to the first variant. A variant is NAME=TREE[:ENV=VALUE...]:
+TREE is a checkout of chorus (e.g. a git worktree at an older commit), ENV settings apply to
+that variant's processes only.
+
+    git worktree add --detach ../chorus-old 2cf692f
+    python scripts/engine_ab.py --variant old=../chorus-old --variant new=. --repeats 3 \\
+        --json artifacts/engine_ab.json -- --size tiny --rows 256 --max-rows 64 --threads 2
+    python scripts/engine_ab.py --variant default-malloc=.:CHORUS_MALLOPT=0 --variant tuned=. -- --size small
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def parse_variant(text: str) -> tuple[str, Path, dict]:
+    name, _, rest = text.partition("=")
+    tree, *env = rest.split(":")
+    if not name or not tree:
+        raise argparse.ArgumentTypeError(f"variant {text!r}: expected NAME=TREE[:ENV=VALUE...]")
+    return name, Path(tree).resolve(), dict(e.split("=", 1) for e in env)
+
+
+def run_variant(tree: Path, env: dict, bench_args: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        proc = subprocess.run(
+            [sys.executable, "-m", "actors.engine", "bench", *bench_args, "--json", str(out)],
+            cwd=tree,
+            env={**os.environ, "PYTHONPATH": str(tree), **env},
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise SystemExit(f"error: bench failed in {tree}:\n{proc.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", action="append", type=parse_variant, required=True)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="write every run and the medians here")
+    parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: arguments for the engine bench")
+    args = parser.parse_args(argv)
+    bench_args = [a for a in args.bench_args if a != "--"]
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in args.variant}
+    for _ in range(args.repeats):
+        for name, tree, env in args.variant:
+            runs[name].append(run_variant(tree, env, bench_args))
+    table = {}
+    for name, reports in runs.items():
+        modes = {}
+        for report in reports:
+            for m in report["modes"]:
+                modes.setdefault(m["mode"], []).append(m["frames_per_s"])
+        table[name] = {mode: statistics.median(values) for mode, values in modes.items()}
+    first = args.variant[0][0]
+    print(f"engine bench {' '.join(bench_args)}; median of {args.repeats} interleaved run(s) per variant")
+    header = f"{'variant':<22}{'mode':<40}{'frames/s':>10}{'vs ' + first:>14}"
+    print(header)
+    print("-" * len(header))
+    for name, modes in table.items():
+        for mode, fps in modes.items():
+            base = table[first].get(mode)
+            ratio = f"{fps / base:.2f}x" if base else "-"
+            print(f"{name:<22}{mode:<40}{fps:>10.1f}{ratio:>14}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"bench_args": bench_args, "medians": table, "runs": runs}, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
