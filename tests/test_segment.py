@@ -1,11 +1,11 @@
-"""Long-form segmentation (actors/longform.py): where rows are cut, the byte budget, and which
+"""Long-form segmentation (actors/engine/segment.py): where rows are cut, the byte budget, and which
 previous segments a prompt keeps. Pure functions: no model, no torch."""
 
 import re
 
 import pytest
 
-from actors.longform import (
+from actors.engine.segment import (
     MIN_SEGMENT_BYTES,
     group_turns,
     kept_history,
