@@ -22,7 +22,7 @@ import socket
 import sys
 import time
 import traceback
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -117,7 +117,7 @@ class _Row:
     segment_frames_budget: list = field(default_factory=list)
     segment_results: list = field(default_factory=list)
     prefix_key: Optional[str] = None
-    finished_step: Optional[int] = None  # the actor's engine step at which the row's last segment finished
+    segment_steps: list = field(default_factory=list)  # the actor's engine step at which each segment finished
 
     def fail(self, message: str) -> None:
         if self.error is None:  # the first failure is the cause; later ones are consequences
@@ -226,7 +226,8 @@ class SynthActor:
         self.max_turns = int(long_form.get("max_turns", DEFAULT_MAX_TURNS))
         if self.segment_bytes < MIN_SEGMENT_BYTES:
             raise ValueError(f"long_form.segment_bytes must be >= {MIN_SEGMENT_BYTES}, got {self.segment_bytes}")
-        self.engine_steps = 0  # engine.step() calls over the actor's life (rows record when they finished)
+        self.engine_steps = 0  # engine.step() calls over the actor's life (segments record when they finished)
+        self.last_segments: dict = {}
         self.keep_codes = keep_codes
         self.run_id = run_id
         self.crash_on_batch, self.crash_marker = int(crash_on_batch or 0), crash_marker
@@ -414,34 +415,43 @@ class SynthActor:
 
     # ---- generation -----------------------------------------------------------------
     def _generate(self, rows: list[_Row]) -> None:
-        """Every row's segments through the engine's streaming API. All rows' first segments
-        are queued at once; when a segment finishes, the row's next segment is added right
-        away, with the codes of the segments before it in its prompt. So a long row holds one
-        slot at a time and short rows flow through the other slots meanwhile."""
-        waiting: dict[str, _Row] = {}  # request id -> the row whose segment it is
+        """Every row's segments through the engine's streaming API. The actor hands the engine
+        at most one request per slot, so each request added runs from the next step on; when a
+        segment finishes, the row's next segment (with the codes of the segments before it in
+        its prompt) goes in first, ahead of rows not started yet. So a long row keeps one slot
+        busy from start to end and short rows flow through the other slots meanwhile."""
+        ready: deque[_Row] = deque()  # rows whose next segment can be added
         for row in rows:
             try:
                 self._plan_segments(row)
             except (self._PromptError, RowError, ValueError) as e:
                 row.fail(str(e))
                 continue
-            self._submit_next_segment(row, waiting)
-        while waiting and self.engine.has_unfinished():
+            ready.append(row)
+        running: dict[str, _Row] = {}  # request id -> the row whose segment it is
+        slots = self.engine.config.max_rows
+        while ready or running:
+            while ready and len(running) < slots:
+                self._submit_next_segment(ready.popleft(), running)
+            if not running or not self.engine.has_unfinished():
+                break
             finished = self.engine.step()
             self.engine_steps += 1
             for result in finished:
-                row = waiting.pop(result.request_id, None)
+                row = running.pop(result.request_id, None)
                 if row is None:  # not ours (another caller's request): cannot happen in an actor
                     continue
                 self._segment_done(row, result)
                 if row.error is None and len(row.segment_results) < len(row.segments):
-                    self._submit_next_segment(row, waiting)
+                    ready.appendleft(row)
                 else:
-                    row.finished_step = self.engine_steps
                     # a failed row reports the failing segment's result, as a one-segment row does
                     row.result = _joined_result(row.segment_results) if row.error is None else result
-        for row in waiting.values():  # the engine stopped without answering: never silently ok
-            row.fail(f"generation: the engine finished without a result for segment {len(row.segment_results)}")
+        for row in running.values():  # the engine stopped without answering: never silently ok
+            row.fail(f"generation: the engine finished without a result for segment {len(row.segment_results) + 1}")
+        # what each row's segments did in this call, with the step each finished at (tests and
+        # debugging read it; rows are small and it is replaced every call)
+        self.last_segments = {row.id: list(zip(row.segment_steps, row.segment_results)) for row in rows}
 
     def _plan_segments(self, row: _Row) -> None:
         """The row's segments and each one's frame budget. A text that fits one segment stays
@@ -498,7 +508,7 @@ class SynthActor:
             raise RowError("text is empty")
         return text
 
-    def _submit_next_segment(self, row: _Row, waiting: dict) -> None:
+    def _submit_next_segment(self, row: _Row, running: dict) -> None:
         k = len(row.segment_results)
         frames = row.segment_frames_budget[k]
         previous = [self._PreviousSegment(s, r.codes) for s, r in zip(row.segments, row.segment_results)]
@@ -525,7 +535,7 @@ class SynthActor:
                 prefix_len=prompt.prefix_len if row.prefix_key else 0,
             )
         )
-        waiting[request_id] = row
+        running[request_id] = row
 
     @staticmethod
     def _segment_label(row: _Row, k: int) -> str:
@@ -534,6 +544,7 @@ class SynthActor:
     def _segment_done(self, row: _Row, result) -> None:
         label = self._segment_label(row, len(row.segment_results))
         row.segment_results.append(result)
+        row.segment_steps.append(self.engine_steps)
         if result.stop_reason == self._STOP_ERROR:
             row.fail(f"{label}generation: {result.error}")
         elif result.frames == 0:
