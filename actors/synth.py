@@ -486,8 +486,7 @@ class SynthActor:
                     ) from None
                 raise RowError(str(e)) from None
             row.segments = [text]  # too little room to cut in, but this short text fits as it is
-        if len(row.segments) == 1:
-            row.segments = [row.values.get(S.TEXT)]  # the raw value, judged by the builder as before
+        if len(row.segments) == 1:  # the text itself (unchanged when within the budget): a plain row
             row.segment_frames_budget = [row.max_frames]
         else:
             row.segment_frames_budget = [

@@ -168,6 +168,9 @@ class BenchSettings:
     rows: int = 200
     text_words: float = 8.0
     reference_fraction: float = 0.5
+    # share of rows that are long text (long_chars characters, generated in segments)
+    long_fraction: float = 0.0
+    long_chars: int = 3000
     seed: int = 0
     # the sweep: every (actors, slots) pair runs end to end on the same rows
     actors: list[int] = field(default_factory=lambda: [1])

@@ -155,3 +155,15 @@ def test_3000_character_row_through_the_pipeline(ray_cluster, tmp_path, small_se
     assert len(wave) == chapter[S.N_FRAMES] * frame_length and frame_length > 1
     assert np.isfinite(wave).all() and np.abs(wave).max() > 0
     assert rows["line"][S.STATUS] == S.STATUS_OK and rows["line"][S.SEGMENTS] == 1
+
+
+def test_bench_workload_mixes_in_long_rows(tmp_path):
+    import pyarrow.parquet as pq
+
+    from pipeline.bench import make_workload
+
+    make_workload(tmp_path / "w.parquet", 40, 8.0, 0.0, 0, long_fraction=0.25, long_chars=3000)
+    texts = pq.read_table(tmp_path / "w.parquet").column(S.TEXT).to_pylist()
+    long_rows = [t for t in texts if len(t) > 2900]
+    assert 3 <= len(long_rows) <= 20 and all(len(t) <= 3001 for t in long_rows)
+    assert len(texts) - len(long_rows) >= 20 and all(len(t) < 500 for t in texts if t not in long_rows)
