@@ -3,10 +3,11 @@ a reference cache; each call turns an Arrow batch of input rows into an Arrow ba
 rows (pipeline/schema.py), exactly one per input row, whatever happened to it.
 
 Per batch: parse each row's settings -> decode and encode references (cached per actor) ->
-cut each row's text into segments and stream them through the engine (a long row is a chain of
-requests, the next segment added the moment the previous one finishes) -> decode each row's
-codes to audio in batches -> FLAC. A row that fails at any step becomes a status=error row naming the step and the cause;
-nothing a row contains can raise out of the call and lose the batch.
+cut each row's text into segments and stream them through the engine (a long row is a chain
+of requests, the next segment added the moment the previous one finishes) -> decode each
+row's codes to audio in batches -> FLAC. A row that fails at any step becomes a status=error
+row naming the step and the cause; nothing a row contains can raise out of the call and lose
+the batch.
 
 torch, the engine and the codec load inside __init__, so importing this module (the driver
 does, to name the class) stays light.
@@ -433,7 +434,9 @@ class SynthActor:
         while ready or running:
             while ready and len(running) < slots:
                 self._submit_next_segment(ready.popleft(), running)
-            if not running or not self.engine.has_unfinished():
+            if not running:  # every submission failed (a row error each): go on with the rest
+                continue
+            if not self.engine.has_unfinished():
                 break
             finished = self.engine.step()
             self.engine_steps += 1
@@ -447,7 +450,7 @@ class SynthActor:
                 else:
                     # a failed row reports the failing segment's result, as a one-segment row does
                     row.result = _joined_result(row.segment_results) if row.error is None else result
-        for row in running.values():  # the engine stopped without answering: never silently ok
+        for row in [*running.values(), *ready]:  # the engine stopped without answering: never silently ok
             row.fail(f"generation: the engine finished without a result for segment {len(row.segment_results) + 1}")
         # what each row's segments did in this call, with the step each finished at (tests and
         # debugging read it; rows are small and it is replaced every call)
@@ -523,12 +526,15 @@ class SynthActor:
             row.fail(self._segment_label(row, k) + str(e))
             return
         request_id = f"{row.index}#{k}"  # unique in the batch whatever the ids are
+        # segment 0 samples with the row's seed (a one-segment row is what it always was); each
+        # later segment draws its own stream, derived from the row's seed, rather than replaying it
+        sampling = row.sampling if k == 0 else row.sampling.with_seed(row_seed(f"segment {k}", row.seed))
         self.engine.add(
             self._Request(
                 request_id,
                 prompt.tokens,
                 frames,
-                sampling=row.sampling,
+                sampling=sampling,
                 stop_on_eos=self.stop_on_eos,
                 prefix_key=row.prefix_key,
                 prefix_len=prompt.prefix_len if row.prefix_key else 0,

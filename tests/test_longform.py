@@ -167,3 +167,21 @@ def test_bench_workload_mixes_in_long_rows(tmp_path):
     long_rows = [t for t in texts if len(t) > 2900]
     assert 3 <= len(long_rows) <= 20 and all(len(t) <= 3001 for t in long_rows)
     assert len(texts) - len(long_rows) >= 20 and all(len(t) < 500 for t in texts if t not in long_rows)
+
+
+def test_rows_whose_prompts_fail_do_not_stop_the_others(actor, monkeypatch):
+    from actors.engine.prompt import PromptError
+
+    real = actor.builder.build_segment
+
+    def build_segment(text, *args, **kwargs):
+        if text.startswith("Refused"):
+            raise PromptError("refused for the test")
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(actor.builder, "build_segment", build_segment)
+    rows = [{S.ID: f"bad-{i}", S.TEXT: f"Refused {i}."} for i in range(9)]  # more than the 8 slots
+    rows.append({S.ID: "good", S.TEXT: "Accepted."})
+    out = {r[S.ID]: r for r in actor(table(rows)).to_pylist()}
+    assert all(out[f"bad-{i}"][S.ERROR] == "refused for the test" for i in range(9))
+    assert out["good"][S.STATUS] == S.STATUS_OK
