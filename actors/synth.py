@@ -3,9 +3,11 @@ a reference cache; each call turns an Arrow batch of input rows into an Arrow ba
 rows (pipeline/schema.py), exactly one per input row, whatever happened to it.
 
 Per batch: parse each row's settings -> decode and encode references (cached per actor) ->
-build prompts -> one engine.generate over every row -> decode codes to audio in batches ->
-FLAC. A row that fails at any step becomes a status=error row naming the step and the cause;
-nothing a row contains can raise out of the call and lose the batch.
+cut each row's text into segments and stream them through the engine (a long row is a chain
+of requests, the next segment added the moment the previous one finishes) -> decode each
+row's codes to audio in batches -> FLAC. A row that fails at any step becomes a status=error
+row naming the step and the cause; nothing a row contains can raise out of the call and lose
+the batch.
 
 torch, the engine and the codec load inside __init__, so importing this module (the driver
 does, to name the class) stays light.
@@ -21,15 +23,23 @@ import socket
 import sys
 import time
 import traceback
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
 
+from actors.engine.segment import (
+    DEFAULT_MAX_TURNS,
+    DEFAULT_SEGMENT_BYTES,
+    MIN_SEGMENT_BYTES,
+    segment_budget,
+    segment_text,
+    utf8_len,
+)
 from pipeline import schema as S
 
 log = logging.getLogger(__name__)
@@ -103,6 +113,12 @@ class _Row:
     result: Any = None
     wave: Optional[np.ndarray] = None
     codec_ms: float = 0.0
+    # long form: the row's text segments, their frame budgets and results so far
+    segments: list = field(default_factory=list)
+    segment_frames_budget: list = field(default_factory=list)
+    segment_results: list = field(default_factory=list)
+    prefix_key: Optional[str] = None
+    segment_steps: list = field(default_factory=list)  # the actor's engine step at which each segment finished
 
     def fail(self, message: str) -> None:
         if self.error is None:  # the first failure is the cause; later ones are consequences
@@ -139,6 +155,7 @@ class SynthActor:
         engine: Mapping,
         sampling: Mapping,
         data: Mapping | None = None,
+        long_form: Mapping | None = None,
         keep_codes: bool = True,
         run_id: str = "",
         threads: Optional[int] = None,
@@ -151,7 +168,8 @@ class SynthActor:
         from actors import audio
         from actors.codec import load_codec
         from actors.engine import Engine, EngineConfig, PromptBuilder, PromptError, load_model, upstream_sampling
-        from actors.engine.types import STOP_ERROR, Request
+        from actors.engine.prompt import PreviousSegment
+        from actors.engine.types import STOP_BUDGET, STOP_ERROR, Request
 
         data = dict(data or {})
         if threads:
@@ -186,6 +204,8 @@ class SynthActor:
             ),
         )
         self.builder = PromptBuilder.for_model(self.lm)
+        # positions one request may take (prompt + frames): the engine's slot, within the model's context
+        self._row_positions = min(self.engine.config.max_tokens, mc.max_seq_len)
         overrides = {k: v for k, v in sampling.items() if k != "seed" and v is not None}
         self.base_sampling = upstream_sampling(mc.family, **overrides)
         self.base_sampling.validate()
@@ -201,6 +221,14 @@ class SynthActor:
         self.audio_root = data.get("audio_root")
         self.input_dir = data.get("input_dir")
         self.max_reference_seconds = float(data.get("max_reference_seconds", 30.0))
+        self.max_text_chars = int(data.get("max_text_chars", 50_000))
+        long_form = dict(long_form or {})
+        self.segment_bytes = int(long_form.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
+        self.max_turns = int(long_form.get("max_turns", DEFAULT_MAX_TURNS))
+        if self.segment_bytes < MIN_SEGMENT_BYTES:
+            raise ValueError(f"long_form.segment_bytes must be >= {MIN_SEGMENT_BYTES}, got {self.segment_bytes}")
+        self.engine_steps = 0  # engine.step() calls over the actor's life (segments record when they finished)
+        self.last_segments: dict = {}
         self.keep_codes = keep_codes
         self.run_id = run_id
         self.crash_on_batch, self.crash_marker = int(crash_on_batch or 0), crash_marker
@@ -212,6 +240,7 @@ class SynthActor:
         # bound here so the per-batch code does not re-import
         self._audio = audio
         self._Request, self._PromptError, self._STOP_ERROR = Request, PromptError, STOP_ERROR
+        self._PreviousSegment, self._STOP_BUDGET = PreviousSegment, STOP_BUDGET
         log.info(
             "SynthActor %s ready on %s in %.1fs: %s (%s), codec %s, kv %s",
             self.actor,
@@ -387,41 +416,144 @@ class SynthActor:
 
     # ---- generation -----------------------------------------------------------------
     def _generate(self, rows: list[_Row]) -> None:
-        requests, live = [], []
+        """Every row's segments through the engine's streaming API. The actor hands the engine
+        at most one request per slot, so each request added runs from the next step on; when a
+        segment finishes, the row's next segment (with the codes of the segments before it in
+        its prompt) goes in first, ahead of rows not started yet. So a long row keeps one slot
+        busy from start to end and short rows flow through the other slots meanwhile."""
+        ready: deque[_Row] = deque()  # rows whose next segment can be added
         for row in rows:
             try:
-                prompt = self.builder.build(
-                    row.values.get(S.TEXT), ref_text=row.values.get(S.REF_TEXT), ref_codes=row.ref_codes
-                )
-            except self._PromptError as e:
+                self._plan_segments(row)
+            except (self._PromptError, RowError, ValueError) as e:
                 row.fail(str(e))
                 continue
-            prefix_key = None
-            if row.ref_key:
-                ref_text = row.values.get(S.REF_TEXT) or ""
-                prefix_key = hashlib.blake2b(
-                    f"{row.ref_key}\x00{ref_text}".encode("utf-8", "replace"), digest_size=16
-                ).hexdigest()
-            requests.append(
-                self._Request(
-                    row.id,
-                    prompt.tokens,
-                    row.max_frames,
-                    sampling=row.sampling,
-                    stop_on_eos=self.stop_on_eos,
-                    prefix_key=prefix_key,
-                    prefix_len=prompt.prefix_len if prefix_key else 0,
-                )
+            ready.append(row)
+        running: dict[str, _Row] = {}  # request id -> the row whose segment it is
+        slots = self.engine.config.max_rows
+        while ready or running:
+            while ready and len(running) < slots:
+                self._submit_next_segment(ready.popleft(), running)
+            if not running:  # every submission failed (a row error each): go on with the rest
+                continue
+            if not self.engine.has_unfinished():
+                break
+            finished = self.engine.step()
+            self.engine_steps += 1
+            for result in finished:
+                row = running.pop(result.request_id, None)
+                if row is None:  # not ours (another caller's request): cannot happen in an actor
+                    continue
+                self._segment_done(row, result)
+                if row.error is None and len(row.segment_results) < len(row.segments):
+                    ready.appendleft(row)
+                else:
+                    # a failed row reports the failing segment's result, as a one-segment row does
+                    row.result = _joined_result(row.segment_results) if row.error is None else result
+        for row in [*running.values(), *ready]:  # the engine stopped without answering: never silently ok
+            row.fail(f"generation: the engine finished without a result for segment {len(row.segment_results) + 1}")
+        # what each row's segments did in this call, with the step each finished at (tests and
+        # debugging read it; rows are small and it is replaced every call)
+        self.last_segments = {row.id: list(zip(row.segment_steps, row.segment_results)) for row in rows}
+
+    def _plan_segments(self, row: _Row) -> None:
+        """The row's segments and each one's frame budget. A text that fits one segment stays
+        one segment, unchanged: its prompt is exactly that of a plain row."""
+        text = self._check_text(row)
+        if len(text) > self.max_text_chars:
+            raise RowError(
+                f"text is {len(text)} characters long, more than data.max_text_chars={self.max_text_chars}; "
+                f"split the row or raise data.max_text_chars"
             )
-            live.append(row)
-        if not requests:
+        ref_text = row.values.get(S.REF_TEXT)
+        fixed = self.builder.build("x", ref_text=ref_text, ref_codes=row.ref_codes).tokens.shape[1] - len(
+            self.builder.tokenizer.encode("x")
+        )
+        explicit = row.values.get(S.MAX_FRAMES) is not None  # a max_frames column caps each segment
+        try:
+            budget = segment_budget(
+                cap=self.segment_bytes,
+                max_tokens=self._row_positions,
+                fixed_tokens=fixed,
+                max_frames=row.max_frames if explicit else self.max_frames,
+                frames_per_char=None if explicit else self.frames_per_char,
+                min_frames=0 if explicit else self.min_frames,
+            )
+            row.segments = segment_text(text, budget.max_bytes, self.max_turns)
+        except ValueError as e:
+            if fixed + utf8_len(text) + row.max_frames > self._row_positions:
+                if explicit:
+                    raise RowError(
+                        f"max_frames {row.max_frames} + the prompt ({fixed} positions before the text) exceeds "
+                        f"the per-row budget (engine.max_tokens={self.engine.config.max_tokens}); lower max_frames"
+                    ) from None
+                raise RowError(str(e)) from None
+            row.segments = [text]  # too little room to cut in, but this short text fits as it is
+        if len(row.segments) == 1:  # the text itself (unchanged when within the budget): a plain row
+            row.segment_frames_budget = [row.max_frames]
+        else:
+            row.segment_frames_budget = [
+                row.max_frames if explicit else self._frame_budget(segment) for segment in row.segments
+            ]
+            row.max_frames = sum(row.segment_frames_budget)
+            log.debug("row %s: %d bytes in %d segments (%s)", row.id, utf8_len(text), len(row.segments), budget)
+        if row.ref_key:
+            row.prefix_key = hashlib.blake2b(
+                f"{row.ref_key}\x00{ref_text or ''}".encode("utf-8", "replace"), digest_size=16
+            ).hexdigest()
+
+    def _check_text(self, row: _Row) -> str:
+        from actors.engine.prompt import check_text
+
+        text = check_text(row.values.get(S.TEXT))
+        if not text.strip():
+            raise RowError("text is empty")
+        return text
+
+    def _submit_next_segment(self, row: _Row, running: dict) -> None:
+        k = len(row.segment_results)
+        frames = row.segment_frames_budget[k]
+        previous = [self._PreviousSegment(s, r.codes) for s, r in zip(row.segments, row.segment_results)]
+        try:
+            prompt = self.builder.build_segment(
+                row.segments[k],
+                previous,
+                ref_text=row.values.get(S.REF_TEXT),
+                ref_codes=row.ref_codes,
+                max_columns=self._row_positions - frames,
+            )
+        except self._PromptError as e:
+            row.fail(self._segment_label(row, k) + str(e))
             return
-        for row, result in zip(live, self.engine.generate(requests)):
-            row.result = result
-            if result.stop_reason == self._STOP_ERROR:
-                row.fail(f"generation: {result.error}")
-            elif result.frames == 0:
-                row.fail(f"generation produced no audio (stopped on {result.stop_reason} before the first frame)")
+        request_id = f"{row.index}#{k}"  # unique in the batch whatever the ids are
+        # segment 0 samples with the row's seed (a one-segment row is what it always was); each
+        # later segment draws its own stream, derived from the row's seed, rather than replaying it
+        sampling = row.sampling if k == 0 else row.sampling.with_seed(row_seed(f"segment {k}", row.seed))
+        self.engine.add(
+            self._Request(
+                request_id,
+                prompt.tokens,
+                frames,
+                sampling=sampling,
+                stop_on_eos=self.stop_on_eos,
+                prefix_key=row.prefix_key,
+                prefix_len=prompt.prefix_len if row.prefix_key else 0,
+            )
+        )
+        running[request_id] = row
+
+    @staticmethod
+    def _segment_label(row: _Row, k: int) -> str:
+        return f"segment {k + 1} of {len(row.segments)}: " if len(row.segments) > 1 else ""
+
+    def _segment_done(self, row: _Row, result) -> None:
+        label = self._segment_label(row, len(row.segment_results))
+        row.segment_results.append(result)
+        row.segment_steps.append(self.engine_steps)
+        if result.stop_reason == self._STOP_ERROR:
+            row.fail(f"{label}generation: {result.error}")
+        elif result.frames == 0:
+            row.fail(f"{label}generation produced no audio (stopped on {result.stop_reason} before the first frame)")
 
     def _decode(self, rows: list[_Row]) -> None:
         for start in range(0, len(rows), self.codec_batch_rows):
@@ -458,6 +590,17 @@ class SynthActor:
             S.SPEAKER: None if row.values.get(S.SPEAKER) is None else str(row.values[S.SPEAKER]),
             S.FINISHED_AT: time.time(),
         }
+        if row.segments:
+            out.update(
+                {
+                    S.SEGMENTS: len(row.segments),
+                    S.SEGMENT_FRAMES: [r.frames for r in row.segment_results],
+                    S.SEGMENT_STOP_REASONS: [r.stop_reason for r in row.segment_results],
+                    S.TRUNCATED_SEGMENTS: [
+                        k for k, r in enumerate(row.segment_results) if r.stop_reason == self._STOP_BUDGET
+                    ],
+                }
+            )
         if sp is not None:
             out.update(
                 {
@@ -504,6 +647,29 @@ class SynthActor:
                 return out
         out.update({S.STATUS: S.STATUS_ERROR, S.ERROR: row.error or "unknown failure"})
         return out
+
+
+def _joined_result(results: list) -> Any:
+    """A long row's segments as one result: codes concatenated in order, times summed (segment
+    k+1 is submitted when k finishes, so the sums span the row's time in the engine)."""
+    from actors.engine.types import Result
+
+    if len(results) == 1:
+        return results[0]
+    last = results[-1]
+    return Result(
+        request_id=last.request_id.split("#")[0],
+        codes=np.concatenate([r.codes for r in results], axis=1),
+        stop_reason=last.stop_reason,
+        prompt_tokens=sum(r.prompt_tokens for r in results),
+        frames=sum(r.frames for r in results),
+        prefix_reused_tokens=sum(r.prefix_reused_tokens for r in results),
+        queue_ms=sum(r.queue_ms for r in results),
+        prefill_ms=sum(r.prefill_ms for r in results),
+        decode_ms=sum(r.decode_ms for r in results),
+        first_frame_ms=results[0].first_frame_ms,
+        total_ms=sum(r.total_ms for r in results),
+    )
 
 
 def _peak_rss_mb() -> float:

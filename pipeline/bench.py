@@ -38,10 +38,19 @@ log = logging.getLogger("chorus")
 DEMO_TABLE = REPO_ROOT / "data" / "demo" / "demo.parquet"
 
 
-def make_workload(path: Path, rows: int, text_words: float, reference_fraction: float, seed: int) -> None:
+def make_workload(
+    path: Path,
+    rows: int,
+    text_words: float,
+    reference_fraction: float,
+    seed: int,
+    long_fraction: float = 0.0,
+    long_chars: int = 3000,
+) -> None:
     """A seeded table of `rows` texts (lognormal word counts around `text_words`, words from
     the demo texts) where a `reference_fraction` share of rows carries one of the demo's real
-    speech clips as bytes (rows naming the same clip share its `ref_id`)."""
+    speech clips as bytes (rows naming the same clip share its `ref_id`), and a
+    `long_fraction` share is long text: sentences of such words up to `long_chars` characters."""
     demo = pq.read_table(DEMO_TABLE).to_pylist()
     words = sorted({w.strip(".,!?") for r in demo for w in r[S.TEXT].split() if w.strip(".,!?")})
     refs = []
@@ -55,6 +64,11 @@ def make_workload(path: Path, rows: int, text_words: float, reference_fraction: 
     for i in range(rows):
         n = max(1, int(round(rng.lognormal(math.log(text_words), 0.5))))
         text = " ".join(rng.choice(words, n)).capitalize() + "."
+        if long_fraction and rng.random() < long_fraction:
+            sentences = []
+            while sum(len(s) + 1 for s in sentences) < long_chars:
+                sentences.append(" ".join(rng.choice(words, int(rng.integers(6, 16)))).capitalize() + ".")
+            text = " ".join(sentences)[:long_chars].rstrip() + "."
         ref = refs[int(rng.integers(len(refs)))] if refs and rng.random() < reference_fraction else None
         table[S.ID].append(f"bench-{i:06d}")
         table[S.TEXT].append(text)
@@ -209,7 +223,7 @@ def run_bench(cfg: DictConfig) -> dict:
     root = Path(local_path(cfg.output.dir))
     root.mkdir(parents=True, exist_ok=True)
     workload = root / "workload.parquet"
-    make_workload(workload, b.rows, b.text_words, b.reference_fraction, b.seed)
+    make_workload(workload, b.rows, b.text_words, b.reference_fraction, b.seed, b.long_fraction, b.long_chars)
     configs = [(a, s) for a in b.actors for s in b.slots]
     if b.baseline and (1, 1) not in configs:
         configs.insert(0, (1, 1))

@@ -72,6 +72,8 @@ class DataConfig:
     audio_root: Optional[str] = None
     # longest reference clip accepted, seconds
     max_reference_seconds: float = 30.0
+    # longest row text synthesised (characters); a longer row is an error row, the run goes on
+    max_text_chars: int = 50_000
 
 
 @dataclass
@@ -97,6 +99,18 @@ class EngineSettings:
     codec_batch_rows: int = 8
     # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
     reference_cache: int = 256
+
+
+@dataclass
+class LongFormSettings:
+    """Rows longer than one engine request are generated as a chain of segments (README,
+    "Long text"): cut at speaker turns, sentence ends, clause marks, whitespace."""
+
+    # most UTF-8 bytes of text per segment (upstream's chunk_length default); the engine's
+    # max_tokens, the reference's length and the frame budget may make segments smaller
+    segment_bytes: int = 300
+    # most speaker turns grouped into one segment (upstream: 5)
+    max_turns: int = 5
 
 
 @dataclass
@@ -154,6 +168,9 @@ class BenchSettings:
     rows: int = 200
     text_words: float = 8.0
     reference_fraction: float = 0.5
+    # share of rows that are long text (long_chars characters, generated in segments)
+    long_fraction: float = 0.0
+    long_chars: int = 3000
     seed: int = 0
     # the sweep: every (actors, slots) pair runs end to end on the same rows
     actors: list[int] = field(default_factory=lambda: [1])
@@ -167,6 +184,7 @@ class ChorusConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     engine: EngineSettings = field(default_factory=EngineSettings)
+    long_form: LongFormSettings = field(default_factory=LongFormSettings)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     output: OutputSettings = field(default_factory=OutputSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)

@@ -23,6 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
+from actors.engine.segment import MIN_SEGMENT_BYTES
+
 from . import schema as S
 from .config import in_ray_job, to_plain
 from .inputs import InputScan, prepare_block, read_dataset, scan_input
@@ -53,6 +55,13 @@ def _check_settings(plain: dict) -> None:
         raise ConfigError("cluster.rows_per_block must be >= 1")
     if output["progress_bar"] not in ("auto", "on", "off"):
         raise ConfigError(f"output.progress_bar must be auto, on or off, got {output['progress_bar']!r}")
+    long_form = plain["long_form"]
+    if long_form["segment_bytes"] < MIN_SEGMENT_BYTES:
+        raise ConfigError(f"long_form.segment_bytes must be >= {MIN_SEGMENT_BYTES}, got {long_form['segment_bytes']}")
+    if long_form["max_turns"] < 1:
+        raise ConfigError(f"long_form.max_turns must be >= 1, got {long_form['max_turns']}")
+    if plain["data"]["max_text_chars"] < 1:
+        raise ConfigError(f"data.max_text_chars must be >= 1, got {plain['data']['max_text_chars']}")
     if cluster["crash_on_batch"] and not cluster["crash_marker"]:
         raise ConfigError("cluster.crash_on_batch needs cluster.crash_marker (it makes the crash happen once)")
     if in_ray_job() and is_local(output["dir"]) and not os.path.isabs(os.path.expanduser(output["dir"])):
@@ -145,7 +154,9 @@ def actor_arguments(plain: dict, input_dir: str | None, run_id: str) -> dict:
             "audio_root": audio_root,
             "input_dir": input_dir,
             "max_reference_seconds": data["max_reference_seconds"],
+            "max_text_chars": data["max_text_chars"],
         },
+        "long_form": plain["long_form"],
         "keep_codes": plain["output"]["keep_codes"],
         "run_id": run_id,
         "threads": threads,

@@ -189,6 +189,11 @@ BATCH_PEAK_RSS_MB = "peak_rss_mb"  # the actor process's peak resident memory so
 BATCH_KV_BYTES = "kv_bytes"  # the actor engine's KV cache (slow + fast)
 REPETITION_PENALTY = "repetition_penalty"
 RAS_WINDOW = "ras_window"
+# long-form rows are generated as a chain of segments (1 for a row that fits one request)
+SEGMENTS = "segments"  # how many segments the row's text was cut into
+SEGMENT_FRAMES = "segment_frames"  # frames generated per segment, in order (sum = n_frames)
+SEGMENT_STOP_REASONS = "segment_stop_reasons"  # each segment's stop reason (eos | budget | error)
+TRUNCATED_SEGMENTS = "truncated_segments"  # indices of segments cut off by their frame budget
 
 BATCH_TYPE = pa.struct(
     [
@@ -240,6 +245,10 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field(RAS_WINDOW, pa.int32()),
         pa.field(TEXT, pa.string()),
         pa.field(SPEAKER, pa.string()),
+        pa.field(SEGMENTS, pa.int32()),
+        pa.field(SEGMENT_FRAMES, pa.list_(pa.int32())),
+        pa.field(SEGMENT_STOP_REASONS, pa.list_(pa.string())),
+        pa.field(TRUNCATED_SEGMENTS, pa.list_(pa.int32())),
     ]
 )
 

@@ -112,7 +112,9 @@ def bad_table(tmp_path_factory) -> BadTable:
     bad("bad-null-text", "text is null", text=None)
     bad("bad-not-utf8", "not valid UTF-8", text=b"\xff\xfe\xfa")
     bad("bad-control-char", "control character", text="bell\x07ring")
-    bad("bad-too-long", "exceeds the per-row budget", text="word " * 600, max_frames="40")
+    # long text is generated in segments; only text over data.max_text_chars (50,000) is refused
+    bad("bad-too-long", "more than data.max_text_chars=50000", text="word " * 10_001)
+    bad("bad-frames-over-budget", "exceeds the per-row budget", text="Hello.", max_frames="600")
     bad("bad-missing-ref-file", "not found", ref_audio_path="refs/nope.flac")
     bad("bad-ref-escapes-root", "outside the allowed directory", ref_audio_path="../../../etc/hostname")
     bad("bad-corrupt-ref-file", "cannot decode", ref_audio_path="refs/not-audio.flac")

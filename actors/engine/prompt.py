@@ -14,6 +14,16 @@ S1 (interleave form):
 
 `prefix_len` counts the leading columns that depend only on the references (and the
 format), so rows sharing references can share that part of the KV cache.
+
+Long-form continuation (`build_segment`): segment k of a row carries the row's previous
+segments (text + the codes generated for it) between the reference part and its own text,
+as upstream's `generate_long` grows its conversation:
+S2: ... <|im_end|>\n | per previous: <|im_start|>user\n | {text} | <|im_end|>\n
+  | <|im_start|>assistant\n<|voice|> | {codes} | <|im_end|>\n | then segment k as above.
+S1: (upstream's S1 `generate_long` never segments; a previous segment is encoded as the
+  interleave sequence encodes any text + audio pair, i.e. like a reference turn)
+  ... <|im_end|> | per previous: <|speaker:0|> | {text} | {codes} | <|im_end|> | <|speaker:0|> | {text}
+Both keep the reference part first, so `prefix_len` (and prefix reuse) is that of `build`.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from typing import Optional
 import numpy as np
 
 from .config import FAMILY_S2, ModelConfig
+from .segment import kept_history
 from .tokenizer import IM_END, IM_START, INTERLEAVE, SPEAKER_TEMPLATE, VOICE, Tokenizer
 
 S2_SYSTEM_WITH_REFERENCE = "convert the provided text to speech reference to the following:\n\nText:\n"
@@ -46,10 +57,20 @@ class Reference:
     codes: np.ndarray  # int64 [num_codebooks, frames]
 
 
+@dataclass(frozen=True)
+class PreviousSegment:
+    """A segment of the same row generated earlier: its text and the codes generated for it."""
+
+    text: str
+    codes: np.ndarray  # int64 [num_codebooks, frames]
+
+
 @dataclass
 class Prompt:
     tokens: np.ndarray  # int64 [1 + num_codebooks, T]
     prefix_len: int
+    # build_segment: how many of the previous segments (the newest ones) the prompt carries
+    history_kept: int = 0
 
 
 def check_text(text, what: str = "text") -> str:
@@ -106,20 +127,20 @@ class PromptBuilder:
         cols[0] = ids
         return cols
 
-    def _codes(self, ref: Reference, index: int) -> np.ndarray:
+    def _codes(self, ref: Reference, index: int, what: str = "reference") -> np.ndarray:
         c = self.config
         codes = np.asarray(ref.codes)
         if codes.ndim != 2 or codes.shape[0] != c.num_codebooks:
             raise PromptError(
-                f"reference {index}: codes must have shape [{c.num_codebooks}, frames], got {list(codes.shape)}"
+                f"{what} {index}: codes must have shape [{c.num_codebooks}, frames], got {list(codes.shape)}"
             )
         if codes.shape[1] == 0:
-            raise PromptError(f"reference {index}: codes have no frames")
+            raise PromptError(f"{what} {index}: codes have no frames")
         if not np.issubdtype(codes.dtype, np.integer):
-            raise PromptError(f"reference {index}: codes must be integers, got {codes.dtype}")
+            raise PromptError(f"{what} {index}: codes must be integers, got {codes.dtype}")
         if codes.min() < 0 or codes.max() >= c.codebook_size:
             raise PromptError(
-                f"reference {index}: codes must lie in [0, {c.codebook_size}), got [{codes.min()}, {codes.max()}]"
+                f"{what} {index}: codes must lie in [0, {c.codebook_size}), got [{codes.min()}, {codes.max()}]"
             )
         cols = np.zeros((self.rows, codes.shape[1]), dtype=np.int64)
         cols[0] = codes[0] + c.semantic_begin_id
@@ -133,6 +154,22 @@ class PromptBuilder:
         ref_codes: Optional[np.ndarray] = None,
         references: Optional[Sequence[Reference]] = None,
     ) -> Prompt:
+        return self.build_segment(text, (), ref_text=ref_text, ref_codes=ref_codes, references=references)
+
+    def build_segment(
+        self,
+        text: str,
+        previous: Sequence[PreviousSegment],
+        ref_text: Optional[str] = None,
+        ref_codes: Optional[np.ndarray] = None,
+        references: Optional[Sequence[Reference]] = None,
+        max_columns: Optional[int] = None,
+    ) -> Prompt:
+        """Segment k's prompt: the reference part, then the row's `previous` segments (oldest
+        first), then `text`. With `max_columns` (the per-row budget minus the segment's frames)
+        the oldest previous segments drop out until the prompt fits; the reference part and
+        the segment's own text never do (a prompt too long even so is left for the engine to
+        reject, naming the budget). Without previous segments this is exactly `build`."""
         text = check_text(text)
         if not text.strip():
             raise PromptError("text is empty")
@@ -143,13 +180,40 @@ class PromptBuilder:
             raise PromptError("ref_text was given without a reference clip/codes")
         for i, r in enumerate(refs):
             check_text(r.text, f"reference {i} text")
+        history = []
+        for i, seg in enumerate(previous):
+            check_text(seg.text, f"previous segment {i} text")
+            history.append(np.concatenate(self._history_block(seg, i), axis=1))
         if self.config.family == FAMILY_S2:
             prefix, suffix = self._s2(text, refs)
         else:
             prefix, suffix = self._s1(text, refs)
         prefix_cols = np.concatenate(prefix, axis=1)
-        tokens = np.concatenate([prefix_cols] + suffix, axis=1)
-        return Prompt(tokens=tokens, prefix_len=prefix_cols.shape[1])
+        suffix_cols = np.concatenate(suffix, axis=1)
+        first = 0
+        if max_columns is not None:
+            room = max_columns - prefix_cols.shape[1] - suffix_cols.shape[1]
+            first = kept_history([h.shape[1] for h in history], room)
+        tokens = np.concatenate([prefix_cols, *history[first:], suffix_cols], axis=1)
+        return Prompt(tokens=tokens, prefix_len=prefix_cols.shape[1], history_kept=len(history) - first)
+
+    def _history_block(self, seg: PreviousSegment, index: int) -> list[np.ndarray]:
+        """A previous segment's columns, placed right after the reference part. Both formats'
+        reference parts end with the opening of the next text turn (S2 `<|im_start|>user\n`,
+        S1 `<|speaker:0|>`), so a block is: text, codes and closing markers, then that
+        opening again for what follows; the reference part stays a shareable prefix."""
+        t = self._text
+        codes = self._codes(Reference(seg.text, seg.codes), index, "previous segment")
+        if self.config.family == FAMILY_S2:
+            return [
+                t(split_speaker_turns(seg.text)),
+                t(IM_END + "\n"),
+                t(f"{IM_START}assistant\n{VOICE}"),
+                codes,
+                t(IM_END + "\n"),
+                t(f"{IM_START}user\n"),
+            ]
+        return [t(seg.text), codes, t(IM_END), t(SPEAKER_TEMPLATE.format(0))]
 
     def _s2(self, text: str, refs: list[Reference]):
         t = self._text
