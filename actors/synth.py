@@ -35,6 +35,13 @@ from pipeline import schema as S
 log = logging.getLogger(__name__)
 
 SEED_MASK = (1 << 63) - 1  # seeds are stored as int64
+INT32_MAX = (1 << 31) - 1  # top_k, max_frames: int32 output columns
+# The engine samples in float32 (bfloat16 on GPU: the same exponent range): a temperature of
+# 1e39 is finite as a Python float but inf in float32, and logits / 1e-40 overflow. Values
+# outside these bounds are refused per row; 0 means greedy.
+TEMPERATURE_MIN = 1e-6
+TEMPERATURE_MAX = 1e6
+TOP_P_MIN = 1e-6
 
 
 def row_seed(row_id: str, global_seed: int) -> int:
@@ -46,6 +53,21 @@ def row_seed(row_id: str, global_seed: int) -> int:
 
 class RowError(Exception):
     """A problem with one row's content; its message becomes the row's `error`."""
+
+
+def sampling_problem(temperature: float, top_p: float, top_k: int) -> Optional[str]:
+    """Why these sampling values cannot run on the engine or be stored in the output (None if
+    they can). The engine's own validate() checks signs; this checks magnitudes."""
+    if temperature != 0.0 and not TEMPERATURE_MIN <= temperature <= TEMPERATURE_MAX:
+        return (
+            f"temperature {temperature:g} is outside [{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}] "
+            f"(0 = greedy); the engine samples in float32"
+        )
+    if not TOP_P_MIN <= top_p <= 1.0:
+        return f"top_p {top_p:g} is outside [{TOP_P_MIN:g}, 1]"
+    if not 0 <= top_k <= INT32_MAX:
+        return f"top_k {top_k} is outside [0, {INT32_MAX}] (0 = off)"
+    return None
 
 
 def _parse_int(value: Any, column: str, low: int, high: int) -> int:
@@ -104,9 +126,14 @@ class _Row:
     wave: Optional[np.ndarray] = None
     codec_ms: float = 0.0
 
-    def fail(self, message: str) -> None:
+    retryable: bool = False
+
+    def fail(self, message: str, retryable: bool = False) -> None:
+        """`retryable`: the cause may be gone on a rerun (I/O, a timeout, an internal error),
+        so a rerun redoes the row; content errors stay until the row's content changes."""
         if self.error is None:  # the first failure is the cause; later ones are consequences
             self.error = message
+            self.retryable = retryable
 
 
 class _LRU:
@@ -242,9 +269,9 @@ class SynthActor:
             log.error("batch failed in %s:\n%s", self.actor, traceback.format_exc())
             for row in rows:
                 if row.wave is None:
-                    row.fail(f"internal error in actor {self.actor}: {e!r}")
+                    row.fail(f"internal error in actor {self.actor}: {e!r}", retryable=True)
         marks += [time.perf_counter()] * (4 - len(marks))
-        out_rows = [self._output_row(r) for r in rows]
+        out_rows = [self._output_row_or_error(r) for r in rows]
         marks.append(time.perf_counter())
         phase_ms = [(b - a) * 1000.0 for a, b in zip(marks[:-1], marks[1:])]
         batch_stats = {
@@ -261,7 +288,7 @@ class SynthActor:
         }
         for out in out_rows:
             out[S.BATCH] = batch_stats
-        table = S.output_table(out_rows)
+        table = output_table_per_row(out_rows)
         log.debug("batch %d: %d rows in %.2fs", self.batches, len(rows), time.perf_counter() - started)
         return table
 
@@ -298,7 +325,7 @@ class SynthActor:
             if v.get(S.TOP_P) is not None:
                 overrides["top_p"] = _parse_float(v[S.TOP_P], S.TOP_P)
             if v.get(S.TOP_K) is not None:
-                overrides["top_k"] = _parse_int(v[S.TOP_K], S.TOP_K, 0, 1 << 31)
+                overrides["top_k"] = _parse_int(v[S.TOP_K], S.TOP_K, 0, INT32_MAX)
             sampling = self.base_sampling.with_seed(row.seed)
             if overrides:
                 sampling = replace(sampling, **overrides)
@@ -306,6 +333,9 @@ class SynthActor:
                 sampling.validate()
             except ValueError as e:
                 raise RowError(f"bad sampling settings: {e}") from None
+            problem = sampling_problem(sampling.temperature, sampling.top_p, sampling.top_k)
+            if problem:
+                raise RowError(f"bad sampling settings: {problem}")
             row.sampling = sampling
             if v.get(S.MAX_FRAMES) is not None:
                 row.max_frames = _parse_int(v[S.MAX_FRAMES], S.MAX_FRAMES, 0, 1 << 20)
@@ -356,13 +386,27 @@ class SynthActor:
                 keys.append(key)
             except Exception as e:  # ReferenceAudioError, OSError, decoder errors: all per clip
                 for row in group:
-                    row.fail(f"reference audio: {e}")
+                    row.fail(f"reference audio: {e}", retryable=_is_transient(e))
         if not waves:
             return
         started = time.perf_counter()
-        codes = self.codec.encode_batch(waves, max_batch_rows=self.codec_batch_rows)
+        try:
+            codes = self.codec.encode_batch(waves, max_batch_rows=self.codec_batch_rows)
+        except Exception:  # one clip may break the batch: encode each alone before failing any
+            log.warning("reference encode failed for %d clips; encoding each alone", len(waves))
+            codes = []
+            for key, wave in zip(keys, waves):
+                try:
+                    (clip_codes,) = self.codec.encode_batch([wave], max_batch_rows=1)
+                except Exception as e:
+                    clip_codes = None
+                    for row in by_key[key]:
+                        row.fail(f"reference encode: {e!r}", retryable=True)
+                codes.append(clip_codes)
         share_ms = (time.perf_counter() - started) * 1000.0 / len(waves)
         for key, key_codes in zip(keys, codes):
+            if key_codes is None:
+                continue
             self.references.put(key, key_codes)
             for row in by_key[key]:
                 row.ref_codes = key_codes
@@ -416,12 +460,32 @@ class SynthActor:
             live.append(row)
         if not requests:
             return
-        for row, result in zip(live, self.engine.generate(requests)):
+        for row, result in zip(live, self._generate_isolated(requests, live)):
             row.result = result
+            if result is None:  # failed even alone: _generate_isolated said why
+                continue
             if result.stop_reason == self._STOP_ERROR:
                 row.fail(f"generation: {result.error}")
             elif result.frames == 0:
                 row.fail(f"generation produced no audio (stopped on {result.stop_reason} before the first frame)")
+
+    def _generate_isolated(self, requests: list, rows: list[_Row]) -> list:
+        """engine.generate over the block; when the engine itself raises, every row is run
+        alone, so one row that breaks the engine fails only itself."""
+        try:
+            return self.engine.generate(requests)
+        except Exception as e:
+            log.warning("engine failed on a block of %d rows (%r); running each row alone", len(requests), e)
+        results = []
+        for request, row in zip(requests, rows):
+            try:
+                (result,) = self.engine.generate([request])
+            except Exception as e:
+                log.error("row %r failed the engine alone:\n%s", row.id, traceback.format_exc())
+                row.fail(f"internal error in the engine: {e!r}", retryable=True)
+                result = None
+            results.append(result)
+        return results
 
     def _decode(self, rows: list[_Row]) -> None:
         for start in range(0, len(rows), self.codec_batch_rows):
@@ -429,13 +493,20 @@ class SynthActor:
             began = time.perf_counter()
             try:
                 waves = self.codec.decode_batch([r.result.codes for r in group], max_batch_rows=self.codec_batch_rows)
-            except Exception as e:
+            except Exception:  # one row's codes may break the batch: decode each alone before failing any
+                waves = []
                 for row in group:
-                    row.fail(f"codec decode: {e!r}")
-                continue
+                    try:
+                        (wave,) = self.codec.decode_batch([row.result.codes], max_batch_rows=1)
+                    except Exception as e:
+                        row.fail(f"codec decode: {e!r}", retryable=True)
+                        wave = None
+                    waves.append(wave)
             elapsed_ms = (time.perf_counter() - began) * 1000.0
             frames = sum(r.result.frames for r in group) or 1
             for row, wave in zip(group, waves):
+                if wave is None:
+                    continue
                 row.codec_ms += elapsed_ms * row.result.frames / frames
                 if not np.all(np.isfinite(wave)):
                     row.fail("codec decode produced non-finite samples")
@@ -443,6 +514,30 @@ class SynthActor:
                 row.wave = wave
 
     # ---- output ---------------------------------------------------------------------
+    def _output_row_or_error(self, row: _Row) -> dict:
+        """The row's output, or an error row when building it fails: inside the per-row
+        boundary like every other step."""
+        try:
+            return self._output_row(row)
+        except Exception as e:
+            log.error("building the output of row %r failed:\n%s", row.id, traceback.format_exc())
+            return self._error_output(row, f"internal error building the output row: {e!r}", retryable=True)
+
+    def _error_output(self, row: _Row, message: str, retryable: bool) -> dict:
+        return S.error_row(
+            row.id if isinstance(row.id, str) else None,
+            message,
+            **{
+                S.RETRYABLE: retryable,
+                S.ACTOR: self.actor,
+                S.NODE: self.node,
+                S.DEVICE: self.device,
+                S.MODEL: self.model_name,
+                S.RUN: self.run_id,
+                S.FINISHED_AT: time.time(),
+            },
+        )
+
     def _output_row(self, row: _Row) -> dict:
         sp = row.sampling
         out = {
@@ -502,8 +597,40 @@ class SynthActor:
                 if self.keep_codes:
                     out[S.CODES] = np.asarray(result.codes, dtype=np.int16).tolist()
                 return out
-        out.update({S.STATUS: S.STATUS_ERROR, S.ERROR: row.error or "unknown failure"})
+        out.update({S.STATUS: S.STATUS_ERROR, S.ERROR: row.error or "unknown failure", S.RETRYABLE: row.retryable})
         return out
+
+
+def output_table_per_row(rows: list[dict]) -> pa.Table:
+    """The output rows as one table of OUTPUT_SCHEMA. Should a row hold a value its column
+    cannot (a number out of an int32 column's range), that row alone becomes an error row
+    naming the value; the others are kept."""
+    try:
+        return S.output_table(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    safe = []
+    for row in rows:
+        try:
+            S.output_table([row])
+            safe.append(row)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+            keep = (S.ID, S.ACTOR, S.NODE, S.DEVICE, S.MODEL, S.RUN, S.FINISHED_AT, S.BATCH)
+            safe.append(
+                S.error_row(
+                    row.get(S.ID) if isinstance(row.get(S.ID), str) else None,
+                    f"a value of this row does not fit the output schema: {e}",
+                    **{S.RETRYABLE: False, **{k: row.get(k) for k in keep if k != S.ID}},
+                )
+            )
+    return S.output_table(safe)
+
+
+def _is_transient(error: BaseException) -> bool:
+    """A failure a rerun may not meet again: I/O, a timeout, a clip that is not there (yet)."""
+    if isinstance(error, (OSError, TimeoutError)):
+        return True
+    return "not found" in str(error)
 
 
 def _peak_rss_mb() -> float:

@@ -60,6 +60,7 @@ def _check_settings(plain: dict) -> None:
             f"output.dir={output['dir']!r} is relative: inside a Ray Job that is the job's "
             f"temporary working directory, deleted afterwards; pass an absolute path or a URI"
         )
+    _check_sampling(plain["sampling"])
     model = plain["model"]
     checkpoint = model["checkpoint"]
     if checkpoint is not None and is_local(checkpoint):
@@ -68,6 +69,18 @@ def _check_settings(plain: dict) -> None:
         codec = model["codec"] or os.path.join(checkpoint, "codec.pth")
         if is_local(codec) and not os.path.exists(local_path(codec)):
             raise ConfigError(f"codec {codec!r} does not exist (set model.codec)")
+
+
+def _check_sampling(sampling: dict) -> None:
+    """The run's sampling settings against what the engine can hold (the same bounds every
+    row's own values meet in the actor): a bad global value would fail every row."""
+    from actors.synth import sampling_problem
+
+    values = {"temperature": 0.8, "top_p": 0.8, "top_k": 30}  # upstream's defaults stand in for null
+    values.update({k: sampling[k] for k in values if sampling.get(k) is not None})
+    problem = sampling_problem(float(values["temperature"]), float(values["top_p"]), int(values["top_k"]))
+    if problem:
+        raise ConfigError(f"sampling: {problem}")
 
 
 def _identity(plain: dict, scan: InputScan) -> dict:

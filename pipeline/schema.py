@@ -189,6 +189,12 @@ BATCH_PEAK_RSS_MB = "peak_rss_mb"  # the actor process's peak resident memory so
 BATCH_KV_BYTES = "kv_bytes"  # the actor engine's KV cache (slow + fast)
 REPETITION_PENALTY = "repetition_penalty"
 RAS_WINDOW = "ras_window"
+# error rows: true when the cause may be gone on a rerun (I/O, timeout, internal error), so a
+# rerun redoes the row; false for content errors, which stay until the row changes
+RETRYABLE = "retryable"
+# a digest of everything the row's audio depends on (text, reference, settings, model): a
+# rerun redoes a row whose digest changed
+CONTENT_HASH = "content_hash"
 
 BATCH_TYPE = pa.struct(
     [
@@ -240,6 +246,8 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field(RAS_WINDOW, pa.int32()),
         pa.field(TEXT, pa.string()),
         pa.field(SPEAKER, pa.string()),
+        pa.field(RETRYABLE, pa.bool_()),
+        pa.field(CONTENT_HASH, pa.string()),
     ]
 )
 

@@ -127,6 +127,12 @@ def bad_table(tmp_path_factory) -> BadTable:
     bad("bad-temperature", "bad sampling settings", temperature="-1")
     bad("bad-top-p-type", "top_p 'high' is not a number", top_p="high")
     bad("bad-max-frames", "max_frames 'lots' is not an integer", max_frames="lots")
+    # values a float64/int64 check passes but float32 sampling or an int32 column cannot hold
+    bad("bad-temperature-inf-in-float32", "temperature 1e+39 is outside", temperature="1e39")
+    bad("bad-temperature-subnormal", "temperature 1e-40 is outside", temperature="1e-40")
+    bad("bad-top-p-zero-in-float32", "top_p 1e-50 is outside", top_p="1e-50")
+    bad("bad-top-k-over-int32", "top_k 2147483648 is outside", top_k="2147483648")
+    bad("bad-max-frames-over-int32", "max_frames 4294967296 is outside", max_frames="4294967296")
     # -- rows the driver rejects before any actor sees them ------------------------------
     rejected = {}
 
@@ -152,6 +158,7 @@ def bad_table(tmp_path_factory) -> BadTable:
             ("max_frames", pa.string()),
             ("temperature", pa.string()),
             ("top_p", pa.string()),
+            ("top_k", pa.string()),
         ]
     )
     table = pa.Table.from_pylist(rows, schema=schema)

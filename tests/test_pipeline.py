@@ -218,6 +218,8 @@ def test_settings_that_cannot_work_fail_early(tmp_path):
         (["cluster.num_actors=0"], "num_actors"),
         (["output.progress_bar=sometimes"], "progress_bar"),
         (["cluster.crash_on_batch=2"], "crash_marker"),
+        (["sampling.temperature=1e39"], "temperature 1e\\+39 is outside"),
+        (["sampling.top_k=2147483648"], "top_k 2147483648 is outside"),
         (["model=s1_mini", f"model.checkpoint={tmp_path}"], "no config.json"),
     ]:
         with pytest.raises(ConfigError, match=message):

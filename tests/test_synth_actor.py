@@ -123,3 +123,52 @@ def test_reference_cache_is_bounded():
     assert cache.get("a") is None and cache.get("b") is not None
     cache.put("d", np.zeros(1))  # "b" was used last, so "c" goes
     assert set(cache.items) == {"b", "d"}
+
+
+# ---- reliability: no row can break its block ------------------------------------------
+def test_values_the_engine_cannot_hold_fail_only_their_row(actor, demo_table):
+    """Finding 2: temperature 1e39 passed a float64 isfinite check, became inf in float32 and
+    turned the whole block into internal-error rows. Finding 1: top_k 2^31 overflowed the
+    int32 output column and failed the job. Now each is its own row's error."""
+    batch = demo_table.slice(0, 4).select([S.ID, S.TEXT])
+    batch = batch.append_column(S.TEMPERATURE, pa.array([None, "1e39", None, None], pa.string()))
+    batch = batch.append_column(S.TOP_K, pa.array([None, None, str(1 << 31), None], pa.string()))
+    rows = actor(batch).to_pylist()
+    assert [r[S.STATUS] for r in rows] == [S.STATUS_OK, S.STATUS_ERROR, S.STATUS_ERROR, S.STATUS_OK]
+    assert "temperature 1e+39 is outside" in rows[1][S.ERROR] and rows[1][S.RETRYABLE] is False
+    assert "top_k 2147483648 is outside" in rows[2][S.ERROR]
+
+
+def test_a_row_that_does_not_fit_the_output_schema_is_its_own_error():
+    from actors.synth import output_table_per_row
+
+    good = {S.ID: "a", S.STATUS: S.STATUS_OK, S.TOP_K: 30, S.RUN: "r"}
+    overflowing = {S.ID: "b", S.STATUS: S.STATUS_OK, S.TOP_K: 1 << 31, S.RUN: "r"}
+    table = output_table_per_row([good, overflowing])
+    assert table.schema == S.OUTPUT_SCHEMA
+    a, b = table.to_pylist()
+    assert a[S.STATUS] == S.STATUS_OK and a[S.TOP_K] == 30
+    assert b[S.STATUS] == S.STATUS_ERROR and "does not fit the output schema" in b[S.ERROR] and b[S.RUN] == "r"
+
+
+def test_an_engine_failure_on_a_block_retries_its_rows_singly(actor, demo_table, monkeypatch):
+    """A row that makes the engine raise (fault injected for one request id) fails alone; the
+    block's other rows are run one by one and come out ok, with the codes they get anyway."""
+    batch = demo_table.slice(0, 4).select([S.ID, S.TEXT, S.SEED])
+    expected = by_id(actor(batch))
+    poison = batch.column(S.ID)[2].as_py()
+    real = actor.engine.generate
+
+    def generate(requests, *args, **kwargs):
+        if any(r.request_id == poison for r in requests):
+            raise RuntimeError("index 4097 is out of bounds for dimension 0 with size 4097")
+        return real(requests, *args, **kwargs)
+
+    monkeypatch.setattr(actor.engine, "generate", generate)
+    rows = by_id(actor(batch))
+    assert rows[poison][S.STATUS] == S.STATUS_ERROR and rows[poison][S.RETRYABLE] is True
+    assert "internal error in the engine" in rows[poison][S.ERROR]
+    for row_id, row in rows.items():
+        if row_id != poison:
+            assert row[S.STATUS] == S.STATUS_OK, row[S.ERROR]
+            assert row[S.CODES] == expected[row_id][S.CODES]
