@@ -124,6 +124,10 @@ class OutputSettings:
     progress_interval_s: float = 15.0
     # auto: a bar on a terminal, log lines otherwise
     progress_bar: str = "auto"
+    # the driver's lease on output.dir (one driver at a time): heartbeat period, and after how
+    # long without one a lease held from another host counts as dead (same host: pid checked)
+    lease_heartbeat_s: float = 5.0
+    lease_stale_s: float = 60.0
 
 
 @dataclass

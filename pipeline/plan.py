@@ -26,7 +26,18 @@ from omegaconf import DictConfig, OmegaConf
 from . import schema as S
 from .config import in_ray_job, to_plain
 from .inputs import InputScan, prepare_block, read_dataset, scan_input
-from .output import CONFIG_FILE, REJECTED_PART, SUMMARY_FILE, OutputLayout, is_local, local_path, summarize, write_block
+from .output import (
+    CONFIG_FILE,
+    REJECTED_PART,
+    SUMMARY_FILE,
+    Lease,
+    OutputInUse,
+    OutputLayout,
+    is_local,
+    local_path,
+    summarize,
+    write_block,
+)
 from .progress import Progress
 
 log = logging.getLogger("chorus")
@@ -51,6 +62,8 @@ def _check_settings(plain: dict) -> None:
         raise ConfigError("cluster.cpus_per_actor and cluster.gpus_per_actor must be >= 0")
     if cluster["rows_per_block"] < 1:
         raise ConfigError("cluster.rows_per_block must be >= 1")
+    if not 0 < output["lease_heartbeat_s"] < output["lease_stale_s"]:
+        raise ConfigError("output.lease_heartbeat_s must be > 0 and below output.lease_stale_s")
     if output["progress_bar"] not in ("auto", "on", "off"):
         raise ConfigError(f"output.progress_bar must be auto, on or off, got {output['progress_bar']!r}")
     if cluster["crash_on_batch"] and not cluster["crash_marker"]:
@@ -192,7 +205,11 @@ def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, skip_ref, run
         batch_format="pyarrow",
     )
     return ds.map_batches(
-        write_block, fn_kwargs={"location": layout.location}, batch_format="pyarrow", batch_size=None, num_cpus=0.25
+        write_block,
+        fn_kwargs={"location": layout.location, "run_id": run_id},
+        batch_format="pyarrow",
+        batch_size=None,
+        num_cpus=0.25,
     )
 
 
@@ -241,12 +258,23 @@ def run(cfg: DictConfig) -> RunReport:
     started_unix = time.time()
     run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     scan = scan_input(plain["data"]["path"], plain["data"]["columns"])
-    layout = OutputLayout(plain["output"]["dir"])
-    layout.claim(_identity(plain, scan), overwrite=plain["output"]["overwrite"])
+    output = plain["output"]
+    layout = OutputLayout(output["dir"])
+    layout.check_ours()  # before the lease file goes in: a foreign directory is left untouched
+    lease = Lease(layout, run_id, heartbeat_s=output["lease_heartbeat_s"], stale_s=output["lease_stale_s"])
+    lease.acquire()
+    try:
+        return _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix)
+    finally:
+        lease.release()
+
+
+def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) -> RunReport:
+    layout.claim(_identity(plain, scan), overwrite=plain["output"]["overwrite"], run_id=run_id)
     layout.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
     if scan.rejected:
         rejected = [dict(row, **{S.RUN: run_id}) for row in scan.rejected]
-        layout.write_part(S.output_table(rejected), REJECTED_PART)
+        layout.write_part(S.output_table(rejected), REJECTED_PART, owner=run_id)
         log.warning(
             "%d input rows rejected before synthesis (bad or duplicate ids); they are error rows", len(rejected)
         )
@@ -266,6 +294,11 @@ def run(cfg: DictConfig) -> RunReport:
     if pending:
         skip = pa.concat_arrays([done, pa.array(scan.rejected_ids, type=pa.string())])
         stream = synthesize(plain, scan, layout, skip, pending, run_id)
+    if lease.lost:
+        raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")
+    superseded = layout.drop_superseded(also_drop=pa.array(scan.rejected_ids, type=pa.string()))
+    if superseded:
+        log.info("removed %d older copies of rows this run redid", superseded)
 
     wall = time.monotonic() - started
     summary = summarize(

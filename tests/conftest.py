@@ -199,10 +199,11 @@ def small_settings() -> list[str]:
 
 @pytest.fixture(scope="session")
 def read_rows():
-    """output dir -> every output row (dicts), read the way a resume reads them."""
+    """output dir -> every output row (dicts) as the part files hold them: no read-side
+    deduplication, so a test that finds each id once proves the files hold each id once."""
     from pipeline.output import OutputLayout
 
-    return lambda output_dir: OutputLayout(str(output_dir)).read().to_pylist()
+    return lambda output_dir: OutputLayout(str(output_dir)).read(latest_only=False).to_pylist()
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ import soundfile as sf
 
 from pipeline import schema as S
 from pipeline.config import compose
-from pipeline.output import CONFIG_FILE, SUMMARY_FILE, TEMP_PREFIX, OutputLayout
+from pipeline.output import CONFIG_FILE, LEASE_FILE, SUMMARY_FILE, TEMP_PREFIX, OutputInUse, OutputLayout
 from pipeline.plan import run
 from tests.helpers import REPO
 
@@ -194,11 +194,44 @@ def test_driver_killed_then_resumed(ray_cluster, driver_env, demo_table, tmp_pat
     assert 3 <= len(written) < 30, "the kill should land mid-run"
     for part in written:  # whatever the kill left under a data name is complete
         pq.read_table(part)
-    synthesize(args)
+    stale = json.loads((out / LEASE_FILE).read_text())
+    assert stale["pid"] == driver.pid  # the dead driver's lease is still there ...
+    synthesize(args)  # ... and the rerun takes it over (its pid is gone on this host)
+    assert not (out / LEASE_FILE).exists()
     rows = read_rows(out)
     assert_each_once(rows, ids)
     assert all(r[S.STATUS] == S.STATUS_OK for r in rows)
     assert not [n for n in os.listdir(out / "data") if n.startswith(TEMP_PREFIX)]
+
+
+def test_two_drivers_on_one_output(ray_cluster, driver_env, tmp_path, small_settings, read_rows):
+    """Finding 5: two drivers on one output directory duplicated rows and both exited 0. Now
+    the second refuses while the first holds the lease; the first completes alone."""
+    out = tmp_path / "out"
+    args = [*small_settings, f"output.dir={out}", "cluster.rows_per_block=3"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args],
+        cwd=REPO,
+        env=driver_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 120
+    while not (out / LEASE_FILE).exists():
+        assert first.poll() is None and time.monotonic() < deadline, first.stdout.read().decode()[-3000:]
+        time.sleep(0.1)
+    with pytest.raises(OutputInUse, match="in use by another chorus driver"):
+        synthesize(args)
+    second = subprocess.run(
+        [sys.executable, "-m", "pipeline", *args], cwd=REPO, env=driver_env, capture_output=True, text=True
+    )
+    assert second.returncode == 2 and "in use by another chorus driver" in second.stderr + second.stdout
+    log = first.communicate(timeout=300)[0].decode()
+    assert first.returncode == 0, log[-3000:]
+    rows = read_rows(out)
+    assert_each_once(rows, DEMO_IDS)
+    assert all(r[S.STATUS] == S.STATUS_OK for r in rows)
+    assert not (out / LEASE_FILE).exists()
 
 
 def test_no_arguments_runs_the_demo(driver_env, tmp_path):

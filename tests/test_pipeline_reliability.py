@@ -1,0 +1,140 @@
+"""Reliability of the driver without Ray (issue 14): the output directory's lease, overwrite
+that deletes only chorus's files, temp files that belong to their writer, and a read path
+and end-of-run compaction that leave each id once on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import schema as S
+from pipeline.config import compose
+from pipeline.output import (
+    IDENTITY_FILE,
+    LEASE_FILE,
+    TEMP_PREFIX,
+    Lease,
+    OutputInUse,
+    OutputLayout,
+    OutputMismatch,
+    write_block,
+)
+from pipeline.plan import run
+
+
+def row(row_id: str, run_id: str, status: str = S.STATUS_OK, finished: float = 1.0) -> dict:
+    return {S.ID: row_id, S.STATUS: status, S.RUN: run_id, S.FINISHED_AT: finished}
+
+
+# ---- finding 5: one driver per output directory ----------------------------------------
+def test_a_second_driver_is_refused_while_the_first_holds_the_lease(tmp_path):
+    layout = OutputLayout(str(tmp_path / "out"))
+    first = Lease(layout, "run-a", heartbeat_s=0.2, stale_s=30)
+    first.acquire()
+    try:
+        held = json.loads((tmp_path / "out" / LEASE_FILE).read_text())
+        assert held["pid"] == os.getpid() and held["host"] == socket.gethostname() and held["run"] == "run-a"
+        assert held["owner"]
+        time.sleep(0.6)
+        assert json.loads((tmp_path / "out" / LEASE_FILE).read_text())["heartbeat"] > held["heartbeat"]
+        with pytest.raises(OutputInUse, match=rf"in use by another chorus driver .*pid {os.getpid()}"):
+            Lease(layout, "run-b").acquire()
+        # the whole driver refuses before touching anything
+        with pytest.raises(OutputInUse):
+            run(compose([f"output.dir={tmp_path}/out"]))
+    finally:
+        first.release()
+    assert not (tmp_path / "out" / LEASE_FILE).exists()
+    second = Lease(layout, "run-b")
+    second.acquire()  # free again
+    second.release()
+
+
+def test_a_dead_drivers_lease_is_taken_over(tmp_path):
+    layout = OutputLayout(str(tmp_path / "out"))
+    # a driver on this host that died without releasing: its pid no longer exists
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    os.makedirs(layout.base)
+    record = {"owner": "x", "host": socket.gethostname(), "pid": child.pid, "run": "dead", "heartbeat": time.time()}
+    (tmp_path / "out" / LEASE_FILE).write_text(json.dumps(record))
+    lease = Lease(layout, "alive")
+    lease.acquire()
+    assert lease.took_over["run"] == "dead"
+    lease.release()
+    # another host's driver that stopped its heartbeat
+    record = {"owner": "x", "host": "elsewhere", "pid": 1, "run": "silent", "heartbeat": time.time() - 120}
+    (tmp_path / "out" / LEASE_FILE).write_text(json.dumps(record))
+    lease = Lease(layout, "alive-2", stale_s=60)
+    lease.acquire()
+    assert lease.took_over["run"] == "silent"
+    # ... and the driver whose lease was taken notices at its next heartbeat
+    usurped = Lease(layout, "usurped", heartbeat_s=0.1)
+    usurped._start_heartbeat()
+    time.sleep(0.5)
+    assert usurped.lost and "alive-2" in usurped.lost
+    lease.release()
+    # a live lease from another host is not taken
+    record["heartbeat"] = time.time()
+    (tmp_path / "out" / LEASE_FILE).write_text(json.dumps(record))
+    with pytest.raises(OutputInUse, match="host elsewhere"):
+        Lease(layout, "alive-3").acquire()
+
+
+def test_temp_files_belong_to_their_writer(tmp_path):
+    layout = OutputLayout(str(tmp_path / "out"))
+    layout.ensure()
+    mine = tmp_path / "out" / "data" / f"{TEMP_PREFIX}run-a-123-abcd-part-x.parquet"
+    theirs = tmp_path / "out" / "data" / f"{TEMP_PREFIX}run-b-456-abcd-part-y.parquet"
+    mine.write_bytes(b"PAR1")
+    theirs.write_bytes(b"PAR1")
+    assert layout.clean_temp(keep_run="run-a") == 1
+    assert mine.exists() and not theirs.exists()
+
+
+def test_rows_redone_by_a_later_run_are_on_disk_once(tmp_path):
+    layout = OutputLayout(str(tmp_path / "out"))
+    layout.ensure()
+    write_block(S.output_table([row("a", "r1"), row("b", "r1", S.STATUS_ERROR)]), layout.location, "r1")
+    write_block(S.output_table([row("b", "r2"), row("c", "r2")]), layout.location, "r2")
+    write_block(S.output_table([row("d", "r1"), row("dup", "r1")]), layout.location, "r1")
+    raw = layout.read(latest_only=False).column(S.ID).to_pylist()
+    assert sorted(raw) == ["a", "b", "b", "c", "d", "dup"]
+    latest = {r[S.ID]: r for r in layout.read().to_pylist()}
+    assert sorted(latest) == ["a", "b", "c", "d", "dup"] and latest["b"][S.RUN] == "r2"
+    # "dup" is refused by the driver now: its old row goes too
+    import pyarrow as pa
+
+    assert layout.drop_superseded(also_drop=pa.array(["dup"])) == 2
+    rows = layout.read(latest_only=False).to_pylist()
+    assert sorted((r[S.ID], r[S.RUN]) for r in rows) == [("a", "r1"), ("b", "r2"), ("c", "r2"), ("d", "r1")]
+    for part in layout.parts():
+        pq.read_table(part)  # every rewritten part is whole
+
+
+# ---- finding 6: overwrite deletes only chorus's files -----------------------------------
+def test_overwrite_never_deletes_what_chorus_did_not_write(tmp_path):
+    thesis = tmp_path / "mine" / "data" / "chapters" / "thesis.txt"
+    thesis.parent.mkdir(parents=True)
+    thesis.write_text("years of work")
+    for overwrite in ("false", "true"):
+        with pytest.raises(OutputMismatch, match="not a chorus output"):
+            run(compose([f"output.dir={tmp_path}/mine", f"output.overwrite={overwrite}"]))
+    assert thesis.read_text() == "years of work"
+    assert sorted(os.listdir(tmp_path / "mine")) == ["data"]  # no lease, no marker left behind
+
+    layout = OutputLayout(str(tmp_path / "ours"))
+    layout.claim({"input": "a"}, overwrite=False)
+    write_block(S.output_table([row("a", "r1")]), layout.location)
+    notes = tmp_path / "ours" / "data" / "notes.txt"
+    notes.write_text("a user's file beside chorus's")
+    layout.claim({"input": "b"}, overwrite=True)
+    assert layout.parts() == [] and notes.read_text() == "a user's file beside chorus's"
+    assert json.loads(layout.read_text(IDENTITY_FILE)) == {"input": "b"}
