@@ -535,6 +535,7 @@ class SynthActor:
                 S.MODEL: self.model_name,
                 S.RUN: self.run_id,
                 S.FINISHED_AT: time.time(),
+                S.CONTENT_HASH: row.values.get(S.CONTENT_HASH),
             },
         )
 
@@ -552,6 +553,7 @@ class SynthActor:
             S.TEXT: row.text,
             S.SPEAKER: None if row.values.get(S.SPEAKER) is None else str(row.values[S.SPEAKER]),
             S.FINISHED_AT: time.time(),
+            S.CONTENT_HASH: row.values.get(S.CONTENT_HASH),
         }
         if sp is not None:
             out.update(
@@ -615,7 +617,7 @@ def output_table_per_row(rows: list[dict]) -> pa.Table:
             S.output_table([row])
             safe.append(row)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
-            keep = (S.ID, S.ACTOR, S.NODE, S.DEVICE, S.MODEL, S.RUN, S.FINISHED_AT, S.BATCH)
+            keep = (S.ID, S.ACTOR, S.NODE, S.DEVICE, S.MODEL, S.RUN, S.FINISHED_AT, S.BATCH, S.CONTENT_HASH)
             safe.append(
                 S.error_row(
                     row.get(S.ID) if isinstance(row.get(S.ID), str) else None,

@@ -128,6 +128,11 @@ class OutputSettings:
     # long without one a lease held from another host counts as dead (same host: pid checked)
     lease_heartbeat_s: float = 5.0
     lease_stale_s: float = 60.0
+    # a rerun over rows whose content (text, reference, settings, model) changed since they
+    # were written: redo them (and say so), or refuse to run
+    on_change: str = "redo"
+    # a rerun redoes error rows whose cause may be gone (I/O, timeout, internal); true: all
+    retry_errors: bool = False
 
 
 @dataclass

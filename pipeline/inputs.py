@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -132,24 +133,111 @@ def scan_input(location: str, columns: Mapping[str, str]) -> InputScan:
     return scan
 
 
-_skip_sets: dict[str, pa.Array] = {}  # per worker process: fetch the shared set once
+# ---- row identity -----------------------------------------------------------------------
+_HASH_BATCH_ROWS = 4096
 
 
-def prepare_block(batch: pa.Table, rename: Mapping[str, str], skip: list) -> pa.Table:
-    """Plan stage after the read: canonical column names, and only the rows still to do
-    (not rejected by the driver, not already in the output). `skip` holds one object ref of
-    the id set, wrapped in a list so Ray passes the ref instead of resolving it per call."""
+def _value_bytes(value) -> bytes:
+    """A typed, unambiguous encoding of one cell for hashing."""
+    if value is None:
+        return b"n"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return b"b" + hashlib.blake2b(bytes(value), digest_size=16).digest()
+    if isinstance(value, str):
+        return b"s" + value.encode("utf-8", "surrogatepass")
+    return b"v" + repr(value).encode("utf-8")
+
+
+class _ClipStat:
+    """path + mtime + size of a local reference file (cached: many rows share one clip), so a
+    clip replaced under the same name changes the rows that use it; a URI counts by name."""
+
+    def __init__(self, audio_root: str | None, input_dir: str | None):
+        self.audio_root, self.input_dir = audio_root, input_dir
+        self.cache: dict[str, bytes] = {}
+
+    def __call__(self, path: str) -> bytes:
+        if path in self.cache:
+            return self.cache[path]
+        stamp = b""
+        if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) or path.startswith("file://"):
+            local = path[len("file://") :] if path.startswith("file://") else path
+            local = os.path.expanduser(local)
+            root = self.audio_root if self.audio_root is not None else self.input_dir
+            if not os.path.isabs(local) and root is not None:
+                local = os.path.join(root, local)
+            try:
+                st = os.stat(local)
+                stamp = f"|{st.st_mtime_ns}|{st.st_size}".encode()
+            except OSError:
+                stamp = b"|missing"
+        self.cache[path] = stamp
+        return stamp
+
+
+def row_hashes(scan: InputScan, settings_digest: str, audio_root: str | None) -> dict[str, str]:
+    """id -> a digest of everything the row's audio depends on: every input column (clip
+    bytes by hash, clip paths with the file's mtime and size) and the run's settings + model
+    fingerprint (`settings_digest`). Accepted ids only; read in batches on the driver."""
+    accepted = set(scan.accepted_ids)
+    canonical = {table_name: name for table_name, name in scan.rename.items()}
+    clip_stat = _ClipStat(audio_root, scan.local_dir)
+    hashes: dict[str, str] = {}
+    for path in scan.files:
+        reader = pq.ParquetFile(path, filesystem=scan.filesystem)
+        for batch in reader.iter_batches(batch_size=_HASH_BATCH_ROWS, columns=list(canonical)):
+            names = [canonical[n] for n in batch.schema.names]
+            columns = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+            order = sorted(range(len(names)), key=lambda i: names[i])
+            id_index = names.index(S.ID)
+            for r in range(batch.num_rows):
+                row_id = columns[id_index][r]
+                if row_id not in accepted:
+                    continue
+                digest = hashlib.blake2b(settings_digest.encode(), digest_size=16)
+                for i in order:
+                    value = columns[i][r]
+                    digest.update(names[i].encode() + b"=" + _value_bytes(value) + b"\x00")
+                    if names[i] == S.REF_AUDIO_PATH and isinstance(value, str):
+                        digest.update(clip_stat(value))
+                hashes[row_id] = digest.hexdigest()
+    return hashes
+
+
+_shared: dict[str, dict] = {}  # per worker process: fetch the driver's shared state once
+
+
+def prepare_block(batch: pa.Table, rename: Mapping[str, str], state: list) -> pa.Table:
+    """Plan stage after the read: canonical column names, only the rows still to do (not
+    rejected by the driver, not already done with the same content), and each row's content
+    hash for its output row. `state` holds one object ref of {"skip": ids, "hash_ids": ids,
+    "hashes": digests}, wrapped in a list so Ray passes the ref instead of resolving it per
+    call."""
     import pyarrow.compute as pc
     import ray
 
-    key = skip[0].hex()
-    if key not in _skip_sets:
-        _skip_sets.clear()
-        _skip_sets[key] = ray.get(skip[0])
+    key = state[0].hex()
+    if key not in _shared:
+        _shared.clear()
+        _shared[key] = ray.get(state[0])
+    shared = _shared[key]
     batch = batch.rename_columns([rename.get(name, name) for name in batch.column_names])
+    batch = _decode_dictionaries(batch)
     ids = pc.cast(batch.column(S.ID), pa.string())
-    keep = pc.and_(pc.is_valid(ids), pc.invert(pc.is_in(ids, value_set=_skip_sets[key])))
-    return batch.filter(pc.fill_null(keep, False))
+    keep = pc.and_(pc.is_valid(ids), pc.invert(pc.is_in(ids, value_set=shared["skip"])))
+    batch = batch.filter(pc.fill_null(keep, False))
+    ids = pc.cast(batch.column(S.ID), pa.string())
+    hashes = pc.take(shared["hashes"], pc.index_in(ids, value_set=shared["hash_ids"]))
+    return batch.append_column(S.CONTENT_HASH, hashes)
+
+
+def _decode_dictionaries(batch: pa.Table) -> pa.Table:
+    """Dictionary-encoded columns (what many Parquet writers make of a repetitive `speaker`)
+    as plain arrays of their value type: everything downstream reads plain values."""
+    for i, column in enumerate(batch.schema):
+        if pa.types.is_dictionary(column.type):
+            batch = batch.set_column(i, column.name, batch.column(i).cast(column.type.value_type))
+    return batch
 
 
 def read_dataset(scan: InputScan, rows_per_block: int):

@@ -20,12 +20,11 @@ import uuid
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
 from . import schema as S
 from .config import in_ray_job, to_plain
-from .inputs import InputScan, prepare_block, read_dataset, scan_input
+from .inputs import InputScan, prepare_block, read_dataset, row_hashes, scan_input
 from .output import (
     CONFIG_FILE,
     REJECTED_PART,
@@ -62,6 +61,8 @@ def _check_settings(plain: dict) -> None:
         raise ConfigError("cluster.cpus_per_actor and cluster.gpus_per_actor must be >= 0")
     if cluster["rows_per_block"] < 1:
         raise ConfigError("cluster.rows_per_block must be >= 1")
+    if output["on_change"] not in ("redo", "refuse"):
+        raise ConfigError(f"output.on_change must be redo or refuse, got {output['on_change']!r}")
     if not 0 < output["lease_heartbeat_s"] < output["lease_stale_s"]:
         raise ConfigError("output.lease_heartbeat_s must be > 0 and below output.lease_stale_s")
     if output["progress_bar"] not in ("auto", "on", "off"):
@@ -94,6 +95,120 @@ def _check_sampling(sampling: dict) -> None:
     problem = sampling_problem(float(values["temperature"]), float(values["top_p"]), int(values["top_k"]))
     if problem:
         raise ConfigError(f"sampling: {problem}")
+
+
+# files up to this size are hashed whole; a larger one (weights) by its size and its first
+# and last MiB: fine-tuned weights of the same shapes differ there too, and reading GBs per
+# run would not do
+_WHOLE_HASH_BYTES = 1 << 20
+# the built-in demo is built from these sources (actors/demo.py), so they are its weights
+_DEMO_SOURCES = ("actors/demo.py", "actors/engine/tiny.py", "actors/codec/tiny.py")
+# the settings a row's audio depends on (the rest -- batching, threads, compile -- leave the
+# codes of a row unchanged, which the determinism tests check)
+_ROW_SETTINGS = {
+    "engine": ("max_tokens", "max_frames", "frames_per_char", "min_frames", "stop_on_eos"),
+    "data": ("audio_root", "max_reference_seconds", "max_reference_bytes", "max_text_bytes", "literal_special_tokens"),
+}
+
+
+def _fingerprint_location(digest, location: str) -> None:
+    import pyarrow.fs as pafs
+
+    from .output import open_location
+
+    fs, path = open_location(location)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        entries = [f for f in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if f.type == pafs.FileType.File]
+    elif info.type == pafs.FileType.File:
+        entries = [info]
+    else:
+        digest.update(f"missing:{location}".encode())
+        return
+    for f in sorted(entries, key=lambda e: e.path):
+        digest.update(f"{f.path[len(path) :]}|{f.size}|".encode())
+        with fs.open_input_file(f.path) as handle:
+            if f.size <= _WHOLE_HASH_BYTES:
+                digest.update(handle.read())
+            else:
+                digest.update(handle.read(_WHOLE_HASH_BYTES))
+                handle.seek(f.size - _WHOLE_HASH_BYTES)
+                digest.update(handle.read(_WHOLE_HASH_BYTES))
+
+
+def model_fingerprint(model: dict) -> str:
+    """What the model's weights are, not what its folder is called: every file of the
+    checkpoint and codec (small ones whole, weights by size + first and last MiB)."""
+    import hashlib
+
+    from .config import REPO_ROOT
+
+    digest = hashlib.blake2b(digest_size=16)
+    if model["checkpoint"] is None:
+        for source in _DEMO_SOURCES:
+            digest.update(source.encode() + b"\x00" + (REPO_ROOT / source).read_bytes())
+    else:
+        _fingerprint_location(digest, model["checkpoint"])
+        codec = model["codec"] or model["checkpoint"].rstrip("/") + "/codec.pth"
+        _fingerprint_location(digest, codec)
+    return digest.hexdigest()
+
+
+def settings_digest(plain: dict, fingerprint: str) -> str:
+    """One digest of every setting a row's audio depends on, the model's fingerprint included."""
+    import hashlib
+
+    relevant = {
+        "model": {"name": plain["model"]["name"], "fingerprint": fingerprint, "dtype": plain["model"]["dtype"]},
+        "sampling": plain["sampling"],
+        "keep_codes": plain["output"]["keep_codes"],
+        **{group: {k: plain[group].get(k) for k in keys} for group, keys in _ROW_SETTINGS.items()},
+    }
+    return hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+@dataclass
+class ResumePlan:
+    """Which accepted rows a run does and why."""
+
+    skip: list  # ids already done with the same content
+    changed: list  # done, but their content (text, reference, settings, model) changed
+    retried: list  # error rows redone (retryable, or all with output.retry_errors)
+    new: int = 0  # never written
+
+
+def plan_resume(
+    accepted: list, hashes: dict, done: pa.Table, on_change: str = "redo", retry_errors: bool = False
+) -> ResumePlan:
+    """Compare the rows written (`done`: the newest row per id, with status, retryable and
+    content hash) with the input's rows now. Raises OutputMismatch for changed rows when
+    on_change=refuse."""
+    from .output import OutputMismatch
+
+    written = {
+        r[S.ID]: r
+        for r in done.select([S.ID, S.STATUS, S.RETRYABLE, S.CONTENT_HASH]).to_pylist()
+        if r[S.ID] is not None
+    }
+    plan = ResumePlan(skip=[], changed=[], retried=[])
+    for row_id in accepted:
+        row = written.get(row_id)
+        if row is None:
+            plan.new += 1
+        elif row[S.CONTENT_HASH] is not None and row[S.CONTENT_HASH] != hashes.get(row_id):
+            plan.changed.append(row_id)
+        elif row[S.STATUS] != S.STATUS_OK and (retry_errors or row[S.RETRYABLE]):
+            plan.retried.append(row_id)
+        else:  # done with this content (rows written before content hashes count as done)
+            plan.skip.append(row_id)
+    if plan.changed and on_change == "refuse":
+        shown = ", ".join(repr(i) for i in plan.changed[:5]) + (", ..." if len(plan.changed) > 5 else "")
+        raise OutputMismatch(
+            f"{len(plan.changed)} rows changed since they were written ({shown}): their text, "
+            f"reference, settings or model differ. Pass output.on_change=redo to redo them, or "
+            f"choose another output.dir to keep the old results"
+        )
+    return plan
 
 
 def _identity(plain: dict, scan: InputScan) -> dict:
@@ -180,7 +295,7 @@ def actor_arguments(plain: dict, input_dir: str | None, run_id: str) -> dict:
     }
 
 
-def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, skip_ref, run_id: str):
+def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, state_ref, run_id: str):
     from ray.data import ActorPoolStrategy
 
     from actors.synth import SynthActor
@@ -190,7 +305,7 @@ def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, skip_ref, run
     ds = read_dataset(scan, rows_per_block)
     ds = ds.map_batches(
         prepare_block,
-        fn_kwargs={"rename": scan.rename, "skip": [skip_ref]},
+        fn_kwargs={"rename": scan.rename, "state": [state_ref]},
         batch_format="pyarrow",
         batch_size=None,
         num_cpus=0.25,
@@ -213,7 +328,7 @@ def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, skip_ref, run
     )
 
 
-def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, skip: pa.Array, pending: int, run_id: str) -> dict:
+def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, state: dict, pending: int, run_id: str) -> dict:
     """Stream the rows still to do through the actors into part files, showing progress.
     Returns what only the stream sees: total part-file write time and when the first
     finished block reached the driver (seconds after the plan started)."""
@@ -229,7 +344,7 @@ def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, skip: pa.Arra
         # configurable in 2.60): with actors on every node it never schedules and the run
         # hangs. The V1 read honours the read's own (fractional) resources.
         context.use_datasource_v2 = False
-        plan = build_plan(plain, scan, layout, ray.put(skip), run_id)
+        plan = build_plan(plain, scan, layout, ray.put(state), run_id)
         output = plain["output"]
         progress = Progress(
             scan.total_rows, scan.total_rows - pending, output["progress_interval_s"], output["progress_bar"]
@@ -278,9 +393,17 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
         log.warning(
             "%d input rows rejected before synthesis (bad or duplicate ids); they are error rows", len(rejected)
         )
-    done = layout.done_ids()
-    accepted = pa.array(scan.accepted_ids, type=pa.string())
-    pending = len(accepted) - int(pc.sum(pc.is_in(accepted, value_set=done)).as_py() or 0)
+    output = plain["output"]
+    digest = settings_digest(plain, model_fingerprint(plain["model"]))
+    hashes = row_hashes(scan, digest, actor_arguments(plain, scan.local_dir, run_id)["data"]["audio_root"])
+    resume = plan_resume(
+        scan.accepted_ids,
+        hashes,
+        layout.read([S.ID, S.STATUS, S.RETRYABLE, S.CONTENT_HASH]),
+        on_change=output["on_change"],
+        retry_errors=output["retry_errors"],
+    )
+    pending = len(scan.accepted_ids) - len(resume.skip)
     log.info(
         "input %s: %d rows in %d file(s); %d to synthesize, %d already in %s",
         scan.source,
@@ -290,10 +413,26 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
         scan.total_rows - pending,
         layout.location,
     )
+    if resume.changed:
+        log.warning(
+            "%d rows changed since they were written (text, reference, settings or model) and are redone: %s",
+            len(resume.changed),
+            ", ".join(map(repr, resume.changed[:10])) + (" ..." if len(resume.changed) > 10 else ""),
+        )
+    if resume.retried:
+        log.info(
+            "%d error rows are retried (%s)",
+            len(resume.retried),
+            "output.retry_errors=true" if output["retry_errors"] else "their errors were transient",
+        )
     stream = {}
     if pending:
-        skip = pa.concat_arrays([done, pa.array(scan.rejected_ids, type=pa.string())])
-        stream = synthesize(plain, scan, layout, skip, pending, run_id)
+        state = {
+            "skip": pa.array(resume.skip + scan.rejected_ids, type=pa.string()),
+            "hash_ids": pa.array(list(hashes), type=pa.string()),
+            "hashes": pa.array(list(hashes.values()), type=pa.string()),
+        }
+        stream = synthesize(plain, scan, layout, state, pending, run_id)
     if lease.lost:
         raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")
     superseded = layout.drop_superseded(also_drop=pa.array(scan.rejected_ids, type=pa.string()))

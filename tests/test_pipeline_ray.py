@@ -23,7 +23,15 @@ import soundfile as sf
 
 from pipeline import schema as S
 from pipeline.config import compose
-from pipeline.output import CONFIG_FILE, LEASE_FILE, SUMMARY_FILE, TEMP_PREFIX, OutputInUse, OutputLayout
+from pipeline.output import (
+    CONFIG_FILE,
+    LEASE_FILE,
+    SUMMARY_FILE,
+    TEMP_PREFIX,
+    OutputInUse,
+    OutputLayout,
+    OutputMismatch,
+)
 from pipeline.plan import run
 from tests.helpers import REPO
 
@@ -232,6 +240,46 @@ def test_two_drivers_on_one_output(ray_cluster, driver_env, tmp_path, small_sett
     assert_each_once(rows, DEMO_IDS)
     assert all(r[S.STATUS] == S.STATUS_OK for r in rows)
     assert not (out / LEASE_FILE).exists()
+
+
+def test_rerun_redoes_changed_rows_and_transient_errors(ray_cluster, demo_table, tmp_path, small_settings, caplog):
+    """Findings 3 and 4: a rerun with edited text said "0 to synthesize" and kept the old
+    audio, and a reference that was missing stayed an error row forever. Now both are redone
+    (and the log says so), the rest is kept, and each id is on disk once."""
+    ids = DEMO_IDS[:4]
+    table = demo_table.slice(0, 4).select([S.ID, S.TEXT, S.SEED])
+    table = table.append_column(S.REF_AUDIO_PATH, pa.array([None, None, "late.flac", None], pa.string()))
+    source = tmp_path / "in.parquet"
+    pq.write_table(table, source)
+    args = [*small_settings, f"data.path={source}", f"output.dir={tmp_path}/out", "cluster.rows_per_block=2"]
+    first = synthesize(args)
+    rows = {r[S.ID]: r for r in OutputLayout(str(tmp_path / "out")).read(latest_only=False).to_pylist()}
+    assert rows[ids[2]][S.STATUS] == S.STATUS_ERROR and "not found" in rows[ids[2]][S.ERROR]
+    assert rows[ids[2]][S.RETRYABLE] is True
+    shutil.copy(REPO / "data" / "demo" / "refs" / "ada.flac", tmp_path / "late.flac")  # the clip arrives
+    texts = table.column(S.TEXT).to_pylist()
+    texts[1] = texts[1] + " And one more sentence."
+    pq.write_table(table.set_column(1, S.TEXT, pa.array(texts, pa.string())), source)
+    with caplog.at_level("INFO", logger="chorus"):
+        second = synthesize(args)
+    # the clip's path was stamped "missing" in the row's hash, so its arrival is a change too
+    assert (
+        f"2 rows changed since they were written (text, reference, settings or model) and are redone: {ids[1]!r}, {ids[2]!r}"
+        in caplog.text
+    )
+    rows = OutputLayout(str(tmp_path / "out")).read(latest_only=False).to_pylist()
+    assert_each_once(rows, ids)
+    by_id = {r[S.ID]: r for r in rows}
+    assert all(r[S.STATUS] == S.STATUS_OK for r in rows)
+    assert by_id[ids[1]][S.TEXT] == texts[1]
+    redone = {i for i, r in by_id.items() if r[S.RUN] == second.summary["run_id"]}
+    assert redone == {ids[1], ids[2]}
+    assert {by_id[i][S.RUN] for i in (ids[0], ids[3])} == {first.summary["run_id"]}
+    # with output.on_change=refuse an edit stops the run before any work
+    texts[0] = "Something else entirely."
+    pq.write_table(table.set_column(1, S.TEXT, pa.array(texts, pa.string())), source)
+    with pytest.raises(OutputMismatch, match=rf"1 rows changed since they were written \('{ids[0]}'\)"):
+        synthesize(args, "output.on_change=refuse")
 
 
 def test_no_arguments_runs_the_demo(driver_env, tmp_path):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -138,3 +139,70 @@ def test_overwrite_never_deletes_what_chorus_did_not_write(tmp_path):
     layout.claim({"input": "b"}, overwrite=True)
     assert layout.parts() == [] and notes.read_text() == "a user's file beside chorus's"
     assert json.loads(layout.read_text(IDENTITY_FILE)) == {"input": "b"}
+
+
+# ---- findings 3 and 4: honest resume ------------------------------------------------------
+def test_row_hashes_follow_text_reference_and_settings(tmp_path):
+    from pipeline.inputs import row_hashes, scan_input
+
+    clip = tmp_path / "clip.flac"
+    clip.write_bytes(b"one clip")
+    table = pa.table(
+        {
+            "id": ["a", "b", "c"],
+            "text": ["first", "second", "third"],
+            "ref_audio_path": [None, "clip.flac", None],
+            "ref_audio": [None, None, b"bytes"],
+        }
+    )
+    path = tmp_path / "in.parquet"
+    pq.write_table(table, path)
+    before = row_hashes(scan_input(str(path), {}), "settings-1", None)
+    assert len(set(before.values())) == 3
+    pq.write_table(table.set_column(1, "text", pa.array(["first", "second", "third, edited"])), path)
+    clip.write_bytes(b"another clip, longer")  # same name, other content
+    after = row_hashes(scan_input(str(path), {}), "settings-1", None)
+    assert after["a"] == before["a"] and after["b"] != before["b"] and after["c"] != before["c"]
+    other_settings = row_hashes(scan_input(str(path), {}), "settings-2", None)
+    assert not set(other_settings.values()) & set(after.values())
+
+
+def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path):
+    from pipeline.plan import model_fingerprint
+
+    ckpt = tmp_path / "my-model"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"dim": 8}')
+    weights = bytearray(os.urandom(3 << 20))
+    (ckpt / "model.pth").write_bytes(bytes(weights))
+    model = {"checkpoint": str(ckpt), "codec": None}
+    first = model_fingerprint(model)
+    assert model_fingerprint(model) == first
+    weights[10] ^= 0xFF  # fine-tuned: same size, other numbers
+    (ckpt / "model.pth").write_bytes(bytes(weights))
+    assert model_fingerprint(model) != first
+    assert model_fingerprint({"checkpoint": None, "codec": None}) == model_fingerprint(
+        {"checkpoint": None, "codec": None}
+    )
+
+
+def test_resume_redoes_changed_rows_and_transient_errors():
+    from pipeline.plan import plan_resume
+
+    done = S.output_table(
+        [
+            {S.ID: "same", S.STATUS: S.STATUS_OK, S.CONTENT_HASH: "h1"},
+            {S.ID: "edited", S.STATUS: S.STATUS_OK, S.CONTENT_HASH: "old"},
+            {S.ID: "io-error", S.STATUS: S.STATUS_ERROR, S.RETRYABLE: True, S.CONTENT_HASH: "h3"},
+            {S.ID: "bad-text", S.STATUS: S.STATUS_ERROR, S.RETRYABLE: False, S.CONTENT_HASH: "h4"},
+            {S.ID: "pre-hash", S.STATUS: S.STATUS_OK},  # written before content hashes existed
+        ]
+    )
+    accepted = ["same", "edited", "io-error", "bad-text", "pre-hash", "new"]
+    hashes = {"same": "h1", "edited": "new", "io-error": "h3", "bad-text": "h4", "pre-hash": "h5", "new": "h6"}
+    plan = plan_resume(accepted, hashes, done)
+    assert plan.skip == ["same", "bad-text", "pre-hash"]
+    assert plan.changed == ["edited"] and plan.retried == ["io-error"] and plan.new == 1
+    assert plan_resume(accepted, hashes, done, retry_errors=True).retried == ["io-error", "bad-text"]
+    with pytest.raises(OutputMismatch, match=r"1 rows changed since they were written \('edited'\)"):
+        plan_resume(accepted, hashes, done, on_change="refuse")
