@@ -42,24 +42,44 @@ class InputScan:
     ids_digest: str = ""  # the ids in input order: the same table wherever it was copied to
 
     base_dir: str = ""  # the directory the input names (relative clip paths start there)
+    searched: bool = False  # a directory or a glob: every file below base_dir may be read
 
     @property
     def local_dir(self) -> str | None:
         return self.base_dir if isinstance(self.filesystem, pafs.LocalFileSystem) else None
 
 
+def _hidden(name: str) -> bool:
+    """Names Spark, Hive and pyarrow datasets skip: `_temporary/`, `_SUCCESS`, `.ipynb_checkpoints/`,
+    `.part-0.parquet.crc`, and the temporary files of writers still at work."""
+    return name.startswith(("_", "."))
+
+
+def _glob_matches(path: str, pattern: str) -> bool:
+    """Shell-glob semantics, one path component at a time: `*` and `?` never match '/', and
+    a hidden component (see _hidden) matches only a pattern component that names it so."""
+    names, wanted = path.split("/"), pattern.split("/")
+    if len(names) != len(wanted):
+        return False
+    for name, want in zip(names, wanted):
+        if not fnmatch.fnmatchcase(name, want):
+            return False
+        if _hidden(name) and not want.startswith(name[0]):
+            return False
+    return True
+
+
 def find_files(location: str) -> tuple[pafs.FileSystem, list[str], str]:
     """A Parquet file, a directory (searched recursively for *.parquet) or a glob ->
-    (filesystem, files, the directory the input names)."""
+    (filesystem, files, the directory the input names). Hidden paths (see _hidden) below the
+    named directory are skipped."""
     fs, path = open_location(location)
     if any(ch in path for ch in _GLOB_CHARS):
         cut = min(path.find(ch) for ch in _GLOB_CHARS if ch in path)
         base = path[:cut].rsplit("/", 1)[0] or "/"
         selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
         files = [
-            f.path
-            for f in fs.get_file_info(selector)
-            if f.type == pafs.FileType.File and fnmatch.fnmatchcase(f.path, path)
+            f.path for f in fs.get_file_info(selector) if f.type == pafs.FileType.File and _glob_matches(f.path, path)
         ]
     else:
         info = fs.get_file_info(path)
@@ -75,11 +95,22 @@ def find_files(location: str) -> tuple[pafs.FileSystem, list[str], str]:
                 for f in fs.get_file_info(selector)
                 if f.type == pafs.FileType.File
                 and f.base_name.endswith(".parquet")
-                and not f.base_name.startswith((".", "_"))
+                and not any(_hidden(part) for part in f.path[len(base) :].split("/") if part)
             ]
     if not files:
         raise InputError(f"input {location} matches no Parquet files")
     return fs, sorted(files), base
+
+
+def output_inside_input(scan: InputScan, output_location: str) -> bool:
+    """An output directory below a searched input directory is read back as input on rerun."""
+    if not scan.searched:
+        return False
+    out_fs, out_path = open_location(output_location)
+    if type(out_fs) is not type(scan.filesystem):
+        return False
+    base = scan.base_dir.rstrip("/")
+    return out_path == base or out_path.startswith(base + "/")
 
 
 def scan_input(location: str, columns: Mapping[str, str]) -> InputScan:
@@ -113,6 +144,7 @@ def scan_input(location: str, columns: Mapping[str, str]) -> InputScan:
         rename=rename,
         total_rows=sum(map(len, ids_per_file)),
         base_dir=base_dir,
+        searched=not (len(files) == 1 and files[0] == open_location(location)[1]),
     )
     for path, ids in zip(files, ids_per_file):
         for row, value in enumerate(ids):

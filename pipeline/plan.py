@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import schema as S
 from .config import in_ray_job, to_plain
-from .inputs import InputScan, prepare_block, read_dataset, row_hashes, scan_input
+from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, row_hashes, scan_input
 from .output import (
     CONFIG_FILE,
     REJECTED_PART,
@@ -374,6 +374,11 @@ def run(cfg: DictConfig) -> RunReport:
     run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     scan = scan_input(plain["data"]["path"], plain["data"]["columns"])
     output = plain["output"]
+    if output_inside_input(scan, output["dir"]):
+        raise ConfigError(
+            f"output.dir={output['dir']!r} is inside the input directory {scan.base_dir}: its part files "
+            f"would be read back as input on the next run; choose an output.dir outside it"
+        )
     layout = OutputLayout(output["dir"])
     layout.check_ours()  # before the lease file goes in: a foreign directory is left untouched
     lease = Lease(layout, run_id, heartbeat_s=output["lease_heartbeat_s"], stale_s=output["lease_stale_s"])

@@ -97,6 +97,8 @@ def check_input_schema(schema: pa.Schema, columns: Mapping[str, str], source: st
                 problems.append(f"required column '{name}'{hint} is missing")
             continue
         dtype = schema.field(index).type
+        if pa.types.is_dictionary(dtype):  # dictionary-encoded: judged (and read) by its values
+            dtype = dtype.value_type
         kind = _KINDS[canonical]
         if not (pa.types.is_null(dtype) or kind.accepts(dtype)):
             problems.append(f"column '{name}' has type {dtype}, expected {kind.expected}")

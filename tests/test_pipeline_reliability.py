@@ -206,3 +206,51 @@ def test_resume_redoes_changed_rows_and_transient_errors():
     assert plan_resume(accepted, hashes, done, retry_errors=True).retried == ["io-error", "bad-text"]
     with pytest.raises(OutputMismatch, match=r"1 rows changed since they were written \('edited'\)"):
         plan_resume(accepted, hashes, done, on_change="refuse")
+
+
+# ---- finding 7: input discovery ---------------------------------------------------------
+def test_input_discovery_skips_what_spark_and_notebooks_leave(tmp_path):
+    from pipeline.inputs import scan_input
+
+    data = tmp_path / "set"
+    for rel in ("part-0.parquet", "sub/part-1.parquet"):
+        (data / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"id": [rel.replace("/", ":")], "text": ["x"]}), data / rel)
+    # a Spark job's leftovers and a notebook's checkpoint: the same rows again
+    for rel in ("_temporary/0/part-0.parquet", ".ipynb_checkpoints/part-0.parquet", "sub/_SUCCESS/x.parquet"):
+        (data / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"id": ["part-0.parquet"], "text": ["x"]}), data / rel)
+    scan = scan_input(str(data), {})
+    assert sorted(scan.accepted_ids) == ["part-0.parquet", "sub:part-1.parquet"] and not scan.rejected
+    # '*' stays within one directory level; hidden names need a pattern that names them
+    assert scan_input(str(data / "*.parquet"), {}).accepted_ids == ["part-0.parquet"]
+    assert scan_input(str(data / "*" / "*.parquet"), {}).accepted_ids == ["sub:part-1.parquet"]
+    assert scan_input(str(data / "_temporary" / "*" / "*.parquet"), {}).total_rows == 1
+
+
+def test_output_inside_the_input_directory_is_refused(tmp_path):
+    from pipeline.plan import ConfigError
+
+    (tmp_path / "set").mkdir()
+    pq.write_table(pa.table({"id": ["a"], "text": ["x"]}), tmp_path / "set" / "in.parquet")
+    for data_path in (tmp_path / "set", tmp_path / "set" / "*.parquet"):
+        with pytest.raises(ConfigError, match="inside the input directory"):
+            run(compose([f"data.path={data_path}", f"output.dir={tmp_path}/set/out"]))
+    assert not (tmp_path / "set" / "out").exists()
+
+
+def test_dictionary_encoded_columns_are_read_as_their_values(tmp_path):
+    from pipeline.inputs import _decode_dictionaries, scan_input
+
+    table = pa.table(
+        {
+            "id": pa.array(["a", "b"]).dictionary_encode(),
+            "text": ["x", "y"],
+            "speaker": pa.array(["ada", "ada"]).dictionary_encode(),
+        }
+    )
+    pq.write_table(table, tmp_path / "in.parquet")
+    scan = scan_input(str(tmp_path / "in.parquet"), {})
+    assert scan.accepted_ids == ["a", "b"] and "speaker" in scan.rename.values()
+    plain = _decode_dictionaries(pq.read_table(tmp_path / "in.parquet"))
+    assert plain.schema.field("speaker").type == pa.string() and plain.column("speaker").to_pylist() == ["ada"] * 2
