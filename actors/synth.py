@@ -17,8 +17,10 @@ import hashlib
 import logging
 import math
 import os
+import re
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections import OrderedDict
@@ -35,6 +37,12 @@ from pipeline import schema as S
 log = logging.getLogger(__name__)
 
 SEED_MASK = (1 << 63) - 1  # seeds are stored as int64
+# per-row limits (data.* settings override them): text is refused before it is tokenized, a
+# clip before it is read, and a clip fetch/decode that takes longer fails its rows
+DEFAULT_MAX_TEXT_BYTES = 64 * 1024
+DEFAULT_MAX_REFERENCE_BYTES = 50 * 1024 * 1024
+DEFAULT_REFERENCE_TIMEOUT_S = 60.0
+DEFAULT_URI_SCHEMES = ("s3", "gs", "gcs", "hdfs", "abfs", "abfss")
 INT32_MAX = (1 << 31) - 1  # top_k, max_frames: int32 output columns
 # The engine samples in float32 (bfloat16 on GPU: the same exponent range): a temperature of
 # 1e39 is finite as a Python float but inf in float32, and logits / 1e-40 overflow. Values
@@ -171,6 +179,9 @@ class SynthActor:
         threads: Optional[int] = None,
         crash_on_batch: int = 0,
         crash_marker: Optional[str] = None,
+        attempts_dir: Optional[str] = None,
+        quarantine_after: int = 2,
+        crash_on_id: Optional[str] = None,
     ):
         constructed = time.perf_counter()  # the actor's own start-up: imports, model + codec load
         import torch
@@ -228,6 +239,14 @@ class SynthActor:
         self.audio_root = data.get("audio_root")
         self.input_dir = data.get("input_dir")
         self.max_reference_seconds = float(data.get("max_reference_seconds", 30.0))
+        self.max_reference_bytes = int(data.get("max_reference_bytes") or DEFAULT_MAX_REFERENCE_BYTES)
+        self.max_text_bytes = int(data.get("max_text_bytes") or DEFAULT_MAX_TEXT_BYTES)
+        self.reference_timeout_s = float(data.get("reference_timeout_s") or DEFAULT_REFERENCE_TIMEOUT_S)
+        self.uri_schemes = tuple(data.get("uri_schemes") or DEFAULT_URI_SCHEMES)
+        # blocks that killed this actor's predecessors (see _AttemptLedger)
+        self.ledger = _AttemptLedger(attempts_dir) if attempts_dir else None
+        self.quarantine_after = max(1, int(quarantine_after))
+        self.crash_on_id = crash_on_id
         self.keep_codes = keep_codes
         self.run_id = run_id
         self.crash_on_batch, self.crash_marker = int(crash_on_batch or 0), crash_marker
@@ -254,6 +273,40 @@ class SynthActor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         self.batches += 1
         self._maybe_crash()
+        if self.ledger is None or batch.num_rows == 0:
+            return self._process(batch)
+        ids = [i if isinstance(i, str) else "" for i in batch.column(S.ID).to_pylist()]
+        block_key = "block-" + _ids_key(ids)
+        crashes = self.ledger.begin(block_key)
+        if crashes < self.quarantine_after:
+            table = self._process(batch)
+        else:
+            # this block killed the actor `crashes` times: run its rows alone, so the one that
+            # does it is found (it dies once more, alone) and quarantined on the next try
+            log.warning("block of %d rows killed the actor %d times; running its rows alone", len(ids), crashes)
+            table = pa.concat_tables([self._process_alone(batch.slice(i, 1), ids[i]) for i in range(len(ids))])
+        self.ledger.end(block_key)
+        return table
+
+    def _process_alone(self, row_batch: pa.Table, row_id: str) -> pa.Table:
+        row_key = "row-" + _ids_key([row_id])
+        if self.ledger.begin(row_key) >= 1:  # it was running alone when the actor died
+            self.ledger.end(row_key)
+            message = (
+                f"quarantined: this row's block killed its actor (the process exited: a crash or "
+                f"out of memory) {self.quarantine_after} times, then the row did so alone"
+            )
+            row = _Row(0, row_id, row_batch.to_pylist()[0])
+            row.fail(message, retryable=False)
+            return output_table_per_row([self._error_output(row, message, retryable=False)])
+        table = self._process(row_batch)
+        self.ledger.end(row_key)
+        return table
+
+    def _process(self, batch: pa.Table) -> pa.Table:
+        if self.crash_on_id is not None and self.crash_on_id in batch.column(S.ID).to_pylist():
+            log.warning("crash_on_id=%r: actor %s exits now", self.crash_on_id, self.actor)
+            os._exit(71)  # test hook: a row that kills its process (segfault, OOM)
         started, started_unix = time.perf_counter(), time.time()
         marks = [started]  # phase boundaries: prep | engine | codec | encode
         rows = [_Row(i, values.get(S.ID), values) for i, values in enumerate(batch.to_pylist())]
@@ -314,6 +367,9 @@ class SynthActor:
             raw_text = v.get(S.TEXT)
             if raw_text is None:
                 raise RowError("text is null")
+            size = len(raw_text.encode("utf-8", "surrogatepass")) if isinstance(raw_text, str) else len(raw_text)
+            if size > self.max_text_bytes:  # before anything tokenizes it
+                raise RowError(f"text is {size} bytes; the limit is {self.max_text_bytes} (data.max_text_bytes)")
             row.text = _text_of(raw_text)
             if v.get(S.SEED) is not None:
                 row.seed = _parse_int(v[S.SEED], S.SEED, 0, SEED_MASK)
@@ -355,11 +411,22 @@ class SynthActor:
         v = row.values
         audio_bytes, audio_path = v.get(S.REF_AUDIO), v.get(S.REF_AUDIO_PATH)
         if audio_bytes is not None:
+            if len(audio_bytes) > self.max_reference_bytes:
+                raise RowError(
+                    f"ref_audio is {len(audio_bytes)} bytes; the limit is {self.max_reference_bytes} "
+                    f"(data.max_reference_bytes)"
+                )
             row.ref_source = bytes(audio_bytes)
             identity = "bytes:" + hashlib.blake2b(row.ref_source, digest_size=16).hexdigest()
         elif audio_path is not None:
             if not audio_path.strip():
                 raise RowError("ref_audio_path is empty")
+            scheme = _uri_scheme(audio_path)
+            if scheme is not None and scheme != "file" and scheme not in self.uri_schemes:
+                raise RowError(
+                    f"ref_audio_path {audio_path!r}: URI scheme {scheme!r} is not allowed "
+                    f"(data.uri_schemes={list(self.uri_schemes)})"
+                )
             row.ref_source = audio_path
             identity = "path:" + audio_path
         else:
@@ -382,7 +449,7 @@ class SynthActor:
                     row.ref_codes = cached
                 continue
             try:
-                waves.append(self._load_reference(group[0].ref_source))
+                waves.append(self._load_reference_in_time(group[0].ref_source))
                 keys.append(key)
             except Exception as e:  # ReferenceAudioError, OSError, decoder errors: all per clip
                 for row in group:
@@ -412,6 +479,30 @@ class SynthActor:
                 row.ref_codes = key_codes
                 row.codec_ms += share_ms / len(by_key[key])
 
+    def _load_reference_in_time(self, source) -> np.ndarray:
+        """_load_reference with a deadline: a fetch from an unreachable store or a decoder
+        that hangs fails its rows (retryable) instead of holding the actor and its block. The
+        worker thread cannot be killed; it is a daemon and ends with the process."""
+        outcome: dict = {}
+
+        def work():
+            try:
+                outcome["wave"] = self._load_reference(source)
+            except BaseException as e:  # handed to the caller below
+                outcome["error"] = e
+
+        worker = threading.Thread(target=work, name="chorus-reference", daemon=True)
+        worker.start()
+        worker.join(self.reference_timeout_s)
+        if worker.is_alive():
+            raise TimeoutError(
+                f"reading and decoding the clip took longer than {self.reference_timeout_s:g} s "
+                f"(data.reference_timeout_s)"
+            )
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["wave"]
+
     def _load_reference(self, source) -> np.ndarray:
         if isinstance(source, str) and source.startswith("file://"):
             source = source[len("file://") :]
@@ -419,15 +510,36 @@ class SynthActor:
             import pyarrow.fs as pafs
 
             filesystem, path = pafs.FileSystem.from_uri(source)
+            size = filesystem.get_file_info(path).size
+            if size is not None and size > self.max_reference_bytes:
+                raise ReferenceTooLarge(source, size, self.max_reference_bytes)
             with filesystem.open_input_file(path) as f:
-                source = f.read()
-        root = self.audio_root
-        if root is None and isinstance(source, str) and not os.path.isabs(os.path.expanduser(source)):
-            root = self.input_dir  # relative paths name clips beside the input, and stay there
+                source = f.read(self.max_reference_bytes + 1)
+            if len(source) > self.max_reference_bytes:
+                raise ReferenceTooLarge(path, len(source), self.max_reference_bytes)
+        if isinstance(source, str):
+            try:
+                size = os.stat(self._clip_path(source)).st_size
+            except OSError:
+                size = 0  # missing or unreadable: the loader says which, within the root rules
+            if size > self.max_reference_bytes:
+                raise ReferenceTooLarge(source, size, self.max_reference_bytes)
+        root = self._root_for(source)
         wave = self._audio.load_reference_audio(
             source, target_sample_rate=self.codec.sample_rate, max_seconds=self.max_reference_seconds, root=root
         )
         return np.asarray(wave, dtype=np.float32)
+
+    def _root_for(self, source):
+        root = self.audio_root
+        if root is None and isinstance(source, str) and not os.path.isabs(os.path.expanduser(source)):
+            root = self.input_dir  # relative paths name clips beside the input, and stay there
+        return root
+
+    def _clip_path(self, source: str) -> str:
+        path = os.path.expanduser(source)
+        root = self._root_for(source)
+        return path if os.path.isabs(path) or root is None else os.path.join(root, path)
 
     # ---- generation -----------------------------------------------------------------
     def _generate(self, rows: list[_Row]) -> None:
@@ -626,6 +738,53 @@ def output_table_per_row(rows: list[dict]) -> pa.Table:
                 )
             )
     return S.output_table(safe)
+
+
+class ReferenceTooLarge(ValueError):
+    def __init__(self, source: str, size: int, limit: int):
+        super().__init__(f"{source} is {size} bytes; the limit is {limit} (data.max_reference_bytes)")
+
+
+class _AttemptLedger:
+    """Which blocks and rows were being processed when an actor process died, kept in files
+    that outlive the process (the run's attempts directory): a counter is raised when work
+    starts and removed when it ends, so a counter still there at the next start counts the
+    deaths it caused. Local to one machine or a shared filesystem."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+
+    def begin(self, key: str) -> int:
+        path = os.path.join(self.directory, key)
+        try:
+            with open(path, encoding="ascii") as f:
+                before = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            before = 0
+        temp = f"{path}.{os.getpid()}.tmp"
+        with open(temp, "w", encoding="ascii") as f:
+            f.write(str(before + 1))
+        os.replace(temp, path)
+        return before
+
+    def end(self, key: str) -> None:
+        try:
+            os.unlink(os.path.join(self.directory, key))
+        except FileNotFoundError:
+            pass
+
+
+def _ids_key(ids: list[str]) -> str:
+    digest = hashlib.blake2b(digest_size=12)
+    for row_id in ids:
+        digest.update(row_id.encode("utf-8", "surrogatepass") + b"\x00")
+    return digest.hexdigest()
+
+
+def _uri_scheme(path: str) -> Optional[str]:
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", path)
+    return match.group(1).lower() if match else None
 
 
 def _is_transient(error: BaseException) -> bool:

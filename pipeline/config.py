@@ -72,6 +72,13 @@ class DataConfig:
     audio_root: Optional[str] = None
     # longest reference clip accepted, seconds
     max_reference_seconds: float = 30.0
+    # per-row limits: a clip's size (checked before it is read), the time to fetch and decode
+    # it, a text's size (checked before it is tokenized)
+    max_reference_bytes: int = 50 * 1024 * 1024
+    reference_timeout_s: float = 60.0
+    max_text_bytes: int = 64 * 1024
+    # URI schemes a ref_audio_path may use (local paths and file:// always work)
+    uri_schemes: list[str] = field(default_factory=lambda: ["s3", "gs", "gcs", "hdfs", "abfs", "abfss"])
 
 
 @dataclass
@@ -149,9 +156,17 @@ class ClusterSettings:
     threads_per_actor: Optional[int] = None
     # rows per block = rows per actor call; small blocks spread work over every actor
     rows_per_block: int = 16
-    # test hook: the actor process exits hard on its N-th batch, once per marker file
+    # a dead actor (crash, OOM) is restarted and its block retried, a bounded number of times
+    # (Ray Data's default is forever); a block that killed its actor this many times has its
+    # rows run alone, and the row that kills it alone becomes an error row (quarantined)
+    max_actor_restarts: int = 10
+    max_task_retries: int = 4
+    crash_quarantine_after: int = 2
+    # test hooks: the actor process exits hard on its N-th batch, once per marker file; or
+    # whenever it processes the row with this id
     crash_on_batch: int = 0
     crash_marker: Optional[str] = None
+    crash_on_id: Optional[str] = None
 
 
 @dataclass

@@ -8,6 +8,7 @@
       _chorus.json                which input and model this output belongs to (chorus's marker)
       _chorus.lock                the lease of the driver writing here now
       _runs/<time>/               Hydra's logs (local outputs only)
+      _attempts/<run>/            blocks that killed an actor during the run (removed at its end)
 
 Resume needs no manifest: a part file only ever appears complete (written under a temporary
 name, then renamed; object stores publish an object only when its upload completes), so the
@@ -54,6 +55,7 @@ SUMMARY_FILE = "summary.json"
 IDENTITY_FILE = "_chorus.json"  # also chorus's marker: overwrite only ever deletes where it is
 LEASE_FILE = "_chorus.lock"
 RUNS_DIR = "_runs"
+ATTEMPTS_DIR = "_attempts"  # per run: the blocks that killed an actor (actors/synth.py), removed at the end
 REPORT_FILE = "report.html"
 # what may sit in a directory chorus has not claimed yet: Hydra creates _runs/ before the run
 # starts, and a lease is taken before the marker is written

@@ -15,8 +15,10 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -26,6 +28,7 @@ from . import schema as S
 from .config import in_ray_job, to_plain
 from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, row_hashes, scan_input
 from .output import (
+    ATTEMPTS_DIR,
     CONFIG_FILE,
     REJECTED_PART,
     SUMMARY_FILE,
@@ -67,6 +70,13 @@ def _check_settings(plain: dict) -> None:
         raise ConfigError("output.lease_heartbeat_s must be > 0 and below output.lease_stale_s")
     if output["progress_bar"] not in ("auto", "on", "off"):
         raise ConfigError(f"output.progress_bar must be auto, on or off, got {output['progress_bar']!r}")
+    if cluster["crash_quarantine_after"] < 1 or cluster["max_task_retries"] <= cluster["crash_quarantine_after"]:
+        raise ConfigError(
+            "cluster.max_task_retries must exceed cluster.crash_quarantine_after (>= 1): a block is retried "
+            "crash_quarantine_after times, then once more row by row to find the row that kills its actor"
+        )
+    if cluster["max_actor_restarts"] < 0:
+        raise ConfigError("cluster.max_actor_restarts must be >= 0")
     if cluster["crash_on_batch"] and not cluster["crash_marker"]:
         raise ConfigError("cluster.crash_on_batch needs cluster.crash_marker (it makes the crash happen once)")
     if in_ray_job() and is_local(output["dir"]) and not os.path.isabs(os.path.expanduser(output["dir"])):
@@ -270,7 +280,15 @@ def _check_resources(cluster: dict) -> None:
         log.warning(message)  # GPU clusters may still be scaling up
 
 
-def actor_arguments(plain: dict, input_dir: str | None, run_id: str) -> dict:
+def attempts_dir(output_location: str, run_id: str) -> str:
+    """Where actors count the blocks that killed them: beside the output when it is local (a
+    shared filesystem serves every node), else in this machine's cache (one node only)."""
+    if is_local(output_location):
+        return os.path.join(local_path(output_location), ATTEMPTS_DIR, run_id)
+    return os.path.join(os.path.expanduser("~"), ".cache", "chorus", ATTEMPTS_DIR, run_id)
+
+
+def actor_arguments(plain: dict, input_dir: str | None, run_id: str, attempts: str | None = None) -> dict:
     """SynthActor's constructor arguments: plain, small, the same on every actor."""
     cluster = plain["cluster"]
     threads = cluster["threads_per_actor"] or max(1, math.floor(cluster["cpus_per_actor"]))
@@ -285,24 +303,30 @@ def actor_arguments(plain: dict, input_dir: str | None, run_id: str) -> dict:
         "data": {
             "audio_root": audio_root,
             "input_dir": input_dir,
-            "max_reference_seconds": data["max_reference_seconds"],
+            **{
+                key: data[key]
+                for key in (
+                    "max_reference_seconds",
+                    "max_reference_bytes",
+                    "reference_timeout_s",
+                    "max_text_bytes",
+                    "uri_schemes",
+                )
+            },
         },
         "keep_codes": plain["output"]["keep_codes"],
         "run_id": run_id,
         "threads": threads,
         "crash_on_batch": cluster["crash_on_batch"],
         "crash_marker": cluster["crash_marker"],
+        "attempts_dir": attempts,
+        "quarantine_after": cluster["crash_quarantine_after"],
+        "crash_on_id": cluster["crash_on_id"],
     }
 
 
 def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, state_ref, run_id: str):
-    from ray.data import ActorPoolStrategy
-
-    from actors.synth import SynthActor
-
-    cluster = plain["cluster"]
-    rows_per_block = cluster["rows_per_block"]
-    ds = read_dataset(scan, rows_per_block)
+    ds = read_dataset(scan, plain["cluster"]["rows_per_block"])
     ds = ds.map_batches(
         prepare_block,
         fn_kwargs={"rename": scan.rename, "state": [state_ref]},
@@ -310,21 +334,37 @@ def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, state_ref, ru
         batch_size=None,
         num_cpus=0.25,
     )
-    ds = ds.map_batches(
-        SynthActor,
-        fn_constructor_kwargs=actor_arguments(plain, scan.local_dir, run_id),
-        compute=ActorPoolStrategy(size=cluster["num_actors"]),
-        num_cpus=cluster["cpus_per_actor"],
-        num_gpus=cluster["gpus_per_actor"],
-        batch_size=rows_per_block,
-        batch_format="pyarrow",
-    )
+    with warnings.catch_warnings():
+        # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
+        # "use the named remote parameters" warning has nothing to point to); pinned <2.61
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        ds = _synth_stage(ds, plain, scan, layout, run_id)
     return ds.map_batches(
         write_block,
         fn_kwargs={"location": layout.location, "run_id": run_id},
         batch_format="pyarrow",
         batch_size=None,
         num_cpus=0.25,
+    )
+
+
+def _synth_stage(ds, plain: dict, scan: InputScan, layout: OutputLayout, run_id: str):
+    from ray.data import ActorPoolStrategy
+
+    from actors.synth import SynthActor
+
+    cluster = plain["cluster"]
+    return ds.map_batches(
+        SynthActor,
+        fn_constructor_kwargs=actor_arguments(plain, scan.local_dir, run_id, attempts_dir(layout.location, run_id)),
+        compute=ActorPoolStrategy(size=cluster["num_actors"]),
+        # bounded: a row that kills its actor must end as an error row, not loop forever
+        max_restarts=cluster["max_actor_restarts"],
+        max_task_retries=cluster["max_task_retries"],
+        num_cpus=cluster["cpus_per_actor"],
+        num_gpus=cluster["gpus_per_actor"],
+        batch_size=cluster["rows_per_block"],
+        batch_format="pyarrow",
     )
 
 
@@ -391,6 +431,8 @@ def run(cfg: DictConfig) -> RunReport:
 
 def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) -> RunReport:
     layout.claim(_identity(plain, scan), overwrite=plain["output"]["overwrite"], run_id=run_id)
+    if layout.local:  # crash counts of earlier runs' blocks mean nothing to this run's blocks
+        shutil.rmtree(os.path.join(layout.base, ATTEMPTS_DIR), ignore_errors=True)
     layout.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
     if scan.rejected:
         rejected = [dict(row, **{S.RUN: run_id}) for row in scan.rejected]
@@ -438,6 +480,7 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
             "hashes": pa.array(list(hashes.values()), type=pa.string()),
         }
         stream = synthesize(plain, scan, layout, state, pending, run_id)
+    shutil.rmtree(attempts_dir(layout.location, run_id), ignore_errors=True)
     if lease.lost:
         raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")
     superseded = layout.drop_superseded(also_drop=pa.array(scan.rejected_ids, type=pa.string()))

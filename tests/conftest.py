@@ -24,6 +24,7 @@ import soundfile as sf
 REPO = Path(__file__).resolve().parents[1]
 DEMO_TABLE = REPO / "data" / "demo" / "demo.parquet"
 RAY_CPUS = 2
+MAX_REFERENCE_BYTES = 1_000_000  # the tests' clip size cap (small_settings), so an oversized clip is cheap
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +85,8 @@ def bad_table(tmp_path_factory) -> BadTable:
     (refs / "stereo.flac").write_bytes(encode(tone(1.5, 44100, channels=2), 44100, "FLAC", "PCM_16"))
     (refs / "overlong.wav").write_bytes(overlong)
     (refs / "not-audio.flac").write_bytes(b"fLaC but not really")
+    # a valid clip over the byte cap: refused by its size, before it is read
+    (refs / "huge.wav").write_bytes(encode(tone(25.0, 22050), 22050, "WAV", "PCM_16"))
 
     good_text = "A perfectly normal sentence."
     rows = []
@@ -133,6 +136,11 @@ def bad_table(tmp_path_factory) -> BadTable:
     bad("bad-top-p-zero-in-float32", "top_p 1e-50 is outside", top_p="1e-50")
     bad("bad-top-k-over-int32", "top_k 2147483648 is outside", top_k="2147483648")
     bad("bad-max-frames-over-int32", "max_frames 4294967296 is outside", max_frames="4294967296")
+    # limits: refused before the text is tokenized or the clip is read
+    bad("bad-text-too-many-bytes", "text is 70000 bytes; the limit is 65536", text="x" * 70000)
+    bad("bad-ref-bytes-too-large", f"the limit is {MAX_REFERENCE_BYTES}", ref_audio=b"\0" * (MAX_REFERENCE_BYTES + 1))
+    bad("bad-ref-file-too-large", f"the limit is {MAX_REFERENCE_BYTES}", ref_audio_path="refs/huge.wav")
+    bad("bad-uri-scheme", "URI scheme 'http' is not allowed", ref_audio_path="http://169.254.169.254/latest")
     # -- rows the driver rejects before any actor sees them ------------------------------
     rejected = {}
 
@@ -194,6 +202,7 @@ def small_settings() -> list[str]:
         "engine.stop_on_eos=false",
         "output.progress_interval_s=0",
         "output.progress_bar=off",
+        f"data.max_reference_bytes={MAX_REFERENCE_BYTES}",
     ]
 
 

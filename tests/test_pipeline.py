@@ -220,6 +220,8 @@ def test_settings_that_cannot_work_fail_early(tmp_path):
         (["cluster.crash_on_batch=2"], "crash_marker"),
         (["sampling.temperature=1e39"], "temperature 1e\\+39 is outside"),
         (["sampling.top_k=2147483648"], "top_k 2147483648 is outside"),
+        (["cluster.max_task_retries=2", "cluster.crash_quarantine_after=2"], "must exceed"),
+        (["output.on_change=ignore"], "on_change"),
         (["model=s1_mini", f"model.checkpoint={tmp_path}"], "no config.json"),
     ]:
         with pytest.raises(ConfigError, match=message):

@@ -282,6 +282,34 @@ def test_rerun_redoes_changed_rows_and_transient_errors(ray_cluster, demo_table,
         synthesize(args, "output.on_change=refuse")
 
 
+def test_a_row_that_kills_its_actor_is_quarantined(ray_cluster, demo_table, tmp_path, small_settings, read_rows):
+    """Finding 8: a row that crashes its actor (segfault, OOM) was retried forever (Ray Data
+    restarts actors and retries tasks without limit). Now its block is retried
+    crash_quarantine_after times, then row by row; the row that kills the actor alone ends as
+    an error row and the others complete."""
+    ids = DEMO_IDS[:6]
+    source = tmp_path / "in.parquet"
+    pq.write_table(demo_table.slice(0, 6).select([S.ID, S.TEXT, S.SEED]), source)
+    poison = ids[4]
+    synthesize(
+        small_settings,
+        f"data.path={source}",
+        f"output.dir={tmp_path}/out",
+        "cluster.rows_per_block=3",
+        f"cluster.crash_on_id={poison}",
+        "cluster.crash_quarantine_after=2",
+        "cluster.max_task_retries=3",
+    )
+    rows = read_rows(tmp_path / "out")
+    assert_each_once(rows, ids)
+    by_id = {r[S.ID]: r for r in rows}
+    assert by_id[poison][S.STATUS] == S.STATUS_ERROR and "quarantined" in by_id[poison][S.ERROR]
+    assert all(by_id[i][S.STATUS] == S.STATUS_OK for i in ids if i != poison)
+    # 2 deaths of the block, 1 of the row alone: the actors that wrote rows are new processes
+    assert len({r[S.ACTOR] for r in rows}) >= 2
+    assert not (tmp_path / "out" / "_attempts").exists() or not any((tmp_path / "out" / "_attempts").iterdir())
+
+
 def test_no_arguments_runs_the_demo(driver_env, tmp_path):
     clone = tmp_path / "clone"
     for part in ("pipeline", "actors", "conf", "data"):

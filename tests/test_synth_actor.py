@@ -172,3 +172,41 @@ def test_an_engine_failure_on_a_block_retries_its_rows_singly(actor, demo_table,
         if row_id != poison:
             assert row[S.STATUS] == S.STATUS_OK, row[S.ERROR]
             assert row[S.CODES] == expected[row_id][S.CODES]
+
+
+def test_a_reference_that_hangs_fails_its_rows_not_the_actor(actor, demo_table, monkeypatch):
+    """Finding 8: a gs:// clip with no network held its actor and all its rows for 7+
+    minutes. A clip load that never returns (injected: it waits forever) now fails its own
+    rows after data.reference_timeout_s, as retryable errors; the block's other rows finish."""
+    import threading
+
+    never = threading.Event()
+    real = actor._load_reference
+
+    def load(source):
+        if isinstance(source, str) and source.endswith("hangs.flac"):
+            never.wait()
+        return real(source)
+
+    monkeypatch.setattr(actor, "_load_reference", load)
+    monkeypatch.setattr(actor, "reference_timeout_s", 0.5)
+    batch = demo_table.slice(0, 3).select([S.ID, S.TEXT, S.REF_AUDIO_PATH])
+    paths = batch.column(S.REF_AUDIO_PATH).to_pylist()
+    paths[1] = "/nowhere/hangs.flac"
+    batch = batch.set_column(2, S.REF_AUDIO_PATH, pa.array(paths, pa.string()))
+    try:
+        rows = actor(batch).to_pylist()
+    finally:
+        never.set()
+    assert [r[S.STATUS] for r in rows] == [S.STATUS_OK, S.STATUS_ERROR, S.STATUS_OK]
+    assert "longer than 0.5 s (data.reference_timeout_s)" in rows[1][S.ERROR] and rows[1][S.RETRYABLE]
+
+
+def test_text_cap_is_checked_before_tokenizing(actor, monkeypatch):
+    """Finding 8: a 20 MB text was tokenized whole before being refused."""
+    tokenized = []
+    real = actor.builder.build
+    monkeypatch.setattr(actor.builder, "build", lambda text, **kw: tokenized.append(text) or real(text, **kw))
+    (row,) = actor(pa.table({S.ID: ["big"], S.TEXT: ["word " * 4_000_000]})).to_pylist()
+    assert row[S.STATUS] == S.STATUS_ERROR and "text is 20000000 bytes; the limit is 65536" in row[S.ERROR]
+    assert tokenized == []
