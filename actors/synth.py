@@ -42,6 +42,8 @@ SEED_MASK = (1 << 63) - 1  # seeds are stored as int64
 DEFAULT_MAX_TEXT_BYTES = 64 * 1024
 DEFAULT_MAX_REFERENCE_BYTES = 50 * 1024 * 1024
 DEFAULT_REFERENCE_TIMEOUT_S = 60.0
+WORD_JOINER = "\u2060"  # zero width, no sound, not a control character: breaks `<|` for the tokenizer
+_SPECIAL_SPELLING = re.compile(r"<\|[^<>|\s]{1,64}\|>")
 DEFAULT_URI_SCHEMES = ("s3", "gs", "gcs", "hdfs", "abfs", "abfss")
 INT32_MAX = (1 << 31) - 1  # top_k, max_frames: int32 output columns
 # The engine samples in float32 (bfloat16 on GPU: the same exponent range): a temperature of
@@ -224,6 +226,8 @@ class SynthActor:
             ),
         )
         self.builder = PromptBuilder.for_model(self.lm)
+        self.special_tokens = frozenset(self.lm.tokenizer.special)
+        self.allow_special_tokens = bool(data.get("allow_special_tokens", False))
         overrides = {k: v for k, v in sampling.items() if k != "seed" and v is not None}
         self.base_sampling = upstream_sampling(mc.family, **overrides)
         self.base_sampling.validate()
@@ -234,10 +238,9 @@ class SynthActor:
         self.stop_on_eos = bool(engine.get("stop_on_eos", True))
         self.codec_batch_rows = max(1, int(engine.get("codec_batch_rows", 8)))
         self.references = _LRU(int(engine.get("reference_cache", 256)))
-        # audio_root (set by the user) confines every clip path to it; without it, relative
-        # paths are taken from the input's directory and absolute ones are used as they are
-        self.audio_root = data.get("audio_root")
-        self.input_dir = data.get("input_dir")
+        # every clip path and URI is confined to the root: data.audio_root, else the input's
+        # directory (see _confine)
+        self.root = data.get("audio_root") or data.get("input_dir")
         self.max_reference_seconds = float(data.get("max_reference_seconds", 30.0))
         self.max_reference_bytes = int(data.get("max_reference_bytes") or DEFAULT_MAX_REFERENCE_BYTES)
         self.max_text_bytes = int(data.get("max_text_bytes") or DEFAULT_MAX_TEXT_BYTES)
@@ -427,8 +430,8 @@ class SynthActor:
                     f"ref_audio_path {audio_path!r}: URI scheme {scheme!r} is not allowed "
                     f"(data.uri_schemes={list(self.uri_schemes)})"
                 )
-            row.ref_source = audio_path
-            identity = "path:" + audio_path
+            row.ref_source = self._confine(audio_path)
+            identity = "path:" + row.ref_source
         else:
             return
         # rows naming the same ref_id share one clip by contract, so one encode serves them all;
@@ -504,9 +507,7 @@ class SynthActor:
         return outcome["wave"]
 
     def _load_reference(self, source) -> np.ndarray:
-        if isinstance(source, str) and source.startswith("file://"):
-            source = source[len("file://") :]
-        elif isinstance(source, str) and "://" in source:  # s3://, gs://, ...: fetch the bytes
+        if isinstance(source, str) and _uri_scheme(source) is not None:  # s3://, gs://, ...: fetch the bytes
             import pyarrow.fs as pafs
 
             filesystem, path = pafs.FileSystem.from_uri(source)
@@ -517,38 +518,59 @@ class SynthActor:
                 source = f.read(self.max_reference_bytes + 1)
             if len(source) > self.max_reference_bytes:
                 raise ReferenceTooLarge(path, len(source), self.max_reference_bytes)
-        if isinstance(source, str):
+        if isinstance(source, str):  # a path _confine has placed inside the (local) root
             try:
-                size = os.stat(self._clip_path(source)).st_size
+                size = os.stat(source).st_size
             except OSError:
-                size = 0  # missing or unreadable: the loader says which, within the root rules
+                size = 0  # missing or unreadable: the loader says which
             if size > self.max_reference_bytes:
                 raise ReferenceTooLarge(source, size, self.max_reference_bytes)
-        root = self._root_for(source)
         wave = self._audio.load_reference_audio(
-            source, target_sample_rate=self.codec.sample_rate, max_seconds=self.max_reference_seconds, root=root
+            source,
+            target_sample_rate=self.codec.sample_rate,
+            max_seconds=self.max_reference_seconds,
+            root=self.root if isinstance(source, str) else None,
         )
         return np.asarray(wave, dtype=np.float32)
 
-    def _root_for(self, source):
-        root = self.audio_root
-        if root is None and isinstance(source, str) and not os.path.isabs(os.path.expanduser(source)):
-            root = self.input_dir  # relative paths name clips beside the input, and stay there
-        return root
-
-    def _clip_path(self, source: str) -> str:
-        path = os.path.expanduser(source)
-        root = self._root_for(source)
-        return path if os.path.isabs(path) or root is None else os.path.join(root, path)
+    def _confine(self, path: str) -> str:
+        """The clip a ref_audio_path names, as an absolute path or URI inside the root
+        (data.audio_root, else the input's directory); RowError for anything outside it. Runs
+        before any filesystem access, so a row cannot learn what exists outside the root."""
+        outside = RowError(
+            f"ref_audio_path {path!r} is outside the allowed directory {self.root} (data.audio_root, by default "
+            f"the input's directory); move the clip under it or set data.audio_root"
+        )
+        if path.startswith("file://"):
+            path = path[len("file://") :]
+        root = self.root
+        if root is None:
+            raise outside
+        if _uri_scheme(path) is not None or _uri_scheme(root) is not None:
+            if _uri_scheme(path) is None:  # relative to a URI root
+                if path.startswith("/"):
+                    raise outside
+                path = root.rstrip("/") + "/" + path
+            parts = path.split("://", 1)[1].split("/")
+            if ".." in parts or "." in parts or not path.startswith(root.rstrip("/") + "/"):
+                raise outside
+            return path
+        base = os.path.realpath(os.path.expanduser(root))
+        candidate = os.path.realpath(os.path.join(base, os.path.expanduser(path)))
+        if os.path.commonpath([base, candidate]) != base:
+            raise outside
+        return candidate
 
     # ---- generation -----------------------------------------------------------------
     def _generate(self, rows: list[_Row]) -> None:
         requests, live = [], []
         for row in rows:
+            text = row.text if row.text is not None else row.values.get(S.TEXT)
+            ref_text = row.values.get(S.REF_TEXT)
+            if not self.allow_special_tokens:
+                text, ref_text = self.escape_special_tokens(text), self.escape_special_tokens(ref_text)
             try:
-                prompt = self.builder.build(
-                    row.values.get(S.TEXT), ref_text=row.values.get(S.REF_TEXT), ref_codes=row.ref_codes
-                )
+                prompt = self.builder.build(text, ref_text=ref_text, ref_codes=row.ref_codes)
             except self._PromptError as e:
                 row.fail(str(e))
                 continue
@@ -580,6 +602,17 @@ class SynthActor:
                 row.fail(f"generation: {result.error}")
             elif result.frames == 0:
                 row.fail(f"generation produced no audio (stopped on {result.stop_reason} before the first frame)")
+
+    def escape_special_tokens(self, text):
+        """A row's text is words to speak, never prompt structure: every spelling of one of the
+        tokenizer's special tokens (`<|im_end|>`, `<|semantic:5|>`, ...) gets an invisible
+        WORD JOINER after its '<', so the tokenizer encodes it as plain characters. Text
+        without such spellings is unchanged. data.allow_special_tokens=true turns this off."""
+        if not isinstance(text, str) or "<|" not in text:
+            return text
+        return _SPECIAL_SPELLING.sub(
+            lambda m: "<" + WORD_JOINER + m.group(0)[1:] if m.group(0) in self.special_tokens else m.group(0), text
+        )
 
     def _generate_isolated(self, requests: list, rows: list[_Row]) -> list:
         """engine.generate over the block; when the engine itself raises, every row is run

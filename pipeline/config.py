@@ -68,7 +68,8 @@ class DataConfig:
     # short name of the input, used in the default output directory
     name: str = "${chorus_stem:${.path}}"
     columns: InputColumns = field(default_factory=InputColumns)
-    # base for relative ref_audio_path values; null = the input file's directory (local input)
+    # the directory (or URI prefix) every ref_audio_path must lie in, relative paths start
+    # there; null = the input's directory
     audio_root: Optional[str] = None
     # longest reference clip accepted, seconds
     max_reference_seconds: float = 30.0
@@ -77,6 +78,9 @@ class DataConfig:
     max_reference_bytes: int = 50 * 1024 * 1024
     reference_timeout_s: float = 60.0
     max_text_bytes: int = 64 * 1024
+    # false: spellings of the tokenizer's special tokens in text (`<|im_end|>`, ...) are
+    # escaped and read as plain characters; true: they act as control tokens (power users)
+    allow_special_tokens: bool = False
     # URI schemes a ref_audio_path may use (local paths and file:// always work)
     uri_schemes: list[str] = field(default_factory=lambda: ["s3", "gs", "gcs", "hdfs", "abfs", "abfss"])
 

@@ -14,6 +14,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -47,6 +48,13 @@ class InputScan:
     @property
     def local_dir(self) -> str | None:
         return self.base_dir if isinstance(self.filesystem, pafs.LocalFileSystem) else None
+
+    @property
+    def root(self) -> str:
+        """The input's directory as a path or URI: where reference clips are by default."""
+        if self.local_dir is not None:
+            return self.local_dir
+        return f"{self.source.split('://', 1)[0]}://{self.base_dir}"
 
 
 def _hidden(name: str) -> bool:
@@ -207,33 +215,77 @@ class _ClipStat:
         return stamp
 
 
-def row_hashes(scan: InputScan, settings_digest: str, audio_root: str | None) -> dict[str, str]:
-    """id -> a digest of everything the row's audio depends on: every input column (clip
-    bytes by hash, clip paths with the file's mtime and size) and the run's settings + model
-    fingerprint (`settings_digest`). Accepted ids only; read in batches on the driver."""
+@dataclass
+class RowScan:
+    hashes: dict[str, str]  # id -> content hash
+    conflicts: dict[str, str]  # id -> why the row cannot run (its ref_id names two clips)
+
+
+def scan_rows(scan: InputScan, settings_digest: str, audio_root: str | None) -> RowScan:
+    """One pass over the accepted rows on the driver (in batches):
+
+    - id -> a digest of everything the row's audio depends on: every input column (clip
+      bytes by hash, clip paths with the file's mtime and size) and the run's settings +
+      model fingerprint (`settings_digest`);
+    - rows whose `ref_id` is shared with a row naming another clip: rows sharing a ref_id
+      share one encoded clip, so a conflict would silently give some rows another voice;
+      every row of such a ref_id is refused, naming both clips."""
     accepted = set(scan.accepted_ids)
     canonical = {table_name: name for table_name, name in scan.rename.items()}
-    clip_stat = _ClipStat(audio_root, scan.local_dir)
+    clip_stat = _ClipStat(audio_root, scan.root)
     hashes: dict[str, str] = {}
+    clips: dict[str, dict[bytes, str]] = {}  # ref_id -> clip identity -> first row id naming it
+    ref_rows: dict[str, list[str]] = {}
     for path in scan.files:
         reader = pq.ParquetFile(path, filesystem=scan.filesystem)
         for batch in reader.iter_batches(batch_size=_HASH_BATCH_ROWS, columns=list(canonical)):
             names = [canonical[n] for n in batch.schema.names]
-            columns = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
-            order = sorted(range(len(names)), key=lambda i: names[i])
-            id_index = names.index(S.ID)
+            columns = dict(zip(names, (batch.column(i).to_pylist() for i in range(batch.num_columns))))
+            order = sorted(names)
             for r in range(batch.num_rows):
-                row_id = columns[id_index][r]
+                row_id = columns[S.ID][r]
                 if row_id not in accepted:
                     continue
                 digest = hashlib.blake2b(settings_digest.encode(), digest_size=16)
-                for i in order:
-                    value = columns[i][r]
-                    digest.update(names[i].encode() + b"=" + _value_bytes(value) + b"\x00")
-                    if names[i] == S.REF_AUDIO_PATH and isinstance(value, str):
+                for name in order:
+                    value = columns[name][r]
+                    digest.update(name.encode() + b"=" + _value_bytes(value) + b"\x00")
+                    if name == S.REF_AUDIO_PATH and isinstance(value, str):
                         digest.update(clip_stat(value))
                 hashes[row_id] = digest.hexdigest()
-    return hashes
+                ref_id = columns.get(S.REF_ID, [None] * batch.num_rows)[r]
+                clip = _clip_identity(columns, r)
+                if ref_id and clip is not None:
+                    clips.setdefault(ref_id, {}).setdefault(clip, row_id)
+                    ref_rows.setdefault(ref_id, []).append(row_id)
+    conflicts = {}
+    for ref_id, seen in clips.items():
+        if len(seen) > 1:
+            (first_clip, first_row), (other_clip, other_row) = list(seen.items())[:2]
+            message = (
+                f"ref_id {ref_id!r} names different clips: {_describe_clip(first_clip)} (row {first_row!r}) "
+                f"and {_describe_clip(other_clip)} (row {other_row!r}); rows sharing a ref_id must share "
+                f"one clip, so none of its {len(ref_rows[ref_id])} rows is synthesized"
+            )
+            conflicts.update({row_id: message for row_id in ref_rows[ref_id]})
+    return RowScan(hashes, conflicts)
+
+
+def _clip_identity(columns: dict, r: int) -> Optional[bytes]:
+    audio = columns.get(S.REF_AUDIO, ())
+    if audio and audio[r] is not None:
+        return b"bytes:" + hashlib.blake2b(bytes(audio[r]), digest_size=16).digest()
+    paths = columns.get(S.REF_AUDIO_PATH, ())
+    if paths and paths[r] is not None:
+        return b"path:" + paths[r].encode("utf-8", "surrogatepass")
+    return None
+
+
+def _describe_clip(identity: bytes) -> str:
+    kind, _, value = identity.partition(b":")
+    if kind == b"path":
+        return f"ref_audio_path {value.decode('utf-8', 'replace')!r}"
+    return f"ref_audio bytes (blake2b {value.hex()[:12]})"
 
 
 _shared: dict[str, dict] = {}  # per worker process: fetch the driver's shared state once

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import schema as S
 from .config import in_ray_job, to_plain
-from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, row_hashes, scan_input
+from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, scan_input, scan_rows
 from .output import (
     ATTEMPTS_DIR,
     CONFIG_FILE,
@@ -117,7 +117,7 @@ _DEMO_SOURCES = ("actors/demo.py", "actors/engine/tiny.py", "actors/codec/tiny.p
 # codes of a row unchanged, which the determinism tests check)
 _ROW_SETTINGS = {
     "engine": ("max_tokens", "max_frames", "frames_per_char", "min_frames", "stop_on_eos"),
-    "data": ("audio_root", "max_reference_seconds", "max_reference_bytes", "max_text_bytes", "literal_special_tokens"),
+    "data": ("audio_root", "max_reference_seconds", "max_reference_bytes", "max_text_bytes", "allow_special_tokens"),
 }
 
 
@@ -311,6 +311,7 @@ def actor_arguments(plain: dict, input_dir: str | None, run_id: str, attempts: s
                     "reference_timeout_s",
                     "max_text_bytes",
                     "uri_schemes",
+                    "allow_special_tokens",
                 )
             },
         },
@@ -356,7 +357,7 @@ def _synth_stage(ds, plain: dict, scan: InputScan, layout: OutputLayout, run_id:
     cluster = plain["cluster"]
     return ds.map_batches(
         SynthActor,
-        fn_constructor_kwargs=actor_arguments(plain, scan.local_dir, run_id, attempts_dir(layout.location, run_id)),
+        fn_constructor_kwargs=actor_arguments(plain, scan.root, run_id, attempts_dir(layout.location, run_id)),
         compute=ActorPoolStrategy(size=cluster["num_actors"]),
         # bounded: a row that kills its actor must end as an error row, not loop forever
         max_restarts=cluster["max_actor_restarts"],
@@ -434,15 +435,23 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
     if layout.local:  # crash counts of earlier runs' blocks mean nothing to this run's blocks
         shutil.rmtree(os.path.join(layout.base, ATTEMPTS_DIR), ignore_errors=True)
     layout.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
+    output = plain["output"]
+    digest = settings_digest(plain, model_fingerprint(plain["model"]))
+    rows = scan_rows(scan, digest, actor_arguments(plain, scan.root, run_id)["data"]["audio_root"])
+    hashes = rows.hashes
+    if rows.conflicts:  # refused like a bad id: answered here, never sent to an actor
+        scan.accepted_ids = [i for i in scan.accepted_ids if i not in rows.conflicts]
+        scan.rejected_ids += list(rows.conflicts)
+        scan.rejected += [S.error_row(i, message) for i, message in rows.conflicts.items()]
+        for row_id in rows.conflicts:
+            hashes.pop(row_id, None)
     if scan.rejected:
         rejected = [dict(row, **{S.RUN: run_id}) for row in scan.rejected]
         layout.write_part(S.output_table(rejected), REJECTED_PART, owner=run_id)
         log.warning(
-            "%d input rows rejected before synthesis (bad or duplicate ids); they are error rows", len(rejected)
+            "%d input rows rejected before synthesis (bad or duplicate ids, ref_id conflicts); they are error rows",
+            len(rejected),
         )
-    output = plain["output"]
-    digest = settings_digest(plain, model_fingerprint(plain["model"]))
-    hashes = row_hashes(scan, digest, actor_arguments(plain, scan.local_dir, run_id)["data"]["audio_root"])
     resume = plan_resume(
         scan.accepted_ids,
         hashes,

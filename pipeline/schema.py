@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Optional
@@ -114,23 +113,22 @@ ID_MAX_CHARS = 256
 
 
 def id_problem(value: object) -> Optional[str]:
-    """Why a value cannot be a row id (None if it can). Ids name output rows and, through
-    `audio_file_stem`, files: they must be non-empty strings without path separators, '.'/'..'
-    or control characters."""
+    """Why a value cannot be a row id (None if it can). Ids are data: any non-empty string
+    up to ID_MAX_CHARS ('speaker/utt', spaces, any script). They never become paths as they
+    are: file names come from `audio_file_stem`, which hashes every id that is not a plain
+    name."""
     if value is None:
         return "id is null"
     if not isinstance(value, str):
         return f"id must be a string, got {type(value).__name__}"
-    if not value.strip():
+    if not value:
         return "id is empty"
     if len(value) > ID_MAX_CHARS:
         return f"id is {len(value)} characters long (at most {ID_MAX_CHARS})"
-    if "/" in value or "\\" in value:
-        return f"id {value!r} contains a path separator ('/' or '\\')"
-    if value in (".", ".."):
-        return f"id {value!r} is a relative path name"
-    if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in value):
-        return f"id {value!r} contains control or invisible characters"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "id is not valid UTF-8 (it contains an unpaired surrogate)"
     return None
 
 

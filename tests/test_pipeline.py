@@ -136,8 +136,17 @@ def test_driver_rejects_unusable_ids(bad_table):
     assert len(scan.accepted_ids) + len(scan.rejected) == scan.total_rows
 
 
-@pytest.mark.parametrize("row_id", ["../../x", "a/b", "..", ".", "", " ", "a\\b", "x\x00y", "\u202eevil"])
-def test_unsafe_ids_are_refused(row_id):
+@pytest.mark.parametrize("row_id", ["../../x", "a/b", "..", ".", " ", "a\\b", "x\x00y", "\u202eevil", "spk/utt"])
+def test_ids_are_data_and_never_paths(row_id):
+    """Finding 9: ids with '/' were refused, though corpora name utterances speaker/utt. Any
+    non-empty string is an id; its file name is a safe stem of its own."""
+    assert S.id_problem(row_id) is None
+    stem = S.audio_file_stem(row_id)
+    assert "/" not in stem and "\\" not in stem and stem not in (".", "..") and stem.isascii()
+
+
+@pytest.mark.parametrize("row_id", [None, "", "x" * 257, "bad\ud800", 7])
+def test_ids_that_cannot_name_a_row_are_refused(row_id):
     assert S.id_problem(row_id)
 
 

@@ -150,7 +150,8 @@ def test_bad_input_end_to_end(ray_cluster, bad_table, tmp_path, small_settings, 
     by_id = {}
     for row in rows:
         by_id.setdefault(row[S.ID], []).append(row)
-    for row_id, fragment in {**bad_table.expect_error, **bad_table.rejected_by_driver}.items():
+    everything = {**bad_table.expect_error, **bad_table.rejected_by_driver, **bad_table.ref_id_conflicts}
+    for row_id, fragment in everything.items():
         (row,) = by_id[row_id]
         assert row[S.STATUS] == S.STATUS_ERROR and fragment in row[S.ERROR], (row_id, row[S.ERROR])
     assert [r[S.STATUS] for r in by_id[bad_table.duplicate_id]] == [S.STATUS_ERROR] * 2
@@ -183,7 +184,13 @@ def test_driver_killed_then_resumed(ray_cluster, driver_env, demo_table, tmp_pat
     source = tmp_path / "big.parquet"
     pq.write_table(pa.concat_tables(copies), source)
     out = tmp_path / "out"
-    args = [*small_settings, f"data.path={source}", f"output.dir={out}", "cluster.rows_per_block=3"]
+    args = [
+        *small_settings,
+        f"data.path={source}",
+        f"data.audio_root={DEMO_TABLE.parent}",  # the clips stay in the demo's folder
+        f"output.dir={out}",
+        "cluster.rows_per_block=3",
+    ]
     driver = subprocess.Popen(
         [sys.executable, "-m", "pipeline", *args],
         cwd=REPO,

@@ -143,7 +143,7 @@ def test_overwrite_never_deletes_what_chorus_did_not_write(tmp_path):
 
 # ---- findings 3 and 4: honest resume ------------------------------------------------------
 def test_row_hashes_follow_text_reference_and_settings(tmp_path):
-    from pipeline.inputs import row_hashes, scan_input
+    from pipeline.inputs import scan_input, scan_rows
 
     clip = tmp_path / "clip.flac"
     clip.write_bytes(b"one clip")
@@ -157,13 +157,13 @@ def test_row_hashes_follow_text_reference_and_settings(tmp_path):
     )
     path = tmp_path / "in.parquet"
     pq.write_table(table, path)
-    before = row_hashes(scan_input(str(path), {}), "settings-1", None)
+    before = scan_rows(scan_input(str(path), {}), "settings-1", None).hashes
     assert len(set(before.values())) == 3
     pq.write_table(table.set_column(1, "text", pa.array(["first", "second", "third, edited"])), path)
     clip.write_bytes(b"another clip, longer")  # same name, other content
-    after = row_hashes(scan_input(str(path), {}), "settings-1", None)
+    after = scan_rows(scan_input(str(path), {}), "settings-1", None).hashes
     assert after["a"] == before["a"] and after["b"] != before["b"] and after["c"] != before["c"]
-    other_settings = row_hashes(scan_input(str(path), {}), "settings-2", None)
+    other_settings = scan_rows(scan_input(str(path), {}), "settings-2", None).hashes
     assert not set(other_settings.values()) & set(after.values())
 
 
@@ -254,3 +254,14 @@ def test_dictionary_encoded_columns_are_read_as_their_values(tmp_path):
     assert scan.accepted_ids == ["a", "b"] and "speaker" in scan.rename.values()
     plain = _decode_dictionaries(pq.read_table(tmp_path / "in.parquet"))
     assert plain.schema.field("speaker").type == pa.string() and plain.column("speaker").to_pylist() == ["ada"] * 2
+
+
+# ---- finding 9: one clip per ref_id ------------------------------------------------------
+def test_a_ref_id_naming_two_clips_refuses_its_rows_naming_both(bad_table):
+    from pipeline.inputs import scan_input, scan_rows
+
+    rows = scan_rows(scan_input(str(bad_table.path), {}), "settings", None)
+    assert sorted(rows.conflicts) == sorted(bad_table.ref_id_conflicts)
+    message = rows.conflicts["bad-refid-b"]
+    assert "'refs/speech.flac' (row 'bad-refid-a')" in message and "'refs/stereo.flac' (row 'bad-refid-b')" in message
+    assert "ok-ref-id-1" not in rows.conflicts  # two rows, one clip: fine

@@ -16,12 +16,19 @@ from actors.synth import _LRU, SynthActor, row_seed
 from pipeline import schema as S
 from pipeline.config import compose, to_plain
 from pipeline.plan import actor_arguments
+from tests.conftest import DEMO_TABLE
 
 
 @pytest.fixture(scope="module")
 def actor(bad_table, small_settings) -> SynthActor:
     plain = to_plain(compose(small_settings + ["engine.max_tokens=512"]))
     return SynthActor(**actor_arguments(plain, str(bad_table.path.parent), run_id="unit"))
+
+
+@pytest.fixture
+def demo_root(actor, monkeypatch):
+    """The demo's clips are confined to their own folder, not the bad table's."""
+    monkeypatch.setattr(actor, "root", str(DEMO_TABLE.parent))
 
 
 def by_id(table: pa.Table) -> dict:
@@ -32,7 +39,7 @@ def decode(row: dict) -> np.ndarray:
     return sf.read(io.BytesIO(row[S.AUDIO][S.AUDIO_BYTES]), dtype="float32")[0]
 
 
-def test_demo_batch_audio_matches_metadata(actor, demo_table, monkeypatch):
+def test_demo_batch_audio_matches_metadata(actor, demo_table, demo_root, monkeypatch):
     monkeypatch.setattr(actor, "stop_on_eos", True)  # as the demo runs
     batch = demo_table.slice(0, 12)
     out = actor(batch)
@@ -67,7 +74,7 @@ def test_demo_batch_audio_matches_metadata(actor, demo_table, monkeypatch):
 
 
 def test_bad_rows_come_back_as_errors(actor, bad_table):
-    rejected = set(bad_table.rejected_by_driver) | {bad_table.duplicate_id}
+    rejected = set(bad_table.rejected_by_driver) | {bad_table.duplicate_id} | set(bad_table.ref_id_conflicts)
     keep = [i for i, row_id in enumerate(bad_table.table.column(S.ID).to_pylist()) if row_id not in rejected]
     batch = bad_table.table.take(keep)
     # a null id still gets its row back (the driver normally answers it before the actor)
@@ -86,7 +93,7 @@ def test_bad_rows_come_back_as_errors(actor, bad_table):
     assert rows["ok-seed-as-text"][S.SEED] == 12345
 
 
-def test_rows_do_not_depend_on_batching(actor, demo_table):
+def test_rows_do_not_depend_on_batching(actor, demo_table, demo_root):
     table = demo_table.slice(0, 9)
     whole = by_id(actor(table))
     pieces = {}
@@ -100,7 +107,7 @@ def test_rows_do_not_depend_on_batching(actor, demo_table):
         np.testing.assert_allclose(decode(row), decode(pieces[row_id]), atol=1e-4, err_msg=row_id)
 
 
-def test_references_are_encoded_once_per_actor(actor, demo_table, monkeypatch):
+def test_references_are_encoded_once_per_actor(actor, demo_table, demo_root, monkeypatch):
     encoded = []
     real = actor.codec.encode_batch
     monkeypatch.setattr(
@@ -174,7 +181,7 @@ def test_an_engine_failure_on_a_block_retries_its_rows_singly(actor, demo_table,
             assert row[S.CODES] == expected[row_id][S.CODES]
 
 
-def test_a_reference_that_hangs_fails_its_rows_not_the_actor(actor, demo_table, monkeypatch):
+def test_a_reference_that_hangs_fails_its_rows_not_the_actor(actor, demo_table, demo_root, monkeypatch):
     """Finding 8: a gs:// clip with no network held its actor and all its rows for 7+
     minutes. A clip load that never returns (injected: it waits forever) now fails its own
     rows after data.reference_timeout_s, as retryable errors; the block's other rows finish."""
@@ -192,7 +199,7 @@ def test_a_reference_that_hangs_fails_its_rows_not_the_actor(actor, demo_table, 
     monkeypatch.setattr(actor, "reference_timeout_s", 0.5)
     batch = demo_table.slice(0, 3).select([S.ID, S.TEXT, S.REF_AUDIO_PATH])
     paths = batch.column(S.REF_AUDIO_PATH).to_pylist()
-    paths[1] = "/nowhere/hangs.flac"
+    paths[1] = "hangs.flac"
     batch = batch.set_column(2, S.REF_AUDIO_PATH, pa.array(paths, pa.string()))
     try:
         rows = actor(batch).to_pylist()
@@ -210,3 +217,22 @@ def test_text_cap_is_checked_before_tokenizing(actor, monkeypatch):
     (row,) = actor(pa.table({S.ID: ["big"], S.TEXT: ["word " * 4_000_000]})).to_pylist()
     assert row[S.STATUS] == S.STATUS_ERROR and "text is 20000000 bytes; the limit is 65536" in row[S.ERROR]
     assert tokenized == []
+
+
+def test_special_token_spellings_in_text_are_plain_text(actor, monkeypatch):
+    """Finding 9: `<|im_end|>` in a row's text was encoded as the control token (prompt
+    injection). Escaped, the prompt holds exactly the control tokens the builder itself puts
+    there; data.allow_special_tokens=true keeps the old behaviour."""
+    tokenizer = actor.lm.tokenizer
+    im_end = tokenizer.token_id("<|im_end|>")
+
+    def control_tokens(text: str) -> int:
+        escaped = text if actor.allow_special_tokens else actor.escape_special_tokens(text)
+        return int((actor.builder.build(escaped).tokens[0] == im_end).sum())
+
+    plain = control_tokens("Say it aloud.")
+    assert control_tokens("Say <|im_end|> it <|im_end|> aloud.") == plain
+    assert actor.escape_special_tokens("a <|speaker:1|> b <|im_end|>") == "a <|speaker:1|> b <\u2060|im_end|>"
+    assert actor.escape_special_tokens("no tags <| here") == "no tags <| here"
+    monkeypatch.setattr(actor, "allow_special_tokens", True)
+    assert control_tokens("Say <|im_end|> it <|im_end|> aloud.") == plain + 2
