@@ -184,6 +184,7 @@ class SynthActor:
         attempts_dir: Optional[str] = None,
         quarantine_after: int = 2,
         crash_on_id: Optional[str] = None,
+        block_timeout_s: Optional[float] = None,
     ):
         constructed = time.perf_counter()  # the actor's own start-up: imports, model + codec load
         import torch
@@ -250,6 +251,7 @@ class SynthActor:
         self.ledger = _AttemptLedger(attempts_dir) if attempts_dir else None
         self.quarantine_after = max(1, int(quarantine_after))
         self.crash_on_id = crash_on_id
+        self.block_timeout_s = float(block_timeout_s) if block_timeout_s else None
         self.keep_codes = keep_codes
         self.run_id = run_id
         self.crash_on_batch, self.crash_marker = int(crash_on_batch or 0), crash_marker
@@ -310,6 +312,32 @@ class SynthActor:
         if self.crash_on_id is not None and self.crash_on_id in batch.column(S.ID).to_pylist():
             log.warning("crash_on_id=%r: actor %s exits now", self.crash_on_id, self.actor)
             os._exit(71)  # test hook: a row that kills its process (segfault, OOM)
+        if self.block_timeout_s is None:
+            return self._process_rows(batch)
+        watchdog = threading.Timer(self.block_timeout_s, self._watchdog_fires, args=(batch.num_rows,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            return self._process_rows(batch)
+        finally:
+            watchdog.cancel()
+
+    def _watchdog_fires(self, rows: int) -> None:
+        """A block that runs past cluster.block_timeout_s is stuck (a hung device call, a
+        loop that never ends): nothing in-process can stop it, so the actor exits. Ray starts a
+        new one and retries the block, and the crash count of the block (see __call__) makes a
+        block that keeps hanging run row by row until the row that hangs is quarantined."""
+        log.error(
+            "watchdog: a block of %d rows ran past cluster.block_timeout_s=%g s; actor %s exits",
+            rows,
+            self.block_timeout_s,
+            self.actor,
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(72)
+
+    def _process_rows(self, batch: pa.Table) -> pa.Table:
         started, started_unix = time.perf_counter(), time.time()
         marks = [started]  # phase boundaries: prep | engine | codec | encode
         rows = [_Row(i, values.get(S.ID), values) for i, values in enumerate(batch.to_pylist())]

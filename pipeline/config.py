@@ -166,6 +166,10 @@ class ClusterSettings:
     max_actor_restarts: int = 10
     max_task_retries: int = 4
     crash_quarantine_after: int = 2
+    # watchdog: an actor whose block runs longer than this is stuck and exits (then counts as
+    # a crash above); null = no watchdog. Size it for the slowest block (rows_per_block rows
+    # of engine.max_frames frames) on the slowest device
+    block_timeout_s: Optional[float] = 3600.0
     # test hooks: the actor process exits hard on its N-th batch, once per marker file; or
     # whenever it processes the row with this id
     crash_on_batch: int = 0

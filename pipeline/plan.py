@@ -323,6 +323,7 @@ def actor_arguments(plain: dict, input_dir: str | None, run_id: str, attempts: s
         "attempts_dir": attempts,
         "quarantine_after": cluster["crash_quarantine_after"],
         "crash_on_id": cluster["crash_on_id"],
+        "block_timeout_s": cluster["block_timeout_s"],
     }
 
 

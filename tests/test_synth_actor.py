@@ -236,3 +236,44 @@ def test_special_token_spellings_in_text_are_plain_text(actor, monkeypatch):
     assert actor.escape_special_tokens("no tags <| here") == "no tags <| here"
     monkeypatch.setattr(actor, "allow_special_tokens", True)
     assert control_tokens("Say <|im_end|> it <|im_end|> aloud.") == plain + 2
+
+
+WATCHDOG_SCRIPT = """
+import sys, threading
+import pyarrow as pa
+from actors.synth import SynthActor
+from pipeline.config import compose, to_plain
+from pipeline.plan import actor_arguments
+
+attempts = sys.argv[1]
+plain = to_plain(compose(["cluster.block_timeout_s=2", "engine.max_frames=8"]))
+actor = SynthActor(**actor_arguments(plain, None, run_id="watchdog", attempts=attempts))
+actor.engine.generate = lambda requests, *a, **k: threading.Event().wait()  # a device call that never returns
+actor(pa.table({"id": ["stuck"], "text": ["This block never finishes."]}))
+print("returned")
+"""
+
+
+def test_a_stuck_block_trips_the_watchdog_and_counts_as_a_crash(tmp_path):
+    """Finding 8's per-block watchdog: a block stuck past cluster.block_timeout_s makes its
+    actor exit (Ray then restarts it and retries the block), and the block's crash count is
+    left in the attempts ledger, so a block that keeps hanging is run row by row and its row
+    quarantined like a row that crashes."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    attempts = tmp_path / "attempts"
+    result = subprocess.run(
+        [sys.executable, "-c", WATCHDOG_SCRIPT, str(attempts)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 72, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "returned" not in result.stdout
+    assert "ran past cluster.block_timeout_s=2 s" in result.stderr
+    (counter,) = [p for p in attempts.iterdir() if p.name.startswith("block-")]
+    assert counter.read_text() == "1"
