@@ -19,8 +19,10 @@ import hashlib
 import logging
 import math
 import os
+import re
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections import OrderedDict, deque
@@ -45,6 +47,21 @@ from pipeline import schema as S
 log = logging.getLogger(__name__)
 
 SEED_MASK = (1 << 63) - 1  # seeds are stored as int64
+# per-row limits (data.* settings override them): text is refused before it is tokenized, a
+# clip before it is read, and a clip fetch/decode that takes longer fails its rows
+DEFAULT_MAX_TEXT_BYTES = 64 * 1024
+DEFAULT_MAX_REFERENCE_BYTES = 50 * 1024 * 1024
+DEFAULT_REFERENCE_TIMEOUT_S = 60.0
+WORD_JOINER = "\u2060"  # zero width, no sound, not a control character: breaks `<|` for the tokenizer
+_SPECIAL_SPELLING = re.compile(r"<\|[^<>|\s]{1,64}\|>")
+DEFAULT_URI_SCHEMES = ("s3", "gs", "gcs", "hdfs", "abfs", "abfss")
+INT32_MAX = (1 << 31) - 1  # top_k, max_frames: int32 output columns
+# The engine samples in float32 (bfloat16 on GPU: the same exponent range): a temperature of
+# 1e39 is finite as a Python float but inf in float32, and logits / 1e-40 overflow. Values
+# outside these bounds are refused per row; 0 means greedy.
+TEMPERATURE_MIN = 1e-6
+TEMPERATURE_MAX = 1e6
+TOP_P_MIN = 1e-6
 
 
 def row_seed(row_id: str, global_seed: int) -> int:
@@ -56,6 +73,21 @@ def row_seed(row_id: str, global_seed: int) -> int:
 
 class RowError(Exception):
     """A problem with one row's content; its message becomes the row's `error`."""
+
+
+def sampling_problem(temperature: float, top_p: float, top_k: int) -> Optional[str]:
+    """Why these sampling values cannot run on the engine or be stored in the output (None if
+    they can). The engine's own validate() checks signs; this checks magnitudes."""
+    if temperature != 0.0 and not TEMPERATURE_MIN <= temperature <= TEMPERATURE_MAX:
+        return (
+            f"temperature {temperature:g} is outside [{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}] "
+            f"(0 = greedy); the engine samples in float32"
+        )
+    if not TOP_P_MIN <= top_p <= 1.0:
+        return f"top_p {top_p:g} is outside [{TOP_P_MIN:g}, 1]"
+    if not 0 <= top_k <= INT32_MAX:
+        return f"top_k {top_k} is outside [0, {INT32_MAX}] (0 = off)"
+    return None
 
 
 def _parse_int(value: Any, column: str, low: int, high: int) -> int:
@@ -120,9 +152,14 @@ class _Row:
     prefix_key: Optional[str] = None
     segment_steps: list = field(default_factory=list)  # the actor's engine step at which each segment finished
 
-    def fail(self, message: str) -> None:
+    retryable: bool = False
+
+    def fail(self, message: str, retryable: bool = False) -> None:
+        """`retryable`: the cause may be gone on a rerun (I/O, a timeout, an internal error),
+        so a rerun redoes the row; content errors stay until the row's content changes."""
         if self.error is None:  # the first failure is the cause; later ones are consequences
             self.error = message
+            self.retryable = retryable
 
 
 class _LRU:
@@ -161,6 +198,10 @@ class SynthActor:
         threads: Optional[int] = None,
         crash_on_batch: int = 0,
         crash_marker: Optional[str] = None,
+        attempts_dir: Optional[str] = None,
+        quarantine_after: int = 2,
+        crash_on_id: Optional[str] = None,
+        block_timeout_s: Optional[float] = None,
     ):
         constructed = time.perf_counter()  # the actor's own start-up: imports, model + codec load
         import torch
@@ -206,6 +247,8 @@ class SynthActor:
         self.builder = PromptBuilder.for_model(self.lm)
         # positions one request may take (prompt + frames): the engine's slot, within the model's context
         self._row_positions = min(self.engine.config.max_tokens, mc.max_seq_len)
+        self.special_tokens = frozenset(self.lm.tokenizer.special)
+        self.allow_special_tokens = bool(data.get("allow_special_tokens", False))
         overrides = {k: v for k, v in sampling.items() if k != "seed" and v is not None}
         self.base_sampling = upstream_sampling(mc.family, **overrides)
         self.base_sampling.validate()
@@ -216,10 +259,9 @@ class SynthActor:
         self.stop_on_eos = bool(engine.get("stop_on_eos", True))
         self.codec_batch_rows = max(1, int(engine.get("codec_batch_rows", 8)))
         self.references = _LRU(int(engine.get("reference_cache", 256)))
-        # audio_root (set by the user) confines every clip path to it; without it, relative
-        # paths are taken from the input's directory and absolute ones are used as they are
-        self.audio_root = data.get("audio_root")
-        self.input_dir = data.get("input_dir")
+        # every clip path and URI is confined to the root: data.audio_root, else the input's
+        # directory (see _confine)
+        self.root = data.get("audio_root") or data.get("input_dir")
         self.max_reference_seconds = float(data.get("max_reference_seconds", 30.0))
         self.max_text_chars = int(data.get("max_text_chars", 50_000))
         long_form = dict(long_form or {})
@@ -229,6 +271,15 @@ class SynthActor:
             raise ValueError(f"long_form.segment_bytes must be >= {MIN_SEGMENT_BYTES}, got {self.segment_bytes}")
         self.engine_steps = 0  # engine.step() calls over the actor's life (segments record when they finished)
         self.last_segments: dict = {}
+        self.max_reference_bytes = int(data.get("max_reference_bytes") or DEFAULT_MAX_REFERENCE_BYTES)
+        self.max_text_bytes = int(data.get("max_text_bytes") or DEFAULT_MAX_TEXT_BYTES)
+        self.reference_timeout_s = float(data.get("reference_timeout_s") or DEFAULT_REFERENCE_TIMEOUT_S)
+        self.uri_schemes = tuple(data.get("uri_schemes") or DEFAULT_URI_SCHEMES)
+        # blocks that killed this actor's predecessors (see _AttemptLedger)
+        self.ledger = _AttemptLedger(attempts_dir) if attempts_dir else None
+        self.quarantine_after = max(1, int(quarantine_after))
+        self.crash_on_id = crash_on_id
+        self.block_timeout_s = float(block_timeout_s) if block_timeout_s else None
         self.keep_codes = keep_codes
         self.run_id = run_id
         self.crash_on_batch, self.crash_marker = int(crash_on_batch or 0), crash_marker
@@ -256,6 +307,66 @@ class SynthActor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         self.batches += 1
         self._maybe_crash()
+        if self.ledger is None or batch.num_rows == 0:
+            return self._process(batch)
+        ids = [i if isinstance(i, str) else "" for i in batch.column(S.ID).to_pylist()]
+        block_key = "block-" + _ids_key(ids)
+        crashes = self.ledger.begin(block_key)
+        if crashes < self.quarantine_after:
+            table = self._process(batch)
+        else:
+            # this block killed the actor `crashes` times: run its rows alone, so the one that
+            # does it is found (it dies once more, alone) and quarantined on the next try
+            log.warning("block of %d rows killed the actor %d times; running its rows alone", len(ids), crashes)
+            table = pa.concat_tables([self._process_alone(batch.slice(i, 1), ids[i]) for i in range(len(ids))])
+        self.ledger.end(block_key)
+        return table
+
+    def _process_alone(self, row_batch: pa.Table, row_id: str) -> pa.Table:
+        row_key = "row-" + _ids_key([row_id])
+        if self.ledger.begin(row_key) >= 1:  # it was running alone when the actor died
+            self.ledger.end(row_key)
+            message = (
+                f"quarantined: this row's block killed its actor (the process exited: a crash or "
+                f"out of memory) {self.quarantine_after} times, then the row did so alone"
+            )
+            row = _Row(0, row_id, row_batch.to_pylist()[0])
+            row.fail(message, retryable=False)
+            return output_table_per_row([self._error_output(row, message, retryable=False)])
+        table = self._process(row_batch)
+        self.ledger.end(row_key)
+        return table
+
+    def _process(self, batch: pa.Table) -> pa.Table:
+        if self.crash_on_id is not None and self.crash_on_id in batch.column(S.ID).to_pylist():
+            log.warning("crash_on_id=%r: actor %s exits now", self.crash_on_id, self.actor)
+            os._exit(71)  # test hook: a row that kills its process (segfault, OOM)
+        if self.block_timeout_s is None:
+            return self._process_rows(batch)
+        watchdog = threading.Timer(self.block_timeout_s, self._watchdog_fires, args=(batch.num_rows,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            return self._process_rows(batch)
+        finally:
+            watchdog.cancel()
+
+    def _watchdog_fires(self, rows: int) -> None:
+        """A block that runs past cluster.block_timeout_s is stuck (a hung device call, a
+        loop that never ends): nothing in-process can stop it, so the actor exits. Ray starts a
+        new one and retries the block, and the crash count of the block (see __call__) makes a
+        block that keeps hanging run row by row until the row that hangs is quarantined."""
+        log.error(
+            "watchdog: a block of %d rows ran past cluster.block_timeout_s=%g s; actor %s exits",
+            rows,
+            self.block_timeout_s,
+            self.actor,
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(72)
+
+    def _process_rows(self, batch: pa.Table) -> pa.Table:
         started, started_unix = time.perf_counter(), time.time()
         marks = [started]  # phase boundaries: prep | engine | codec | encode
         rows = [_Row(i, values.get(S.ID), values) for i, values in enumerate(batch.to_pylist())]
@@ -271,9 +382,9 @@ class SynthActor:
             log.error("batch failed in %s:\n%s", self.actor, traceback.format_exc())
             for row in rows:
                 if row.wave is None:
-                    row.fail(f"internal error in actor {self.actor}: {e!r}")
+                    row.fail(f"internal error in actor {self.actor}: {e!r}", retryable=True)
         marks += [time.perf_counter()] * (4 - len(marks))
-        out_rows = [self._output_row(r) for r in rows]
+        out_rows = [self._output_row_or_error(r) for r in rows]
         marks.append(time.perf_counter())
         phase_ms = [(b - a) * 1000.0 for a, b in zip(marks[:-1], marks[1:])]
         batch_stats = {
@@ -290,7 +401,7 @@ class SynthActor:
         }
         for out in out_rows:
             out[S.BATCH] = batch_stats
-        table = S.output_table(out_rows)
+        table = output_table_per_row(out_rows)
         log.debug("batch %d: %d rows in %.2fs", self.batches, len(rows), time.perf_counter() - started)
         return table
 
@@ -316,6 +427,9 @@ class SynthActor:
             raw_text = v.get(S.TEXT)
             if raw_text is None:
                 raise RowError("text is null")
+            size = len(raw_text.encode("utf-8", "surrogatepass")) if isinstance(raw_text, str) else len(raw_text)
+            if size > self.max_text_bytes:  # before anything tokenizes it
+                raise RowError(f"text is {size} bytes; the limit is {self.max_text_bytes} (data.max_text_bytes)")
             row.text = _text_of(raw_text)
             if v.get(S.SEED) is not None:
                 row.seed = _parse_int(v[S.SEED], S.SEED, 0, SEED_MASK)
@@ -327,7 +441,7 @@ class SynthActor:
             if v.get(S.TOP_P) is not None:
                 overrides["top_p"] = _parse_float(v[S.TOP_P], S.TOP_P)
             if v.get(S.TOP_K) is not None:
-                overrides["top_k"] = _parse_int(v[S.TOP_K], S.TOP_K, 0, 1 << 31)
+                overrides["top_k"] = _parse_int(v[S.TOP_K], S.TOP_K, 0, INT32_MAX)
             sampling = self.base_sampling.with_seed(row.seed)
             if overrides:
                 sampling = replace(sampling, **overrides)
@@ -335,6 +449,9 @@ class SynthActor:
                 sampling.validate()
             except ValueError as e:
                 raise RowError(f"bad sampling settings: {e}") from None
+            problem = sampling_problem(sampling.temperature, sampling.top_p, sampling.top_k)
+            if problem:
+                raise RowError(f"bad sampling settings: {problem}")
             row.sampling = sampling
             if v.get(S.MAX_FRAMES) is not None:
                 row.max_frames = _parse_int(v[S.MAX_FRAMES], S.MAX_FRAMES, 0, 1 << 20)
@@ -354,13 +471,24 @@ class SynthActor:
         v = row.values
         audio_bytes, audio_path = v.get(S.REF_AUDIO), v.get(S.REF_AUDIO_PATH)
         if audio_bytes is not None:
+            if len(audio_bytes) > self.max_reference_bytes:
+                raise RowError(
+                    f"ref_audio is {len(audio_bytes)} bytes; the limit is {self.max_reference_bytes} "
+                    f"(data.max_reference_bytes)"
+                )
             row.ref_source = bytes(audio_bytes)
             identity = "bytes:" + hashlib.blake2b(row.ref_source, digest_size=16).hexdigest()
         elif audio_path is not None:
             if not audio_path.strip():
                 raise RowError("ref_audio_path is empty")
-            row.ref_source = audio_path
-            identity = "path:" + audio_path
+            scheme = _uri_scheme(audio_path)
+            if scheme is not None and scheme != "file" and scheme not in self.uri_schemes:
+                raise RowError(
+                    f"ref_audio_path {audio_path!r}: URI scheme {scheme!r} is not allowed "
+                    f"(data.uri_schemes={list(self.uri_schemes)})"
+                )
+            row.ref_source = self._confine(audio_path)
+            identity = "path:" + row.ref_source
         else:
             return
         # rows naming the same ref_id share one clip by contract, so one encode serves them all;
@@ -381,38 +509,114 @@ class SynthActor:
                     row.ref_codes = cached
                 continue
             try:
-                waves.append(self._load_reference(group[0].ref_source))
+                waves.append(self._load_reference_in_time(group[0].ref_source))
                 keys.append(key)
             except Exception as e:  # ReferenceAudioError, OSError, decoder errors: all per clip
                 for row in group:
-                    row.fail(f"reference audio: {e}")
+                    row.fail(f"reference audio: {e}", retryable=_is_transient(e))
         if not waves:
             return
         started = time.perf_counter()
-        codes = self.codec.encode_batch(waves, max_batch_rows=self.codec_batch_rows)
+        try:
+            codes = self.codec.encode_batch(waves, max_batch_rows=self.codec_batch_rows)
+        except Exception:  # one clip may break the batch: encode each alone before failing any
+            log.warning("reference encode failed for %d clips; encoding each alone", len(waves))
+            codes = []
+            for key, wave in zip(keys, waves):
+                try:
+                    (clip_codes,) = self.codec.encode_batch([wave], max_batch_rows=1)
+                except Exception as e:
+                    clip_codes = None
+                    for row in by_key[key]:
+                        row.fail(f"reference encode: {e!r}", retryable=True)
+                codes.append(clip_codes)
         share_ms = (time.perf_counter() - started) * 1000.0 / len(waves)
         for key, key_codes in zip(keys, codes):
+            if key_codes is None:
+                continue
             self.references.put(key, key_codes)
             for row in by_key[key]:
                 row.ref_codes = key_codes
                 row.codec_ms += share_ms / len(by_key[key])
 
+    def _load_reference_in_time(self, source) -> np.ndarray:
+        """_load_reference with a deadline: a fetch from an unreachable store or a decoder
+        that hangs fails its rows (retryable) instead of holding the actor and its block. The
+        worker thread cannot be killed; it is a daemon and ends with the process."""
+        outcome: dict = {}
+
+        def work():
+            try:
+                outcome["wave"] = self._load_reference(source)
+            except BaseException as e:  # handed to the caller below
+                outcome["error"] = e
+
+        worker = threading.Thread(target=work, name="chorus-reference", daemon=True)
+        worker.start()
+        worker.join(self.reference_timeout_s)
+        if worker.is_alive():
+            raise TimeoutError(
+                f"reading and decoding the clip took longer than {self.reference_timeout_s:g} s "
+                f"(data.reference_timeout_s)"
+            )
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["wave"]
+
     def _load_reference(self, source) -> np.ndarray:
-        if isinstance(source, str) and source.startswith("file://"):
-            source = source[len("file://") :]
-        elif isinstance(source, str) and "://" in source:  # s3://, gs://, ...: fetch the bytes
+        if isinstance(source, str) and _uri_scheme(source) is not None:  # s3://, gs://, ...: fetch the bytes
             import pyarrow.fs as pafs
 
             filesystem, path = pafs.FileSystem.from_uri(source)
+            size = filesystem.get_file_info(path).size
+            if size is not None and size > self.max_reference_bytes:
+                raise ReferenceTooLarge(source, size, self.max_reference_bytes)
             with filesystem.open_input_file(path) as f:
-                source = f.read()
-        root = self.audio_root
-        if root is None and isinstance(source, str) and not os.path.isabs(os.path.expanduser(source)):
-            root = self.input_dir  # relative paths name clips beside the input, and stay there
+                source = f.read(self.max_reference_bytes + 1)
+            if len(source) > self.max_reference_bytes:
+                raise ReferenceTooLarge(path, len(source), self.max_reference_bytes)
+        if isinstance(source, str):  # a path _confine has placed inside the (local) root
+            try:
+                size = os.stat(source).st_size
+            except OSError:
+                size = 0  # missing or unreadable: the loader says which
+            if size > self.max_reference_bytes:
+                raise ReferenceTooLarge(source, size, self.max_reference_bytes)
         wave = self._audio.load_reference_audio(
-            source, target_sample_rate=self.codec.sample_rate, max_seconds=self.max_reference_seconds, root=root
+            source,
+            target_sample_rate=self.codec.sample_rate,
+            max_seconds=self.max_reference_seconds,
+            root=self.root if isinstance(source, str) else None,
         )
         return np.asarray(wave, dtype=np.float32)
+
+    def _confine(self, path: str) -> str:
+        """The clip a ref_audio_path names, as an absolute path or URI inside the root
+        (data.audio_root, else the input's directory); RowError for anything outside it. Runs
+        before any filesystem access, so a row cannot learn what exists outside the root."""
+        outside = RowError(
+            f"ref_audio_path {path!r} is outside the allowed directory {self.root} (data.audio_root, by default "
+            f"the input's directory); move the clip under it or set data.audio_root"
+        )
+        if path.startswith("file://"):
+            path = path[len("file://") :]
+        root = self.root
+        if root is None:
+            raise outside
+        if _uri_scheme(path) is not None or _uri_scheme(root) is not None:
+            if _uri_scheme(path) is None:  # relative to a URI root
+                if path.startswith("/"):
+                    raise outside
+                path = root.rstrip("/") + "/" + path
+            parts = path.split("://", 1)[1].split("/")
+            if ".." in parts or "." in parts or not path.startswith(root.rstrip("/") + "/"):
+                raise outside
+            return path
+        base = os.path.realpath(os.path.expanduser(root))
+        candidate = os.path.realpath(os.path.join(base, os.path.expanduser(path)))
+        if os.path.commonpath([base, candidate]) != base:
+            raise outside
+        return candidate
 
     # ---- generation -----------------------------------------------------------------
     def _generate(self, rows: list[_Row]) -> None:
@@ -423,6 +627,11 @@ class SynthActor:
         busy from start to end and short rows flow through the other slots meanwhile."""
         ready: deque[_Row] = deque()  # rows whose next segment can be added
         for row in rows:
+            text = row.text if row.text is not None else row.values.get(S.TEXT)
+            ref_text = row.values.get(S.REF_TEXT)
+            if not self.allow_special_tokens:
+                text, ref_text = self.escape_special_tokens(text), self.escape_special_tokens(ref_text)
+                row.values = {**row.values, S.TEXT: text, S.REF_TEXT: ref_text}
             try:
                 self._plan_segments(row)
             except (self._PromptError, RowError, ValueError) as e:
@@ -438,7 +647,23 @@ class SynthActor:
                 continue
             if not self.engine.has_unfinished():
                 break
-            finished = self.engine.step()
+            try:
+                finished = self.engine.step()
+            except Exception as e:
+                # the engine itself broke: take the running segments back and go on one request
+                # at a time, so a row that breaks the engine fails only itself
+                for request_id, row in list(running.items()):
+                    self.engine.abort(request_id)
+                    if slots == 1:
+                        log.error("row %r failed the engine alone:\n%s", row.id, traceback.format_exc())
+                        row.fail(f"internal error in the engine: {e!r}", retryable=True)
+                    else:
+                        ready.appendleft(row)  # its current segment starts again
+                running.clear()
+                if slots > 1:
+                    log.warning("engine failed with %d rows in flight (%r); running each row alone", len(rows), e)
+                    slots = 1
+                continue
             self.engine_steps += 1
             for result in finished:
                 row = running.pop(result.request_id, None)
@@ -555,19 +780,37 @@ class SynthActor:
         elif result.frames == 0:
             row.fail(f"{label}generation produced no audio (stopped on {result.stop_reason} before the first frame)")
 
+    def escape_special_tokens(self, text):
+        """A row's text is words to speak, never prompt structure: every spelling of one of the
+        tokenizer's special tokens (`<|im_end|>`, `<|semantic:5|>`, ...) gets an invisible
+        WORD JOINER after its '<', so the tokenizer encodes it as plain characters. Text
+        without such spellings is unchanged. data.allow_special_tokens=true turns this off."""
+        if not isinstance(text, str) or "<|" not in text:
+            return text
+        return _SPECIAL_SPELLING.sub(
+            lambda m: "<" + WORD_JOINER + m.group(0)[1:] if m.group(0) in self.special_tokens else m.group(0), text
+        )
+
     def _decode(self, rows: list[_Row]) -> None:
         for start in range(0, len(rows), self.codec_batch_rows):
             group = rows[start : start + self.codec_batch_rows]
             began = time.perf_counter()
             try:
                 waves = self.codec.decode_batch([r.result.codes for r in group], max_batch_rows=self.codec_batch_rows)
-            except Exception as e:
+            except Exception:  # one row's codes may break the batch: decode each alone before failing any
+                waves = []
                 for row in group:
-                    row.fail(f"codec decode: {e!r}")
-                continue
+                    try:
+                        (wave,) = self.codec.decode_batch([row.result.codes], max_batch_rows=1)
+                    except Exception as e:
+                        row.fail(f"codec decode: {e!r}", retryable=True)
+                        wave = None
+                    waves.append(wave)
             elapsed_ms = (time.perf_counter() - began) * 1000.0
             frames = sum(r.result.frames for r in group) or 1
             for row, wave in zip(group, waves):
+                if wave is None:
+                    continue
                 row.codec_ms += elapsed_ms * row.result.frames / frames
                 if not np.all(np.isfinite(wave)):
                     row.fail("codec decode produced non-finite samples")
@@ -575,6 +818,31 @@ class SynthActor:
                 row.wave = wave
 
     # ---- output ---------------------------------------------------------------------
+    def _output_row_or_error(self, row: _Row) -> dict:
+        """The row's output, or an error row when building it fails: inside the per-row
+        boundary like every other step."""
+        try:
+            return self._output_row(row)
+        except Exception as e:
+            log.error("building the output of row %r failed:\n%s", row.id, traceback.format_exc())
+            return self._error_output(row, f"internal error building the output row: {e!r}", retryable=True)
+
+    def _error_output(self, row: _Row, message: str, retryable: bool) -> dict:
+        return S.error_row(
+            row.id if isinstance(row.id, str) else None,
+            message,
+            **{
+                S.RETRYABLE: retryable,
+                S.ACTOR: self.actor,
+                S.NODE: self.node,
+                S.DEVICE: self.device,
+                S.MODEL: self.model_name,
+                S.RUN: self.run_id,
+                S.FINISHED_AT: time.time(),
+                S.CONTENT_HASH: row.values.get(S.CONTENT_HASH),
+            },
+        )
+
     def _output_row(self, row: _Row) -> dict:
         sp = row.sampling
         out = {
@@ -589,6 +857,7 @@ class SynthActor:
             S.TEXT: row.text,
             S.SPEAKER: None if row.values.get(S.SPEAKER) is None else str(row.values[S.SPEAKER]),
             S.FINISHED_AT: time.time(),
+            S.CONTENT_HASH: row.values.get(S.CONTENT_HASH),
         }
         if row.segments:
             out.update(
@@ -645,7 +914,7 @@ class SynthActor:
                 if self.keep_codes:
                     out[S.CODES] = np.asarray(result.codes, dtype=np.int16).tolist()
                 return out
-        out.update({S.STATUS: S.STATUS_ERROR, S.ERROR: row.error or "unknown failure"})
+        out.update({S.STATUS: S.STATUS_ERROR, S.ERROR: row.error or "unknown failure", S.RETRYABLE: row.retryable})
         return out
 
 
@@ -670,6 +939,85 @@ def _joined_result(results: list) -> Any:
         first_frame_ms=results[0].first_frame_ms,
         total_ms=sum(r.total_ms for r in results),
     )
+
+
+def output_table_per_row(rows: list[dict]) -> pa.Table:
+    """The output rows as one table of OUTPUT_SCHEMA. Should a row hold a value its column
+    cannot (a number out of an int32 column's range), that row alone becomes an error row
+    naming the value; the others are kept."""
+    try:
+        return S.output_table(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    safe = []
+    for row in rows:
+        try:
+            S.output_table([row])
+            safe.append(row)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+            keep = (S.ID, S.ACTOR, S.NODE, S.DEVICE, S.MODEL, S.RUN, S.FINISHED_AT, S.BATCH, S.CONTENT_HASH)
+            safe.append(
+                S.error_row(
+                    row.get(S.ID) if isinstance(row.get(S.ID), str) else None,
+                    f"a value of this row does not fit the output schema: {e}",
+                    **{S.RETRYABLE: False, **{k: row.get(k) for k in keep if k != S.ID}},
+                )
+            )
+    return S.output_table(safe)
+
+
+class ReferenceTooLarge(ValueError):
+    def __init__(self, source: str, size: int, limit: int):
+        super().__init__(f"{source} is {size} bytes; the limit is {limit} (data.max_reference_bytes)")
+
+
+class _AttemptLedger:
+    """Which blocks and rows were being processed when an actor process died, kept in files
+    that outlive the process (the run's attempts directory): a counter is raised when work
+    starts and removed when it ends, so a counter still there at the next start counts the
+    deaths it caused. Local to one machine or a shared filesystem."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+
+    def begin(self, key: str) -> int:
+        path = os.path.join(self.directory, key)
+        try:
+            with open(path, encoding="ascii") as f:
+                before = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            before = 0
+        temp = f"{path}.{os.getpid()}.tmp"
+        with open(temp, "w", encoding="ascii") as f:
+            f.write(str(before + 1))
+        os.replace(temp, path)
+        return before
+
+    def end(self, key: str) -> None:
+        try:
+            os.unlink(os.path.join(self.directory, key))
+        except FileNotFoundError:
+            pass
+
+
+def _ids_key(ids: list[str]) -> str:
+    digest = hashlib.blake2b(digest_size=12)
+    for row_id in ids:
+        digest.update(row_id.encode("utf-8", "surrogatepass") + b"\x00")
+    return digest.hexdigest()
+
+
+def _uri_scheme(path: str) -> Optional[str]:
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", path)
+    return match.group(1).lower() if match else None
+
+
+def _is_transient(error: BaseException) -> bool:
+    """A failure a rerun may not meet again: I/O, a timeout, a clip that is not there (yet)."""
+    if isinstance(error, (OSError, TimeoutError)):
+        return True
+    return "not found" in str(error)
 
 
 def _peak_rss_mb() -> float:

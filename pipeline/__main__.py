@@ -11,14 +11,14 @@ from omegaconf.errors import MissingMandatoryValue
 
 from .config import CONF_DIR
 from .inputs import InputError
-from .output import OutputMismatch
+from .output import OutputInUse, OutputMismatch
 from .plan import ConfigError, run
 from .schema import InputSchemaError
 
 log = logging.getLogger("chorus")
 
 # problems with the user's input or settings: a message, not a traceback
-USER_ERRORS = (ConfigError, InputError, InputSchemaError, OutputMismatch)
+USER_ERRORS = (ConfigError, InputError, InputSchemaError, OutputMismatch, OutputInUse)
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")

@@ -68,12 +68,23 @@ class DataConfig:
     # short name of the input, used in the default output directory
     name: str = "${chorus_stem:${.path}}"
     columns: InputColumns = field(default_factory=InputColumns)
-    # base for relative ref_audio_path values; null = the input file's directory (local input)
+    # the directory (or URI prefix) every ref_audio_path must lie in, relative paths start
+    # there; null = the input's directory
     audio_root: Optional[str] = None
     # longest reference clip accepted, seconds
     max_reference_seconds: float = 30.0
     # longest row text synthesised (characters); a longer row is an error row, the run goes on
     max_text_chars: int = 50_000
+    # per-row limits: a clip's size (checked before it is read), the time to fetch and decode
+    # it, a text's size (checked before it is tokenized)
+    max_reference_bytes: int = 50 * 1024 * 1024
+    reference_timeout_s: float = 60.0
+    max_text_bytes: int = 64 * 1024
+    # false: spellings of the tokenizer's special tokens in text (`<|im_end|>`, ...) are
+    # escaped and read as plain characters; true: they act as control tokens (power users)
+    allow_special_tokens: bool = False
+    # URI schemes a ref_audio_path may use (local paths and file:// always work)
+    uri_schemes: list[str] = field(default_factory=lambda: ["s3", "gs", "gcs", "hdfs", "abfs", "abfss"])
 
 
 @dataclass
@@ -138,6 +149,15 @@ class OutputSettings:
     progress_interval_s: float = 15.0
     # auto: a bar on a terminal, log lines otherwise
     progress_bar: str = "auto"
+    # the driver's lease on output.dir (one driver at a time): heartbeat period, and after how
+    # long without one a lease held from another host counts as dead (same host: pid checked)
+    lease_heartbeat_s: float = 5.0
+    lease_stale_s: float = 60.0
+    # a rerun over rows whose content (text, reference, settings, model) changed since they
+    # were written: redo them (and say so), or refuse to run
+    on_change: str = "redo"
+    # a rerun redoes error rows whose cause may be gone (I/O, timeout, internal); true: all
+    retry_errors: bool = False
 
 
 @dataclass
@@ -154,9 +174,21 @@ class ClusterSettings:
     threads_per_actor: Optional[int] = None
     # rows per block = rows per actor call; small blocks spread work over every actor
     rows_per_block: int = 16
-    # test hook: the actor process exits hard on its N-th batch, once per marker file
+    # a dead actor (crash, OOM) is restarted and its block retried, a bounded number of times
+    # (Ray Data's default is forever); a block that killed its actor this many times has its
+    # rows run alone, and the row that kills it alone becomes an error row (quarantined)
+    max_actor_restarts: int = 10
+    max_task_retries: int = 4
+    crash_quarantine_after: int = 2
+    # watchdog: an actor whose block runs longer than this is stuck and exits (then counts as
+    # a crash above); null = no watchdog. Size it for the slowest block (rows_per_block rows
+    # of engine.max_frames frames) on the slowest device
+    block_timeout_s: Optional[float] = 3600.0
+    # test hooks: the actor process exits hard on its N-th batch, once per marker file; or
+    # whenever it processes the row with this id
     crash_on_batch: int = 0
     crash_marker: Optional[str] = None
+    crash_on_id: Optional[str] = None
 
 
 @dataclass

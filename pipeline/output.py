@@ -5,21 +5,34 @@
       data/part-rejected.parquet  rows the driver refused (null / malformed / duplicate ids)
       config.yaml                 the resolved config of the latest run
       summary.json                counts, audio hours, speed, per-actor figures
-      _chorus.json                which input and model this output belongs to
+      _chorus.json                which input and model this output belongs to (chorus's marker)
+      _chorus.lock                the lease of the driver writing here now
       _runs/<time>/               Hydra's logs (local outputs only)
+      _attempts/<run>/            blocks that killed an actor during the run (removed at its end)
 
 Resume needs no manifest: a part file only ever appears complete (written under a temporary
 name, then renamed; object stores publish an object only when its upload completes), so the
 ids in the part files are exactly the rows done. A part is named by a hash of its ids, so a
 write retried after a crash replaces its own file instead of adding a second copy.
+
+One driver at a time: a run holds a lease on the directory (`_chorus.lock`: owner, host,
+pid, run, heartbeat); a second driver refuses to start, and a lease whose driver is dead (its
+pid gone on this host, or no heartbeat for `lease_stale_s`) is taken over. A row redone by a
+later run (changed content, a retryable error) has an older copy in an earlier part: reads
+keep the newest copy of each id, and the run ends by removing the older copies from their
+parts, so the files on disk hold each id once.
 """
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
+import logging
 import os
 import re
+import socket
+import threading
 import time
 import uuid
 from collections import Counter
@@ -39,8 +52,16 @@ REJECTED_PART = "part-rejected.parquet"
 TEMP_PREFIX = ".tmp-"  # readers (pyarrow, Ray, HF datasets) skip names starting with '.'
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
-IDENTITY_FILE = "_chorus.json"
+IDENTITY_FILE = "_chorus.json"  # also chorus's marker: overwrite only ever deletes where it is
+LEASE_FILE = "_chorus.lock"
 RUNS_DIR = "_runs"
+ATTEMPTS_DIR = "_attempts"  # per run: the blocks that killed an actor (actors/synth.py), removed at the end
+REPORT_FILE = "report.html"
+# what may sit in a directory chorus has not claimed yet: Hydra creates _runs/ before the run
+# starts, and a lease is taken before the marker is written
+_PRE_CLAIM_ENTRIES = {RUNS_DIR, LEASE_FILE}
+
+log = logging.getLogger("chorus")
 
 STATS_SCHEMA = pa.schema(
     [
@@ -75,7 +96,158 @@ def open_location(location: str) -> tuple[pafs.FileSystem, str]:
 
 
 class OutputMismatch(RuntimeError):
-    """The output directory holds rows of a different input or model."""
+    """The output directory holds rows of a different input or model, or is not chorus's."""
+
+
+class OutputInUse(RuntimeError):
+    """Another live driver holds the output directory's lease."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
+
+
+class Lease:
+    """An exclusive lease on an output directory for one driver (see the module doc).
+
+    Local directories: the lock file is created with O_EXCL, and a stale one is taken over by
+    renaming it away first (a rename succeeds for one taker only). Object stores have no
+    exclusive create here: the lease is written, read back after a pause, and kept only if it
+    is still ours (a second driver started in the same second could still slip in)."""
+
+    def __init__(self, layout: OutputLayout, run_id: str, heartbeat_s: float = 5.0, stale_s: float = 60.0):
+        self.layout, self.run_id = layout, run_id
+        self.heartbeat_s, self.stale_s = float(heartbeat_s), float(stale_s)
+        self.path = layout.path(LEASE_FILE)
+        self.lost: Optional[str] = None  # why the lease was lost mid-run, if it was
+        self.took_over: Optional[dict] = None  # the stale lease this one replaced
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def record(self) -> dict:
+        try:
+            owner = getpass.getuser()
+        except Exception:  # no user name in some containers
+            owner = str(os.getuid()) if hasattr(os, "getuid") else "unknown"
+        return {
+            "owner": owner,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "run": self.run_id,
+            "heartbeat": time.time(),
+        }
+
+    def held_by(self) -> Optional[dict]:
+        """The lease's current record; {} for a lock file that cannot be parsed (torn)."""
+        text = self.layout.read_text(LEASE_FILE)
+        if text is None:
+            return None
+        try:
+            record = json.loads(text)
+            return record if isinstance(record, dict) else {}
+        except ValueError:
+            return {}
+
+    def stale_reason(self, record: dict) -> Optional[str]:
+        """Why a lease record is dead (None while its driver lives)."""
+        heartbeat = record.get("heartbeat")
+        if not isinstance(heartbeat, (int, float)):
+            info = self.layout.fs.get_file_info(self.path)
+            mtime = info.mtime.timestamp() if info.mtime else 0.0
+            if time.time() - mtime > self.stale_s:
+                return "an unreadable lock file untouched for longer than output.lease_stale_s"
+            return None
+        if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
+            if not _pid_alive(record["pid"]):
+                return f"its driver (pid {record['pid']} on this host) is gone"
+        age = time.time() - heartbeat
+        if age > self.stale_s:
+            return f"its last heartbeat was {age:.0f} s ago (output.lease_stale_s={self.stale_s:g})"
+        return None
+
+    def acquire(self) -> None:
+        self.layout.fs.create_dir(self.layout.base, recursive=True)
+        for _ in range(3):
+            if self._try_create():
+                self._start_heartbeat()
+                return
+            held = self.held_by()
+            if held is None:  # released meanwhile: try again
+                continue
+            reason = self.stale_reason(held)
+            if reason is None:
+                raise OutputInUse(
+                    f"{self.layout.location} is in use by another chorus driver (owner {held.get('owner')}, "
+                    f"host {held.get('host')}, pid {held.get('pid')}, run {held.get('run')}); wait for it to "
+                    f"finish or choose another output.dir. A lease whose driver died is taken over "
+                    f"automatically (at once on the same host, else after output.lease_stale_s)"
+                )
+            if self._remove_stale():
+                log.warning("taking over the lease of %s: %s (%s)", self.layout.location, reason, held)
+                self.took_over = held
+        raise OutputInUse(f"could not take the lease of {self.layout.location}: other drivers keep taking it")
+
+    def _try_create(self) -> bool:
+        data = (json.dumps(self.record()) + "\n").encode("utf-8")
+        if self.layout.local:
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            return True
+        if self.held_by() is not None:
+            return False
+        with self.layout.fs.open_output_stream(self.path) as f:
+            f.write(data)
+        time.sleep(1.0)  # let a concurrent writer's object land, then see whose survived
+        held = self.held_by() or {}
+        return held.get("run") == self.run_id
+
+    def _remove_stale(self) -> bool:
+        if not self.layout.local:
+            self.layout.fs.delete_file(self.path)
+            return True
+        aside = f"{self.path}.stale-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(self.path, aside)  # exactly one taker's rename finds the file
+        except FileNotFoundError:
+            return False
+        os.unlink(aside)
+        return True
+
+    def _start_heartbeat(self) -> None:
+        self._thread = threading.Thread(target=self._beat, name="chorus-lease-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            held = self.held_by()
+            if not held or held.get("run") != self.run_id:
+                self.lost = f"the lease of {self.layout.location} was taken by {held}"
+                log.error("%s; this driver's further writes may be superseded", self.lost)
+                return
+            try:
+                self.layout.write_text(LEASE_FILE, json.dumps(self.record()) + "\n")
+            except OSError as e:  # a transient write failure: the next beat tries again
+                log.warning("lease heartbeat failed: %r", e)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.heartbeat_s + 5)
+        held = self.held_by()
+        if held and held.get("run") == self.run_id:
+            self.layout.fs.delete_file(self.path)
 
 
 class OutputLayout:
@@ -91,13 +263,49 @@ class OutputLayout:
     def ensure(self) -> None:
         self.fs.create_dir(self.data_dir, recursive=True)
 
-    def wipe(self) -> None:
-        """Remove everything chorus wrote here (output.overwrite=true)."""
-        if self.fs.get_file_info(self.data_dir).type == pafs.FileType.Directory:
-            self.fs.delete_dir(self.data_dir)
-        for name in (CONFIG_FILE, SUMMARY_FILE, IDENTITY_FILE):
-            if self.fs.get_file_info(self.path(name)).type == pafs.FileType.File:
-                self.fs.delete_file(self.path(name))
+    def is_chorus_output(self) -> bool:
+        return self.fs.get_file_info(self.path(IDENTITY_FILE)).type == pafs.FileType.File
+
+    def foreign_entries(self) -> list[str]:
+        """What sits in a directory without chorus's marker, besides what a starting run puts
+        there itself: a non-empty list means the directory is someone else's."""
+        if self.is_chorus_output():
+            return []
+        selector = pafs.FileSelector(self.base, allow_not_found=True, recursive=False)
+        return sorted(f.base_name for f in self.fs.get_file_info(selector) if f.base_name not in _PRE_CLAIM_ENTRIES)
+
+    def check_ours(self) -> None:
+        foreign = self.foreign_entries()
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise OutputMismatch(
+                f"{self.location} is not a chorus output (no {IDENTITY_FILE}) and is not empty ({shown}); "
+                f"chorus writes only into a new or empty directory or its own earlier output, and "
+                f"output.overwrite never deletes files it did not write. Choose another output.dir"
+            )
+
+    def wipe(self) -> int:
+        """Remove what chorus wrote here (output.overwrite=true), and nothing else: only in a
+        directory holding chorus's marker, only chorus's own file names. Returns how many."""
+        if not self.is_chorus_output():
+            return 0
+        doomed = [
+            f.path
+            for f in self._data_files()
+            if f.base_name.startswith(TEMP_PREFIX)
+            or (f.base_name.startswith(PART_PREFIX) and f.base_name.endswith(PART_SUFFIX))
+        ]
+        doomed += [
+            self.path(name)
+            for name in (CONFIG_FILE, SUMMARY_FILE, REPORT_FILE, IDENTITY_FILE)
+            if self.fs.get_file_info(self.path(name)).type == pafs.FileType.File
+        ]
+        for path in doomed:
+            self.fs.delete_file(path)
+        selector = pafs.FileSelector(self.data_dir, allow_not_found=True)
+        if self.local and os.path.isdir(self.data_dir) and not self.fs.get_file_info(selector):
+            os.rmdir(self.data_dir)
+        return len(doomed)
 
     def _data_files(self) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(self.data_dir, allow_not_found=True, recursive=False)
@@ -110,34 +318,89 @@ class OutputLayout:
             if f.base_name.startswith(PART_PREFIX) and f.base_name.endswith(PART_SUFFIX)
         )
 
-    def clean_temp(self) -> int:
-        """Delete what killed writers left behind (never read as data, but it takes space)."""
-        stale = [f.path for f in self._data_files() if f.base_name.startswith(TEMP_PREFIX)]
+    def clean_temp(self, keep_run: Optional[str] = None) -> int:
+        """Delete what killed writers left behind (never read as data, but it takes space).
+        Only the lease holder calls this, and a temp file names the run that writes it: the
+        ones of `keep_run` (the holder's own) stay, every other run's writer is gone."""
+        mine = f"{TEMP_PREFIX}{keep_run}-" if keep_run else None
+        stale = [
+            f.path
+            for f in self._data_files()
+            if f.base_name.startswith(TEMP_PREFIX) and not (mine and f.base_name.startswith(mine))
+        ]
         for path in stale:
-            self.fs.delete_file(path)
+            try:
+                self.fs.delete_file(path)
+            except FileNotFoundError:  # its writer finished (renamed it) meanwhile
+                pass
         return len(stale)
 
-    def read(self, columns: Optional[list[str]] = None) -> pa.Table:
-        parts = self.parts()
-        columns = columns or S.OUTPUT_SCHEMA.names
+    def _read_parts(self, parts: list[str], columns: list[str]) -> pa.Table:
         if not parts:
             return S.OUTPUT_SCHEMA.empty_table().select(columns)
         tables = [pq.read_table(p, filesystem=self.fs, columns=columns, schema=S.OUTPUT_SCHEMA) for p in parts]
         return pa.concat_tables(tables)
+
+    def read(self, columns: Optional[list[str]] = None, latest_only: bool = True) -> pa.Table:
+        """Every output row; with latest_only, only the newest copy of each id outside the
+        rejected part (a row redone by a later run has an older copy until the run's end
+        removes it). The rejected part is kept whole: it answers every refused input row."""
+        columns = list(columns or S.OUTPUT_SCHEMA.names)
+        parts = self.parts()
+        if not latest_only:
+            return self._read_parts(parts, columns)
+        rejected = [p for p in parts if p.endswith("/" + REJECTED_PART)]
+        regular = [p for p in parts if p not in rejected]
+        wanted = list(dict.fromkeys(columns + [S.ID, S.RUN, S.FINISHED_AT]))
+        table = self._read_parts(regular, wanted)
+        table = table.filter(_newest_copies(table))
+        return pa.concat_tables([table.select(columns), self._read_parts(rejected, columns)])
 
     def done_ids(self) -> pa.Array:
         """Ids of every row already written (the resume set)."""
         ids = self.read([S.ID]).column(S.ID).combine_chunks()
         return pc.drop_null(ids)
 
-    def write_part(self, table: pa.Table, name: str) -> str:
-        """Write a part so that it is either absent or complete under its final name."""
+    def drop_superseded(self, also_drop: Optional[pa.Array] = None) -> int:
+        """Remove from their parts the older copies of rows a later run redid, and rows of
+        `also_drop` ids (those the driver now refuses), so each id is on disk once. Each part
+        is rewritten atomically; a crash between parts leaves only newer copies deleted from
+        some, never a row lost. Returns the rows removed."""
+        parts = [p for p in self.parts() if not p.endswith("/" + REJECTED_PART)]
+        if not parts:
+            return 0
+        keys = [self._read_parts([p], [S.ID, S.RUN, S.FINISHED_AT]) for p in parts]
+        lengths = [t.num_rows for t in keys]
+        table = pa.concat_tables(keys)
+        keep = _newest_copies(table)
+        if also_drop is not None and len(also_drop):
+            keep = pc.and_(keep, pc.invert(pc.fill_null(pc.is_in(table.column(S.ID), value_set=also_drop), False)))
+        keep = keep.to_pylist()
+        removed, offset = 0, 0
+        for part, length in zip(parts, lengths):
+            part_keep = keep[offset : offset + length]
+            offset += length
+            if all(part_keep):
+                continue
+            removed += length - sum(part_keep)
+            name = part.rsplit("/", 1)[-1]
+            if any(part_keep):
+                whole = pq.read_table(part, filesystem=self.fs, schema=S.OUTPUT_SCHEMA)
+                self.write_part(whole.filter(pa.array(part_keep)), name, owner="compact")
+            else:
+                self.fs.delete_file(part)
+        return removed
+
+    def write_part(self, table: pa.Table, name: str, owner: str = "") -> str:
+        """Write a part so that it is either absent or complete under its final name. The
+        temporary file's name starts with the writing run (`owner`), so a cleaner knows
+        whose it is."""
         final = f"{self.data_dir}/{name}"
         if not self.local:
             # an object store publishes an object only once its upload has completed
             pq.write_table(table, final, filesystem=self.fs)
             return final
-        temp = f"{self.data_dir}/{TEMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-{name}"
+        temp = f"{self.data_dir}/{TEMP_PREFIX}{owner}-{os.getpid()}-{uuid.uuid4().hex[:8]}-{name}"
         with open(temp, "wb") as f:
             pq.write_table(table, f)
             f.flush()
@@ -163,9 +426,10 @@ class OutputLayout:
         with self.fs.open_input_stream(self.path(name)) as f:
             return f.read().decode("utf-8")
 
-    def claim(self, identity: dict, overwrite: bool) -> None:
+    def claim(self, identity: dict, overwrite: bool, run_id: Optional[str] = None) -> None:
         """Bind the output to one input + model, so a rerun resumes the same work and a
-        different run cannot mix its rows in."""
+        different run cannot mix its rows in. Call with the lease held."""
+        self.check_ours()
         if overwrite:
             self.wipe()
         recorded = self.read_text(IDENTITY_FILE)
@@ -175,9 +439,31 @@ class OutputLayout:
                 f"{json.dumps(identity)}; choose another output.dir or pass output.overwrite=true"
             )
         self.ensure()
-        self.clean_temp()
+        self.clean_temp(keep_run=run_id)
         if recorded is None:
             self.write_text(IDENTITY_FILE, json.dumps(identity, indent=2) + "\n")
+
+
+def _newest_copies(table: pa.Table) -> pa.Array:
+    """A mask keeping, of the rows sharing an id, the one of the latest run (then the latest
+    finished_at, then the last read); rows without an id are all kept."""
+    n = table.num_rows
+    if n == 0:
+        return pa.array([], pa.bool_())
+    ids = table.column(S.ID).to_pylist()
+    if len(set(ids)) == n:
+        return pa.array([True] * n)
+    runs = table.column(S.RUN).to_pylist()
+    finished = table.column(S.FINISHED_AT).to_pylist()
+    best: dict[str, int] = {}
+    for i, row_id in enumerate(ids):
+        if row_id is None:
+            continue
+        j = best.get(row_id)
+        if j is None or (runs[i] or "", finished[i] or 0.0, i) >= (runs[j] or "", finished[j] or 0.0, j):
+            best[row_id] = i
+    winners = set(best.values())
+    return pa.array([row_id is None or i in winners for i, row_id in enumerate(ids)])
 
 
 def part_name(ids: pa.Array) -> str:
@@ -200,7 +486,7 @@ def block_stats(table: pa.Table, part: str) -> dict:
     }
 
 
-def write_block(batch: pa.Table, location: str) -> pa.Table:
+def write_block(batch: pa.Table, location: str, run_id: str = "") -> pa.Table:
     """The plan's write stage (one Ray task per block): the block becomes one part file, and
     the driver gets back a one-row stats table for progress."""
     if batch.num_rows == 0:
@@ -208,7 +494,7 @@ def write_block(batch: pa.Table, location: str) -> pa.Table:
     began = time.perf_counter()
     batch = batch.select(S.OUTPUT_SCHEMA.names).cast(S.OUTPUT_SCHEMA)
     name = part_name(batch.column(S.ID).combine_chunks())
-    OutputLayout(location).write_part(batch, name)
+    OutputLayout(location).write_part(batch, name, owner=run_id)
     stats = dict(block_stats(batch, name), write_ms=(time.perf_counter() - began) * 1000.0)
     return pa.Table.from_pylist([stats], schema=STATS_SCHEMA)
 

@@ -15,20 +15,33 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
 from actors.engine.segment import MIN_SEGMENT_BYTES
 
 from . import schema as S
 from .config import in_ray_job, to_plain
-from .inputs import InputScan, prepare_block, read_dataset, scan_input
-from .output import CONFIG_FILE, REJECTED_PART, SUMMARY_FILE, OutputLayout, is_local, local_path, summarize, write_block
+from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, scan_input, scan_rows
+from .output import (
+    ATTEMPTS_DIR,
+    CONFIG_FILE,
+    REJECTED_PART,
+    SUMMARY_FILE,
+    Lease,
+    OutputInUse,
+    OutputLayout,
+    is_local,
+    local_path,
+    summarize,
+    write_block,
+)
 from .progress import Progress
 
 log = logging.getLogger("chorus")
@@ -53,6 +66,10 @@ def _check_settings(plain: dict) -> None:
         raise ConfigError("cluster.cpus_per_actor and cluster.gpus_per_actor must be >= 0")
     if cluster["rows_per_block"] < 1:
         raise ConfigError("cluster.rows_per_block must be >= 1")
+    if output["on_change"] not in ("redo", "refuse"):
+        raise ConfigError(f"output.on_change must be redo or refuse, got {output['on_change']!r}")
+    if not 0 < output["lease_heartbeat_s"] < output["lease_stale_s"]:
+        raise ConfigError("output.lease_heartbeat_s must be > 0 and below output.lease_stale_s")
     if output["progress_bar"] not in ("auto", "on", "off"):
         raise ConfigError(f"output.progress_bar must be auto, on or off, got {output['progress_bar']!r}")
     long_form = plain["long_form"]
@@ -62,6 +79,13 @@ def _check_settings(plain: dict) -> None:
         raise ConfigError(f"long_form.max_turns must be >= 1, got {long_form['max_turns']}")
     if plain["data"]["max_text_chars"] < 1:
         raise ConfigError(f"data.max_text_chars must be >= 1, got {plain['data']['max_text_chars']}")
+    if cluster["crash_quarantine_after"] < 1 or cluster["max_task_retries"] <= cluster["crash_quarantine_after"]:
+        raise ConfigError(
+            "cluster.max_task_retries must exceed cluster.crash_quarantine_after (>= 1): a block is retried "
+            "crash_quarantine_after times, then once more row by row to find the row that kills its actor"
+        )
+    if cluster["max_actor_restarts"] < 0:
+        raise ConfigError("cluster.max_actor_restarts must be >= 0")
     if cluster["crash_on_batch"] and not cluster["crash_marker"]:
         raise ConfigError("cluster.crash_on_batch needs cluster.crash_marker (it makes the crash happen once)")
     if in_ray_job() and is_local(output["dir"]) and not os.path.isabs(os.path.expanduser(output["dir"])):
@@ -69,6 +93,7 @@ def _check_settings(plain: dict) -> None:
             f"output.dir={output['dir']!r} is relative: inside a Ray Job that is the job's "
             f"temporary working directory, deleted afterwards; pass an absolute path or a URI"
         )
+    _check_sampling(plain["sampling"])
     model = plain["model"]
     checkpoint = model["checkpoint"]
     if checkpoint is not None and is_local(checkpoint):
@@ -77,6 +102,132 @@ def _check_settings(plain: dict) -> None:
         codec = model["codec"] or os.path.join(checkpoint, "codec.pth")
         if is_local(codec) and not os.path.exists(local_path(codec)):
             raise ConfigError(f"codec {codec!r} does not exist (set model.codec)")
+
+
+def _check_sampling(sampling: dict) -> None:
+    """The run's sampling settings against what the engine can hold (the same bounds every
+    row's own values meet in the actor): a bad global value would fail every row."""
+    from actors.synth import sampling_problem
+
+    values = {"temperature": 0.8, "top_p": 0.8, "top_k": 30}  # upstream's defaults stand in for null
+    values.update({k: sampling[k] for k in values if sampling.get(k) is not None})
+    problem = sampling_problem(float(values["temperature"]), float(values["top_p"]), int(values["top_k"]))
+    if problem:
+        raise ConfigError(f"sampling: {problem}")
+
+
+# files up to this size are hashed whole; a larger one (weights) by its size and its first
+# and last MiB: fine-tuned weights of the same shapes differ there too, and reading GBs per
+# run would not do
+_WHOLE_HASH_BYTES = 1 << 20
+# the built-in demo is built from these sources (actors/demo.py), so they are its weights
+_DEMO_SOURCES = ("actors/demo.py", "actors/engine/tiny.py", "actors/codec/tiny.py")
+# the settings a row's audio depends on (the rest -- batching, threads, compile -- leave the
+# codes of a row unchanged, which the determinism tests check)
+_ROW_SETTINGS = {
+    "engine": ("max_tokens", "max_frames", "frames_per_char", "min_frames", "stop_on_eos"),
+    "data": ("audio_root", "max_reference_seconds", "max_reference_bytes", "max_text_bytes", "allow_special_tokens"),
+}
+
+
+def _fingerprint_location(digest, location: str) -> None:
+    import pyarrow.fs as pafs
+
+    from .output import open_location
+
+    fs, path = open_location(location)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        entries = [f for f in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if f.type == pafs.FileType.File]
+    elif info.type == pafs.FileType.File:
+        entries = [info]
+    else:
+        digest.update(f"missing:{location}".encode())
+        return
+    for f in sorted(entries, key=lambda e: e.path):
+        digest.update(f"{f.path[len(path) :]}|{f.size}|".encode())
+        with fs.open_input_file(f.path) as handle:
+            if f.size <= _WHOLE_HASH_BYTES:
+                digest.update(handle.read())
+            else:
+                digest.update(handle.read(_WHOLE_HASH_BYTES))
+                handle.seek(f.size - _WHOLE_HASH_BYTES)
+                digest.update(handle.read(_WHOLE_HASH_BYTES))
+
+
+def model_fingerprint(model: dict) -> str:
+    """What the model's weights are, not what its folder is called: every file of the
+    checkpoint and codec (small ones whole, weights by size + first and last MiB)."""
+    import hashlib
+
+    from .config import REPO_ROOT
+
+    digest = hashlib.blake2b(digest_size=16)
+    if model["checkpoint"] is None:
+        for source in _DEMO_SOURCES:
+            digest.update(source.encode() + b"\x00" + (REPO_ROOT / source).read_bytes())
+    else:
+        _fingerprint_location(digest, model["checkpoint"])
+        codec = model["codec"] or model["checkpoint"].rstrip("/") + "/codec.pth"
+        _fingerprint_location(digest, codec)
+    return digest.hexdigest()
+
+
+def settings_digest(plain: dict, fingerprint: str) -> str:
+    """One digest of every setting a row's audio depends on, the model's fingerprint included."""
+    import hashlib
+
+    relevant = {
+        "model": {"name": plain["model"]["name"], "fingerprint": fingerprint, "dtype": plain["model"]["dtype"]},
+        "sampling": plain["sampling"],
+        "keep_codes": plain["output"]["keep_codes"],
+        **{group: {k: plain[group].get(k) for k in keys} for group, keys in _ROW_SETTINGS.items()},
+    }
+    return hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+@dataclass
+class ResumePlan:
+    """Which accepted rows a run does and why."""
+
+    skip: list  # ids already done with the same content
+    changed: list  # done, but their content (text, reference, settings, model) changed
+    retried: list  # error rows redone (retryable, or all with output.retry_errors)
+    new: int = 0  # never written
+
+
+def plan_resume(
+    accepted: list, hashes: dict, done: pa.Table, on_change: str = "redo", retry_errors: bool = False
+) -> ResumePlan:
+    """Compare the rows written (`done`: the newest row per id, with status, retryable and
+    content hash) with the input's rows now. Raises OutputMismatch for changed rows when
+    on_change=refuse."""
+    from .output import OutputMismatch
+
+    written = {
+        r[S.ID]: r
+        for r in done.select([S.ID, S.STATUS, S.RETRYABLE, S.CONTENT_HASH]).to_pylist()
+        if r[S.ID] is not None
+    }
+    plan = ResumePlan(skip=[], changed=[], retried=[])
+    for row_id in accepted:
+        row = written.get(row_id)
+        if row is None:
+            plan.new += 1
+        elif row[S.CONTENT_HASH] is not None and row[S.CONTENT_HASH] != hashes.get(row_id):
+            plan.changed.append(row_id)
+        elif row[S.STATUS] != S.STATUS_OK and (retry_errors or row[S.RETRYABLE]):
+            plan.retried.append(row_id)
+        else:  # done with this content (rows written before content hashes count as done)
+            plan.skip.append(row_id)
+    if plan.changed and on_change == "refuse":
+        shown = ", ".join(repr(i) for i in plan.changed[:5]) + (", ..." if len(plan.changed) > 5 else "")
+        raise OutputMismatch(
+            f"{len(plan.changed)} rows changed since they were written ({shown}): their text, "
+            f"reference, settings or model differ. Pass output.on_change=redo to redo them, or "
+            f"choose another output.dir to keep the old results"
+        )
+    return plan
 
 
 def _identity(plain: dict, scan: InputScan) -> dict:
@@ -138,7 +289,15 @@ def _check_resources(cluster: dict) -> None:
         log.warning(message)  # GPU clusters may still be scaling up
 
 
-def actor_arguments(plain: dict, input_dir: str | None, run_id: str) -> dict:
+def attempts_dir(output_location: str, run_id: str) -> str:
+    """Where actors count the blocks that killed them: beside the output when it is local (a
+    shared filesystem serves every node), else in this machine's cache (one node only)."""
+    if is_local(output_location):
+        return os.path.join(local_path(output_location), ATTEMPTS_DIR, run_id)
+    return os.path.join(os.path.expanduser("~"), ".cache", "chorus", ATTEMPTS_DIR, run_id)
+
+
+def actor_arguments(plain: dict, input_dir: str | None, run_id: str, attempts: str | None = None) -> dict:
     """SynthActor's constructor arguments: plain, small, the same on every actor."""
     cluster = plain["cluster"]
     threads = cluster["threads_per_actor"] or max(1, math.floor(cluster["cpus_per_actor"]))
@@ -153,8 +312,18 @@ def actor_arguments(plain: dict, input_dir: str | None, run_id: str) -> dict:
         "data": {
             "audio_root": audio_root,
             "input_dir": input_dir,
-            "max_reference_seconds": data["max_reference_seconds"],
-            "max_text_chars": data["max_text_chars"],
+            **{
+                key: data[key]
+                for key in (
+                    "max_reference_seconds",
+                    "max_reference_bytes",
+                    "reference_timeout_s",
+                    "max_text_bytes",
+                    "uri_schemes",
+                    "allow_special_tokens",
+                    "max_text_chars",
+                )
+            },
         },
         "long_form": plain["long_form"],
         "keep_codes": plain["output"]["keep_codes"],
@@ -162,39 +331,57 @@ def actor_arguments(plain: dict, input_dir: str | None, run_id: str) -> dict:
         "threads": threads,
         "crash_on_batch": cluster["crash_on_batch"],
         "crash_marker": cluster["crash_marker"],
+        "attempts_dir": attempts,
+        "quarantine_after": cluster["crash_quarantine_after"],
+        "crash_on_id": cluster["crash_on_id"],
+        "block_timeout_s": cluster["block_timeout_s"],
     }
 
 
-def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, skip_ref, run_id: str):
+def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, state_ref, run_id: str):
+    ds = read_dataset(scan, plain["cluster"]["rows_per_block"])
+    ds = ds.map_batches(
+        prepare_block,
+        fn_kwargs={"rename": scan.rename, "state": [state_ref]},
+        batch_format="pyarrow",
+        batch_size=None,
+        num_cpus=0.25,
+    )
+    with warnings.catch_warnings():
+        # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
+        # "use the named remote parameters" warning has nothing to point to); pinned <2.61
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        ds = _synth_stage(ds, plain, scan, layout, run_id)
+    return ds.map_batches(
+        write_block,
+        fn_kwargs={"location": layout.location, "run_id": run_id},
+        batch_format="pyarrow",
+        batch_size=None,
+        num_cpus=0.25,
+    )
+
+
+def _synth_stage(ds, plain: dict, scan: InputScan, layout: OutputLayout, run_id: str):
     from ray.data import ActorPoolStrategy
 
     from actors.synth import SynthActor
 
     cluster = plain["cluster"]
-    rows_per_block = cluster["rows_per_block"]
-    ds = read_dataset(scan, rows_per_block)
-    ds = ds.map_batches(
-        prepare_block,
-        fn_kwargs={"rename": scan.rename, "skip": [skip_ref]},
-        batch_format="pyarrow",
-        batch_size=None,
-        num_cpus=0.25,
-    )
-    ds = ds.map_batches(
+    return ds.map_batches(
         SynthActor,
-        fn_constructor_kwargs=actor_arguments(plain, scan.local_dir, run_id),
+        fn_constructor_kwargs=actor_arguments(plain, scan.root, run_id, attempts_dir(layout.location, run_id)),
         compute=ActorPoolStrategy(size=cluster["num_actors"]),
+        # bounded: a row that kills its actor must end as an error row, not loop forever
+        max_restarts=cluster["max_actor_restarts"],
+        max_task_retries=cluster["max_task_retries"],
         num_cpus=cluster["cpus_per_actor"],
         num_gpus=cluster["gpus_per_actor"],
-        batch_size=rows_per_block,
+        batch_size=cluster["rows_per_block"],
         batch_format="pyarrow",
     )
-    return ds.map_batches(
-        write_block, fn_kwargs={"location": layout.location}, batch_format="pyarrow", batch_size=None, num_cpus=0.25
-    )
 
 
-def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, skip: pa.Array, pending: int, run_id: str) -> dict:
+def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, state: dict, pending: int, run_id: str) -> dict:
     """Stream the rows still to do through the actors into part files, showing progress.
     Returns what only the stream sees: total part-file write time and when the first
     finished block reached the driver (seconds after the plan started)."""
@@ -210,7 +397,7 @@ def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, skip: pa.Arra
         # configurable in 2.60): with actors on every node it never schedules and the run
         # hangs. The V1 read honours the read's own (fractional) resources.
         context.use_datasource_v2 = False
-        plan = build_plan(plain, scan, layout, ray.put(skip), run_id)
+        plan = build_plan(plain, scan, layout, ray.put(state), run_id)
         output = plain["output"]
         progress = Progress(
             scan.total_rows, scan.total_rows - pending, output["progress_interval_s"], output["progress_bar"]
@@ -239,18 +426,52 @@ def run(cfg: DictConfig) -> RunReport:
     started_unix = time.time()
     run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     scan = scan_input(plain["data"]["path"], plain["data"]["columns"])
-    layout = OutputLayout(plain["output"]["dir"])
-    layout.claim(_identity(plain, scan), overwrite=plain["output"]["overwrite"])
+    output = plain["output"]
+    if output_inside_input(scan, output["dir"]):
+        raise ConfigError(
+            f"output.dir={output['dir']!r} is inside the input directory {scan.base_dir}: its part files "
+            f"would be read back as input on the next run; choose an output.dir outside it"
+        )
+    layout = OutputLayout(output["dir"])
+    layout.check_ours()  # before the lease file goes in: a foreign directory is left untouched
+    lease = Lease(layout, run_id, heartbeat_s=output["lease_heartbeat_s"], stale_s=output["lease_stale_s"])
+    lease.acquire()
+    try:
+        return _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix)
+    finally:
+        lease.release()
+
+
+def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) -> RunReport:
+    layout.claim(_identity(plain, scan), overwrite=plain["output"]["overwrite"], run_id=run_id)
+    if layout.local:  # crash counts of earlier runs' blocks mean nothing to this run's blocks
+        shutil.rmtree(os.path.join(layout.base, ATTEMPTS_DIR), ignore_errors=True)
     layout.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
+    output = plain["output"]
+    digest = settings_digest(plain, model_fingerprint(plain["model"]))
+    rows = scan_rows(scan, digest, actor_arguments(plain, scan.root, run_id)["data"]["audio_root"])
+    hashes = rows.hashes
+    if rows.conflicts:  # refused like a bad id: answered here, never sent to an actor
+        scan.accepted_ids = [i for i in scan.accepted_ids if i not in rows.conflicts]
+        scan.rejected_ids += list(rows.conflicts)
+        scan.rejected += [S.error_row(i, message) for i, message in rows.conflicts.items()]
+        for row_id in rows.conflicts:
+            hashes.pop(row_id, None)
     if scan.rejected:
         rejected = [dict(row, **{S.RUN: run_id}) for row in scan.rejected]
-        layout.write_part(S.output_table(rejected), REJECTED_PART)
+        layout.write_part(S.output_table(rejected), REJECTED_PART, owner=run_id)
         log.warning(
-            "%d input rows rejected before synthesis (bad or duplicate ids); they are error rows", len(rejected)
+            "%d input rows rejected before synthesis (bad or duplicate ids, ref_id conflicts); they are error rows",
+            len(rejected),
         )
-    done = layout.done_ids()
-    accepted = pa.array(scan.accepted_ids, type=pa.string())
-    pending = len(accepted) - int(pc.sum(pc.is_in(accepted, value_set=done)).as_py() or 0)
+    resume = plan_resume(
+        scan.accepted_ids,
+        hashes,
+        layout.read([S.ID, S.STATUS, S.RETRYABLE, S.CONTENT_HASH]),
+        on_change=output["on_change"],
+        retry_errors=output["retry_errors"],
+    )
+    pending = len(scan.accepted_ids) - len(resume.skip)
     log.info(
         "input %s: %d rows in %d file(s); %d to synthesize, %d already in %s",
         scan.source,
@@ -260,10 +481,32 @@ def run(cfg: DictConfig) -> RunReport:
         scan.total_rows - pending,
         layout.location,
     )
+    if resume.changed:
+        log.warning(
+            "%d rows changed since they were written (text, reference, settings or model) and are redone: %s",
+            len(resume.changed),
+            ", ".join(map(repr, resume.changed[:10])) + (" ..." if len(resume.changed) > 10 else ""),
+        )
+    if resume.retried:
+        log.info(
+            "%d error rows are retried (%s)",
+            len(resume.retried),
+            "output.retry_errors=true" if output["retry_errors"] else "their errors were transient",
+        )
     stream = {}
     if pending:
-        skip = pa.concat_arrays([done, pa.array(scan.rejected_ids, type=pa.string())])
-        stream = synthesize(plain, scan, layout, skip, pending, run_id)
+        state = {
+            "skip": pa.array(resume.skip + scan.rejected_ids, type=pa.string()),
+            "hash_ids": pa.array(list(hashes), type=pa.string()),
+            "hashes": pa.array(list(hashes.values()), type=pa.string()),
+        }
+        stream = synthesize(plain, scan, layout, state, pending, run_id)
+    shutil.rmtree(attempts_dir(layout.location, run_id), ignore_errors=True)
+    if lease.lost:
+        raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")
+    superseded = layout.drop_superseded(also_drop=pa.array(scan.rejected_ids, type=pa.string()))
+    if superseded:
+        log.info("removed %d older copies of rows this run redid", superseded)
 
     wall = time.monotonic() - started
     summary = summarize(

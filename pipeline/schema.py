@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Optional
@@ -97,6 +96,8 @@ def check_input_schema(schema: pa.Schema, columns: Mapping[str, str], source: st
                 problems.append(f"required column '{name}'{hint} is missing")
             continue
         dtype = schema.field(index).type
+        if pa.types.is_dictionary(dtype):  # dictionary-encoded: judged (and read) by its values
+            dtype = dtype.value_type
         kind = _KINDS[canonical]
         if not (pa.types.is_null(dtype) or kind.accepts(dtype)):
             problems.append(f"column '{name}' has type {dtype}, expected {kind.expected}")
@@ -112,23 +113,22 @@ ID_MAX_CHARS = 256
 
 
 def id_problem(value: object) -> Optional[str]:
-    """Why a value cannot be a row id (None if it can). Ids name output rows and, through
-    `audio_file_stem`, files: they must be non-empty strings without path separators, '.'/'..'
-    or control characters."""
+    """Why a value cannot be a row id (None if it can). Ids are data: any non-empty string
+    up to ID_MAX_CHARS ('speaker/utt', spaces, any script). They never become paths as they
+    are: file names come from `audio_file_stem`, which hashes every id that is not a plain
+    name."""
     if value is None:
         return "id is null"
     if not isinstance(value, str):
         return f"id must be a string, got {type(value).__name__}"
-    if not value.strip():
+    if not value:
         return "id is empty"
     if len(value) > ID_MAX_CHARS:
         return f"id is {len(value)} characters long (at most {ID_MAX_CHARS})"
-    if "/" in value or "\\" in value:
-        return f"id {value!r} contains a path separator ('/' or '\\')"
-    if value in (".", ".."):
-        return f"id {value!r} is a relative path name"
-    if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in value):
-        return f"id {value!r} contains control or invisible characters"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "id is not valid UTF-8 (it contains an unpaired surrogate)"
     return None
 
 
@@ -194,6 +194,12 @@ SEGMENTS = "segments"  # how many segments the row's text was cut into
 SEGMENT_FRAMES = "segment_frames"  # frames generated per segment, in order (sum = n_frames)
 SEGMENT_STOP_REASONS = "segment_stop_reasons"  # each segment's stop reason (eos | budget | error)
 TRUNCATED_SEGMENTS = "truncated_segments"  # indices of segments cut off by their frame budget
+# error rows: true when the cause may be gone on a rerun (I/O, timeout, internal error), so a
+# rerun redoes the row; false for content errors, which stay until the row changes
+RETRYABLE = "retryable"
+# a digest of everything the row's audio depends on (text, reference, settings, model): a
+# rerun redoes a row whose digest changed
+CONTENT_HASH = "content_hash"
 
 BATCH_TYPE = pa.struct(
     [
@@ -249,6 +255,8 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field(SEGMENT_FRAMES, pa.list_(pa.int32())),
         pa.field(SEGMENT_STOP_REASONS, pa.list_(pa.string())),
         pa.field(TRUNCATED_SEGMENTS, pa.list_(pa.int32())),
+        pa.field(RETRYABLE, pa.bool_()),
+        pa.field(CONTENT_HASH, pa.string()),
     ]
 )
 

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import soundfile as sf
+from conftest import DEMO_TABLE
 
 from actors.engine.segment import utf8_len
 from actors.synth import SynthActor
@@ -53,7 +54,8 @@ def table(rows: list[dict]) -> pa.Table:
 @pytest.fixture(scope="module")
 def actor(small_settings, demo_table) -> SynthActor:
     plain = to_plain(compose(small_settings + FEWER_FRAMES + ["engine.max_tokens=512", "engine.max_rows=8"]))
-    return SynthActor(**actor_arguments(plain, None, run_id="longform"))
+    # the demo clips are confined to their own folder (data.audio_root defaults to the input's)
+    return SynthActor(**actor_arguments(plain, str(DEMO_TABLE.parent), run_id="longform"))
 
 
 def test_long_row_and_40_short_rows_share_the_slots(actor, demo_table):

@@ -136,8 +136,17 @@ def test_driver_rejects_unusable_ids(bad_table):
     assert len(scan.accepted_ids) + len(scan.rejected) == scan.total_rows
 
 
-@pytest.mark.parametrize("row_id", ["../../x", "a/b", "..", ".", "", " ", "a\\b", "x\x00y", "\u202eevil"])
-def test_unsafe_ids_are_refused(row_id):
+@pytest.mark.parametrize("row_id", ["../../x", "a/b", "..", ".", " ", "a\\b", "x\x00y", "\u202eevil", "spk/utt"])
+def test_ids_are_data_and_never_paths(row_id):
+    """Finding 9: ids with '/' were refused, though corpora name utterances speaker/utt. Any
+    non-empty string is an id; its file name is a safe stem of its own."""
+    assert S.id_problem(row_id) is None
+    stem = S.audio_file_stem(row_id)
+    assert "/" not in stem and "\\" not in stem and stem not in (".", "..") and stem.isascii()
+
+
+@pytest.mark.parametrize("row_id", [None, "", "x" * 257, "bad\ud800", 7])
+def test_ids_that_cannot_name_a_row_are_refused(row_id):
     assert S.id_problem(row_id)
 
 
@@ -218,6 +227,10 @@ def test_settings_that_cannot_work_fail_early(tmp_path):
         (["cluster.num_actors=0"], "num_actors"),
         (["output.progress_bar=sometimes"], "progress_bar"),
         (["cluster.crash_on_batch=2"], "crash_marker"),
+        (["sampling.temperature=1e39"], "temperature 1e\\+39 is outside"),
+        (["sampling.top_k=2147483648"], "top_k 2147483648 is outside"),
+        (["cluster.max_task_retries=2", "cluster.crash_quarantine_after=2"], "must exceed"),
+        (["output.on_change=ignore"], "on_change"),
         (["model=s1_mini", f"model.checkpoint={tmp_path}"], "no config.json"),
     ]:
         with pytest.raises(ConfigError, match=message):

@@ -23,7 +23,15 @@ import soundfile as sf
 
 from pipeline import schema as S
 from pipeline.config import compose
-from pipeline.output import CONFIG_FILE, SUMMARY_FILE, TEMP_PREFIX, OutputLayout
+from pipeline.output import (
+    CONFIG_FILE,
+    LEASE_FILE,
+    SUMMARY_FILE,
+    TEMP_PREFIX,
+    OutputInUse,
+    OutputLayout,
+    OutputMismatch,
+)
 from pipeline.plan import run
 from tests.helpers import REPO
 
@@ -142,7 +150,8 @@ def test_bad_input_end_to_end(ray_cluster, bad_table, tmp_path, small_settings, 
     by_id = {}
     for row in rows:
         by_id.setdefault(row[S.ID], []).append(row)
-    for row_id, fragment in {**bad_table.expect_error, **bad_table.rejected_by_driver}.items():
+    everything = {**bad_table.expect_error, **bad_table.rejected_by_driver, **bad_table.ref_id_conflicts}
+    for row_id, fragment in everything.items():
         (row,) = by_id[row_id]
         assert row[S.STATUS] == S.STATUS_ERROR and fragment in row[S.ERROR], (row_id, row[S.ERROR])
     assert [r[S.STATUS] for r in by_id[bad_table.duplicate_id]] == [S.STATUS_ERROR] * 2
@@ -175,7 +184,13 @@ def test_driver_killed_then_resumed(ray_cluster, driver_env, demo_table, tmp_pat
     source = tmp_path / "big.parquet"
     pq.write_table(pa.concat_tables(copies), source)
     out = tmp_path / "out"
-    args = [*small_settings, f"data.path={source}", f"output.dir={out}", "cluster.rows_per_block=3"]
+    args = [
+        *small_settings,
+        f"data.path={source}",
+        f"data.audio_root={DEMO_TABLE.parent}",  # the clips stay in the demo's folder
+        f"output.dir={out}",
+        "cluster.rows_per_block=3",
+    ]
     driver = subprocess.Popen(
         [sys.executable, "-m", "pipeline", *args],
         cwd=REPO,
@@ -194,11 +209,112 @@ def test_driver_killed_then_resumed(ray_cluster, driver_env, demo_table, tmp_pat
     assert 3 <= len(written) < 30, "the kill should land mid-run"
     for part in written:  # whatever the kill left under a data name is complete
         pq.read_table(part)
-    synthesize(args)
+    stale = json.loads((out / LEASE_FILE).read_text())
+    assert stale["pid"] == driver.pid  # the dead driver's lease is still there ...
+    synthesize(args)  # ... and the rerun takes it over (its pid is gone on this host)
+    assert not (out / LEASE_FILE).exists()
     rows = read_rows(out)
     assert_each_once(rows, ids)
     assert all(r[S.STATUS] == S.STATUS_OK for r in rows)
     assert not [n for n in os.listdir(out / "data") if n.startswith(TEMP_PREFIX)]
+
+
+def test_two_drivers_on_one_output(ray_cluster, driver_env, tmp_path, small_settings, read_rows):
+    """Finding 5: two drivers on one output directory duplicated rows and both exited 0. Now
+    the second refuses while the first holds the lease; the first completes alone."""
+    out = tmp_path / "out"
+    args = [*small_settings, f"output.dir={out}", "cluster.rows_per_block=3"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args],
+        cwd=REPO,
+        env=driver_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 120
+    while not (out / LEASE_FILE).exists():
+        assert first.poll() is None and time.monotonic() < deadline, first.stdout.read().decode()[-3000:]
+        time.sleep(0.1)
+    with pytest.raises(OutputInUse, match="in use by another chorus driver"):
+        synthesize(args)
+    second = subprocess.run(
+        [sys.executable, "-m", "pipeline", *args], cwd=REPO, env=driver_env, capture_output=True, text=True
+    )
+    assert second.returncode == 2 and "in use by another chorus driver" in second.stderr + second.stdout
+    log = first.communicate(timeout=300)[0].decode()
+    assert first.returncode == 0, log[-3000:]
+    rows = read_rows(out)
+    assert_each_once(rows, DEMO_IDS)
+    assert all(r[S.STATUS] == S.STATUS_OK for r in rows)
+    assert not (out / LEASE_FILE).exists()
+
+
+def test_rerun_redoes_changed_rows_and_transient_errors(ray_cluster, demo_table, tmp_path, small_settings, caplog):
+    """Findings 3 and 4: a rerun with edited text said "0 to synthesize" and kept the old
+    audio, and a reference that was missing stayed an error row forever. Now both are redone
+    (and the log says so), the rest is kept, and each id is on disk once."""
+    ids = DEMO_IDS[:4]
+    table = demo_table.slice(0, 4).select([S.ID, S.TEXT, S.SEED])
+    table = table.append_column(S.REF_AUDIO_PATH, pa.array([None, None, "late.flac", None], pa.string()))
+    source = tmp_path / "in.parquet"
+    pq.write_table(table, source)
+    args = [*small_settings, f"data.path={source}", f"output.dir={tmp_path}/out", "cluster.rows_per_block=2"]
+    first = synthesize(args)
+    rows = {r[S.ID]: r for r in OutputLayout(str(tmp_path / "out")).read(latest_only=False).to_pylist()}
+    assert rows[ids[2]][S.STATUS] == S.STATUS_ERROR and "not found" in rows[ids[2]][S.ERROR]
+    assert rows[ids[2]][S.RETRYABLE] is True
+    shutil.copy(REPO / "data" / "demo" / "refs" / "ada.flac", tmp_path / "late.flac")  # the clip arrives
+    texts = table.column(S.TEXT).to_pylist()
+    texts[1] = texts[1] + " And one more sentence."
+    pq.write_table(table.set_column(1, S.TEXT, pa.array(texts, pa.string())), source)
+    with caplog.at_level("INFO", logger="chorus"):
+        second = synthesize(args)
+    # the clip's path was stamped "missing" in the row's hash, so its arrival is a change too
+    assert (
+        f"2 rows changed since they were written (text, reference, settings or model) and are redone: {ids[1]!r}, {ids[2]!r}"
+        in caplog.text
+    )
+    rows = OutputLayout(str(tmp_path / "out")).read(latest_only=False).to_pylist()
+    assert_each_once(rows, ids)
+    by_id = {r[S.ID]: r for r in rows}
+    assert all(r[S.STATUS] == S.STATUS_OK for r in rows)
+    assert by_id[ids[1]][S.TEXT] == texts[1]
+    redone = {i for i, r in by_id.items() if r[S.RUN] == second.summary["run_id"]}
+    assert redone == {ids[1], ids[2]}
+    assert {by_id[i][S.RUN] for i in (ids[0], ids[3])} == {first.summary["run_id"]}
+    # with output.on_change=refuse an edit stops the run before any work
+    texts[0] = "Something else entirely."
+    pq.write_table(table.set_column(1, S.TEXT, pa.array(texts, pa.string())), source)
+    with pytest.raises(OutputMismatch, match=rf"1 rows changed since they were written \('{ids[0]}'\)"):
+        synthesize(args, "output.on_change=refuse")
+
+
+def test_a_row_that_kills_its_actor_is_quarantined(ray_cluster, demo_table, tmp_path, small_settings, read_rows):
+    """Finding 8: a row that crashes its actor (segfault, OOM) was retried forever (Ray Data
+    restarts actors and retries tasks without limit). Now its block is retried
+    crash_quarantine_after times, then row by row; the row that kills the actor alone ends as
+    an error row and the others complete."""
+    ids = DEMO_IDS[:6]
+    source = tmp_path / "in.parquet"
+    pq.write_table(demo_table.slice(0, 6).select([S.ID, S.TEXT, S.SEED]), source)
+    poison = ids[4]
+    synthesize(
+        small_settings,
+        f"data.path={source}",
+        f"output.dir={tmp_path}/out",
+        "cluster.rows_per_block=3",
+        f"cluster.crash_on_id={poison}",
+        "cluster.crash_quarantine_after=2",
+        "cluster.max_task_retries=3",
+    )
+    rows = read_rows(tmp_path / "out")
+    assert_each_once(rows, ids)
+    by_id = {r[S.ID]: r for r in rows}
+    assert by_id[poison][S.STATUS] == S.STATUS_ERROR and "quarantined" in by_id[poison][S.ERROR]
+    assert all(by_id[i][S.STATUS] == S.STATUS_OK for i in ids if i != poison)
+    # 2 deaths of the block, 1 of the row alone: the actors that wrote rows are new processes
+    assert len({r[S.ACTOR] for r in rows}) >= 2
+    assert not (tmp_path / "out" / "_attempts").exists() or not any((tmp_path / "out" / "_attempts").iterdir())
 
 
 def test_no_arguments_runs_the_demo(driver_env, tmp_path):

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import soundfile as sf
+from conftest import DEMO_TABLE
 
 from actors.synth import _LRU, SynthActor, row_seed
 from pipeline import schema as S
@@ -24,6 +25,12 @@ def actor(bad_table, small_settings) -> SynthActor:
     return SynthActor(**actor_arguments(plain, str(bad_table.path.parent), run_id="unit"))
 
 
+@pytest.fixture
+def demo_root(actor, monkeypatch):
+    """The demo's clips are confined to their own folder, not the bad table's."""
+    monkeypatch.setattr(actor, "root", str(DEMO_TABLE.parent))
+
+
 def by_id(table: pa.Table) -> dict:
     return {row[S.ID]: row for row in table.to_pylist()}
 
@@ -32,7 +39,7 @@ def decode(row: dict) -> np.ndarray:
     return sf.read(io.BytesIO(row[S.AUDIO][S.AUDIO_BYTES]), dtype="float32")[0]
 
 
-def test_demo_batch_audio_matches_metadata(actor, demo_table, monkeypatch):
+def test_demo_batch_audio_matches_metadata(actor, demo_table, demo_root, monkeypatch):
     monkeypatch.setattr(actor, "stop_on_eos", True)  # as the demo runs
     batch = demo_table.slice(0, 12)
     out = actor(batch)
@@ -67,7 +74,7 @@ def test_demo_batch_audio_matches_metadata(actor, demo_table, monkeypatch):
 
 
 def test_bad_rows_come_back_as_errors(actor, bad_table):
-    rejected = set(bad_table.rejected_by_driver) | {bad_table.duplicate_id}
+    rejected = set(bad_table.rejected_by_driver) | {bad_table.duplicate_id} | set(bad_table.ref_id_conflicts)
     keep = [i for i, row_id in enumerate(bad_table.table.column(S.ID).to_pylist()) if row_id not in rejected]
     batch = bad_table.table.take(keep)
     # a null id still gets its row back (the driver normally answers it before the actor)
@@ -86,7 +93,7 @@ def test_bad_rows_come_back_as_errors(actor, bad_table):
     assert rows["ok-seed-as-text"][S.SEED] == 12345
 
 
-def test_rows_do_not_depend_on_batching(actor, demo_table):
+def test_rows_do_not_depend_on_batching(actor, demo_table, demo_root):
     table = demo_table.slice(0, 9)
     whole = by_id(actor(table))
     pieces = {}
@@ -100,7 +107,7 @@ def test_rows_do_not_depend_on_batching(actor, demo_table):
         np.testing.assert_allclose(decode(row), decode(pieces[row_id]), atol=1e-4, err_msg=row_id)
 
 
-def test_references_are_encoded_once_per_actor(actor, demo_table, monkeypatch):
+def test_references_are_encoded_once_per_actor(actor, demo_table, demo_root, monkeypatch):
     encoded = []
     real = actor.codec.encode_batch
     monkeypatch.setattr(
@@ -123,3 +130,164 @@ def test_reference_cache_is_bounded():
     assert cache.get("a") is None and cache.get("b") is not None
     cache.put("d", np.zeros(1))  # "b" was used last, so "c" goes
     assert set(cache.items) == {"b", "d"}
+
+
+# ---- reliability: no row can break its block ------------------------------------------
+def test_values_the_engine_cannot_hold_fail_only_their_row(actor, demo_table):
+    """Finding 2: temperature 1e39 passed a float64 isfinite check, became inf in float32 and
+    turned the whole block into internal-error rows. Finding 1: top_k 2^31 overflowed the
+    int32 output column and failed the job. Now each is its own row's error."""
+    batch = demo_table.slice(0, 4).select([S.ID, S.TEXT])
+    batch = batch.append_column(S.TEMPERATURE, pa.array([None, "1e39", None, None], pa.string()))
+    batch = batch.append_column(S.TOP_K, pa.array([None, None, str(1 << 31), None], pa.string()))
+    rows = actor(batch).to_pylist()
+    assert [r[S.STATUS] for r in rows] == [S.STATUS_OK, S.STATUS_ERROR, S.STATUS_ERROR, S.STATUS_OK]
+    assert "temperature 1e+39 is outside" in rows[1][S.ERROR] and rows[1][S.RETRYABLE] is False
+    assert "top_k 2147483648 is outside" in rows[2][S.ERROR]
+
+
+def test_a_row_that_does_not_fit_the_output_schema_is_its_own_error():
+    from actors.synth import output_table_per_row
+
+    good = {S.ID: "a", S.STATUS: S.STATUS_OK, S.TOP_K: 30, S.RUN: "r"}
+    overflowing = {S.ID: "b", S.STATUS: S.STATUS_OK, S.TOP_K: 1 << 31, S.RUN: "r"}
+    table = output_table_per_row([good, overflowing])
+    assert table.schema == S.OUTPUT_SCHEMA
+    a, b = table.to_pylist()
+    assert a[S.STATUS] == S.STATUS_OK and a[S.TOP_K] == 30
+    assert b[S.STATUS] == S.STATUS_ERROR and "does not fit the output schema" in b[S.ERROR] and b[S.RUN] == "r"
+
+
+def test_an_engine_failure_on_a_block_retries_its_rows_singly(actor, demo_table, monkeypatch):
+    """A row that makes the engine raise (fault injected for one request id) fails alone; the
+    block's other rows are run one by one and come out ok, with the codes they get anyway."""
+    batch = demo_table.slice(0, 4).select([S.ID, S.TEXT, S.SEED])
+    expected = by_id(actor(batch))
+    poison = batch.column(S.ID)[2].as_py()
+    engine = actor.engine
+    real_add, real_abort, real_step = engine.add, engine.abort, engine.step
+    in_engine = set()  # request ids added and not yet finished or aborted
+
+    def add(request):
+        in_engine.add(request.request_id)
+        real_add(request)
+
+    def abort(request_id):
+        in_engine.discard(request_id)
+        return real_abort(request_id)
+
+    def step():
+        if "2#0" in in_engine:  # the actor's request for row 2's first segment
+            raise RuntimeError("index 4097 is out of bounds for dimension 0 with size 4097")
+        finished = real_step()
+        in_engine.difference_update(r.request_id for r in finished)
+        return finished
+
+    monkeypatch.setattr(engine, "add", add)
+    monkeypatch.setattr(engine, "abort", abort)
+    monkeypatch.setattr(engine, "step", step)
+    rows = by_id(actor(batch))
+    assert rows[poison][S.STATUS] == S.STATUS_ERROR and rows[poison][S.RETRYABLE] is True
+    assert "internal error in the engine" in rows[poison][S.ERROR]
+    for row_id, row in rows.items():
+        if row_id != poison:
+            assert row[S.STATUS] == S.STATUS_OK, row[S.ERROR]
+            assert row[S.CODES] == expected[row_id][S.CODES]
+
+
+def test_a_reference_that_hangs_fails_its_rows_not_the_actor(actor, demo_table, demo_root, monkeypatch):
+    """Finding 8: a gs:// clip with no network held its actor and all its rows for 7+
+    minutes. A clip load that never returns (injected: it waits forever) now fails its own
+    rows after data.reference_timeout_s, as retryable errors; the block's other rows finish."""
+    import threading
+
+    never = threading.Event()
+    real = actor._load_reference
+
+    def load(source):
+        if isinstance(source, str) and source.endswith("hangs.flac"):
+            never.wait()
+        return real(source)
+
+    monkeypatch.setattr(actor, "_load_reference", load)
+    monkeypatch.setattr(actor, "reference_timeout_s", 0.5)
+    batch = demo_table.slice(0, 3).select([S.ID, S.TEXT, S.REF_AUDIO_PATH])
+    paths = batch.column(S.REF_AUDIO_PATH).to_pylist()
+    paths[1] = "hangs.flac"
+    batch = batch.set_column(2, S.REF_AUDIO_PATH, pa.array(paths, pa.string()))
+    try:
+        rows = actor(batch).to_pylist()
+    finally:
+        never.set()
+    assert [r[S.STATUS] for r in rows] == [S.STATUS_OK, S.STATUS_ERROR, S.STATUS_OK]
+    assert "longer than 0.5 s (data.reference_timeout_s)" in rows[1][S.ERROR] and rows[1][S.RETRYABLE]
+
+
+def test_text_cap_is_checked_before_tokenizing(actor, monkeypatch):
+    """Finding 8: a 20 MB text was tokenized whole before being refused."""
+    tokenized = []
+    real = actor.builder.build
+    monkeypatch.setattr(actor.builder, "build", lambda text, **kw: tokenized.append(text) or real(text, **kw))
+    (row,) = actor(pa.table({S.ID: ["big"], S.TEXT: ["word " * 4_000_000]})).to_pylist()
+    assert row[S.STATUS] == S.STATUS_ERROR and "text is 20000000 bytes; the limit is 65536" in row[S.ERROR]
+    assert tokenized == []
+
+
+def test_special_token_spellings_in_text_are_plain_text(actor, monkeypatch):
+    """Finding 9: `<|im_end|>` in a row's text was encoded as the control token (prompt
+    injection). Escaped, the prompt holds exactly the control tokens the builder itself puts
+    there; data.allow_special_tokens=true keeps the old behaviour."""
+    tokenizer = actor.lm.tokenizer
+    im_end = tokenizer.token_id("<|im_end|>")
+
+    def control_tokens(text: str) -> int:
+        escaped = text if actor.allow_special_tokens else actor.escape_special_tokens(text)
+        return int((actor.builder.build(escaped).tokens[0] == im_end).sum())
+
+    plain = control_tokens("Say it aloud.")
+    assert control_tokens("Say <|im_end|> it <|im_end|> aloud.") == plain
+    assert actor.escape_special_tokens("a <|speaker:1|> b <|im_end|>") == "a <|speaker:1|> b <\u2060|im_end|>"
+    assert actor.escape_special_tokens("no tags <| here") == "no tags <| here"
+    monkeypatch.setattr(actor, "allow_special_tokens", True)
+    assert control_tokens("Say <|im_end|> it <|im_end|> aloud.") == plain + 2
+
+
+WATCHDOG_SCRIPT = """
+import sys, threading
+import pyarrow as pa
+from actors.synth import SynthActor
+from pipeline.config import compose, to_plain
+from pipeline.plan import actor_arguments
+
+attempts = sys.argv[1]
+plain = to_plain(compose(["cluster.block_timeout_s=2", "engine.max_frames=8"]))
+actor = SynthActor(**actor_arguments(plain, None, run_id="watchdog", attempts=attempts))
+actor.engine.step = lambda: threading.Event().wait()  # a device call that never returns
+actor(pa.table({"id": ["stuck"], "text": ["This block never finishes."]}))
+print("returned")
+"""
+
+
+def test_a_stuck_block_trips_the_watchdog_and_counts_as_a_crash(tmp_path):
+    """Finding 8's per-block watchdog: a block stuck past cluster.block_timeout_s makes its
+    actor exit (Ray then restarts it and retries the block), and the block's crash count is
+    left in the attempts ledger, so a block that keeps hanging is run row by row and its row
+    quarantined like a row that crashes."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    attempts = tmp_path / "attempts"
+    result = subprocess.run(
+        [sys.executable, "-c", WATCHDOG_SCRIPT, str(attempts)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 72, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "returned" not in result.stdout
+    assert "ran past cluster.block_timeout_s=2 s" in result.stderr
+    (counter,) = [p for p in attempts.iterdir() if p.name.startswith("block-")]
+    assert counter.read_text() == "1"

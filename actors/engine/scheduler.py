@@ -119,9 +119,13 @@ class Scheduler:
                     except Exception as e:
                         self.runner.release(seq.slot)
                         finished.append((seq.seq_id, self._error(seq, f"prefill failed: {e!r}")))
-        self._compact()
-        if self.live:
-            finished.extend(self._decode())
+        try:
+            self._compact()
+            if self.live:
+                finished.extend(self._decode())
+        except BaseException:
+            self.done = finished + self.done  # results already made are handed out next time
+            raise
         return finished
 
     def _prefill(self, group: list[Sequence]) -> None:

@@ -1,0 +1,267 @@
+"""Reliability of the driver without Ray (issue 14): the output directory's lease, overwrite
+that deletes only chorus's files, temp files that belong to their writer, and a read path
+and end-of-run compaction that leave each id once on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import schema as S
+from pipeline.config import compose
+from pipeline.output import (
+    IDENTITY_FILE,
+    LEASE_FILE,
+    TEMP_PREFIX,
+    Lease,
+    OutputInUse,
+    OutputLayout,
+    OutputMismatch,
+    write_block,
+)
+from pipeline.plan import run
+
+
+def row(row_id: str, run_id: str, status: str = S.STATUS_OK, finished: float = 1.0) -> dict:
+    return {S.ID: row_id, S.STATUS: status, S.RUN: run_id, S.FINISHED_AT: finished}
+
+
+# ---- finding 5: one driver per output directory ----------------------------------------
+def test_a_second_driver_is_refused_while_the_first_holds_the_lease(tmp_path):
+    layout = OutputLayout(str(tmp_path / "out"))
+    first = Lease(layout, "run-a", heartbeat_s=0.2, stale_s=30)
+    first.acquire()
+    try:
+        held = json.loads((tmp_path / "out" / LEASE_FILE).read_text())
+        assert held["pid"] == os.getpid() and held["host"] == socket.gethostname() and held["run"] == "run-a"
+        assert held["owner"]
+        time.sleep(0.6)
+        assert json.loads((tmp_path / "out" / LEASE_FILE).read_text())["heartbeat"] > held["heartbeat"]
+        with pytest.raises(OutputInUse, match=rf"in use by another chorus driver .*pid {os.getpid()}"):
+            Lease(layout, "run-b").acquire()
+        # the whole driver refuses before touching anything
+        with pytest.raises(OutputInUse):
+            run(compose([f"output.dir={tmp_path}/out"]))
+    finally:
+        first.release()
+    assert not (tmp_path / "out" / LEASE_FILE).exists()
+    second = Lease(layout, "run-b")
+    second.acquire()  # free again
+    second.release()
+
+
+def test_a_dead_drivers_lease_is_taken_over(tmp_path):
+    layout = OutputLayout(str(tmp_path / "out"))
+    # a driver on this host that died without releasing: its pid no longer exists
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    os.makedirs(layout.base)
+    record = {"owner": "x", "host": socket.gethostname(), "pid": child.pid, "run": "dead", "heartbeat": time.time()}
+    (tmp_path / "out" / LEASE_FILE).write_text(json.dumps(record))
+    lease = Lease(layout, "alive")
+    lease.acquire()
+    assert lease.took_over["run"] == "dead"
+    lease.release()
+    # another host's driver that stopped its heartbeat
+    record = {"owner": "x", "host": "elsewhere", "pid": 1, "run": "silent", "heartbeat": time.time() - 120}
+    (tmp_path / "out" / LEASE_FILE).write_text(json.dumps(record))
+    lease = Lease(layout, "alive-2", stale_s=60)
+    lease.acquire()
+    assert lease.took_over["run"] == "silent"
+    # ... and the driver whose lease was taken notices at its next heartbeat
+    usurped = Lease(layout, "usurped", heartbeat_s=0.1)
+    usurped._start_heartbeat()
+    time.sleep(0.5)
+    assert usurped.lost and "alive-2" in usurped.lost
+    lease.release()
+    # a live lease from another host is not taken
+    record["heartbeat"] = time.time()
+    (tmp_path / "out" / LEASE_FILE).write_text(json.dumps(record))
+    with pytest.raises(OutputInUse, match="host elsewhere"):
+        Lease(layout, "alive-3").acquire()
+
+
+def test_temp_files_belong_to_their_writer(tmp_path):
+    layout = OutputLayout(str(tmp_path / "out"))
+    layout.ensure()
+    mine = tmp_path / "out" / "data" / f"{TEMP_PREFIX}run-a-123-abcd-part-x.parquet"
+    theirs = tmp_path / "out" / "data" / f"{TEMP_PREFIX}run-b-456-abcd-part-y.parquet"
+    mine.write_bytes(b"PAR1")
+    theirs.write_bytes(b"PAR1")
+    assert layout.clean_temp(keep_run="run-a") == 1
+    assert mine.exists() and not theirs.exists()
+
+
+def test_rows_redone_by_a_later_run_are_on_disk_once(tmp_path):
+    layout = OutputLayout(str(tmp_path / "out"))
+    layout.ensure()
+    write_block(S.output_table([row("a", "r1"), row("b", "r1", S.STATUS_ERROR)]), layout.location, "r1")
+    write_block(S.output_table([row("b", "r2"), row("c", "r2")]), layout.location, "r2")
+    write_block(S.output_table([row("d", "r1"), row("dup", "r1")]), layout.location, "r1")
+    raw = layout.read(latest_only=False).column(S.ID).to_pylist()
+    assert sorted(raw) == ["a", "b", "b", "c", "d", "dup"]
+    latest = {r[S.ID]: r for r in layout.read().to_pylist()}
+    assert sorted(latest) == ["a", "b", "c", "d", "dup"] and latest["b"][S.RUN] == "r2"
+    # "dup" is refused by the driver now: its old row goes too
+    import pyarrow as pa
+
+    assert layout.drop_superseded(also_drop=pa.array(["dup"])) == 2
+    rows = layout.read(latest_only=False).to_pylist()
+    assert sorted((r[S.ID], r[S.RUN]) for r in rows) == [("a", "r1"), ("b", "r2"), ("c", "r2"), ("d", "r1")]
+    for part in layout.parts():
+        pq.read_table(part)  # every rewritten part is whole
+
+
+# ---- finding 6: overwrite deletes only chorus's files -----------------------------------
+def test_overwrite_never_deletes_what_chorus_did_not_write(tmp_path):
+    thesis = tmp_path / "mine" / "data" / "chapters" / "thesis.txt"
+    thesis.parent.mkdir(parents=True)
+    thesis.write_text("years of work")
+    for overwrite in ("false", "true"):
+        with pytest.raises(OutputMismatch, match="not a chorus output"):
+            run(compose([f"output.dir={tmp_path}/mine", f"output.overwrite={overwrite}"]))
+    assert thesis.read_text() == "years of work"
+    assert sorted(os.listdir(tmp_path / "mine")) == ["data"]  # no lease, no marker left behind
+
+    layout = OutputLayout(str(tmp_path / "ours"))
+    layout.claim({"input": "a"}, overwrite=False)
+    write_block(S.output_table([row("a", "r1")]), layout.location)
+    notes = tmp_path / "ours" / "data" / "notes.txt"
+    notes.write_text("a user's file beside chorus's")
+    layout.claim({"input": "b"}, overwrite=True)
+    assert layout.parts() == [] and notes.read_text() == "a user's file beside chorus's"
+    assert json.loads(layout.read_text(IDENTITY_FILE)) == {"input": "b"}
+
+
+# ---- findings 3 and 4: honest resume ------------------------------------------------------
+def test_row_hashes_follow_text_reference_and_settings(tmp_path):
+    from pipeline.inputs import scan_input, scan_rows
+
+    clip = tmp_path / "clip.flac"
+    clip.write_bytes(b"one clip")
+    table = pa.table(
+        {
+            "id": ["a", "b", "c"],
+            "text": ["first", "second", "third"],
+            "ref_audio_path": [None, "clip.flac", None],
+            "ref_audio": [None, None, b"bytes"],
+        }
+    )
+    path = tmp_path / "in.parquet"
+    pq.write_table(table, path)
+    before = scan_rows(scan_input(str(path), {}), "settings-1", None).hashes
+    assert len(set(before.values())) == 3
+    pq.write_table(table.set_column(1, "text", pa.array(["first", "second", "third, edited"])), path)
+    clip.write_bytes(b"another clip, longer")  # same name, other content
+    after = scan_rows(scan_input(str(path), {}), "settings-1", None).hashes
+    assert after["a"] == before["a"] and after["b"] != before["b"] and after["c"] != before["c"]
+    other_settings = scan_rows(scan_input(str(path), {}), "settings-2", None).hashes
+    assert not set(other_settings.values()) & set(after.values())
+
+
+def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path):
+    from pipeline.plan import model_fingerprint
+
+    ckpt = tmp_path / "my-model"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"dim": 8}')
+    weights = bytearray(os.urandom(3 << 20))
+    (ckpt / "model.pth").write_bytes(bytes(weights))
+    model = {"checkpoint": str(ckpt), "codec": None}
+    first = model_fingerprint(model)
+    assert model_fingerprint(model) == first
+    weights[10] ^= 0xFF  # fine-tuned: same size, other numbers
+    (ckpt / "model.pth").write_bytes(bytes(weights))
+    assert model_fingerprint(model) != first
+    assert model_fingerprint({"checkpoint": None, "codec": None}) == model_fingerprint(
+        {"checkpoint": None, "codec": None}
+    )
+
+
+def test_resume_redoes_changed_rows_and_transient_errors():
+    from pipeline.plan import plan_resume
+
+    done = S.output_table(
+        [
+            {S.ID: "same", S.STATUS: S.STATUS_OK, S.CONTENT_HASH: "h1"},
+            {S.ID: "edited", S.STATUS: S.STATUS_OK, S.CONTENT_HASH: "old"},
+            {S.ID: "io-error", S.STATUS: S.STATUS_ERROR, S.RETRYABLE: True, S.CONTENT_HASH: "h3"},
+            {S.ID: "bad-text", S.STATUS: S.STATUS_ERROR, S.RETRYABLE: False, S.CONTENT_HASH: "h4"},
+            {S.ID: "pre-hash", S.STATUS: S.STATUS_OK},  # written before content hashes existed
+        ]
+    )
+    accepted = ["same", "edited", "io-error", "bad-text", "pre-hash", "new"]
+    hashes = {"same": "h1", "edited": "new", "io-error": "h3", "bad-text": "h4", "pre-hash": "h5", "new": "h6"}
+    plan = plan_resume(accepted, hashes, done)
+    assert plan.skip == ["same", "bad-text", "pre-hash"]
+    assert plan.changed == ["edited"] and plan.retried == ["io-error"] and plan.new == 1
+    assert plan_resume(accepted, hashes, done, retry_errors=True).retried == ["io-error", "bad-text"]
+    with pytest.raises(OutputMismatch, match=r"1 rows changed since they were written \('edited'\)"):
+        plan_resume(accepted, hashes, done, on_change="refuse")
+
+
+# ---- finding 7: input discovery ---------------------------------------------------------
+def test_input_discovery_skips_what_spark_and_notebooks_leave(tmp_path):
+    from pipeline.inputs import scan_input
+
+    data = tmp_path / "set"
+    for rel in ("part-0.parquet", "sub/part-1.parquet"):
+        (data / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"id": [rel.replace("/", ":")], "text": ["x"]}), data / rel)
+    # a Spark job's leftovers and a notebook's checkpoint: the same rows again
+    for rel in ("_temporary/0/part-0.parquet", ".ipynb_checkpoints/part-0.parquet", "sub/_SUCCESS/x.parquet"):
+        (data / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"id": ["part-0.parquet"], "text": ["x"]}), data / rel)
+    scan = scan_input(str(data), {})
+    assert sorted(scan.accepted_ids) == ["part-0.parquet", "sub:part-1.parquet"] and not scan.rejected
+    # '*' stays within one directory level; hidden names need a pattern that names them
+    assert scan_input(str(data / "*.parquet"), {}).accepted_ids == ["part-0.parquet"]
+    assert scan_input(str(data / "*" / "*.parquet"), {}).accepted_ids == ["sub:part-1.parquet"]
+    assert scan_input(str(data / "_temporary" / "*" / "*.parquet"), {}).total_rows == 1
+
+
+def test_output_inside_the_input_directory_is_refused(tmp_path):
+    from pipeline.plan import ConfigError
+
+    (tmp_path / "set").mkdir()
+    pq.write_table(pa.table({"id": ["a"], "text": ["x"]}), tmp_path / "set" / "in.parquet")
+    for data_path in (tmp_path / "set", tmp_path / "set" / "*.parquet"):
+        with pytest.raises(ConfigError, match="inside the input directory"):
+            run(compose([f"data.path={data_path}", f"output.dir={tmp_path}/set/out"]))
+    assert not (tmp_path / "set" / "out").exists()
+
+
+def test_dictionary_encoded_columns_are_read_as_their_values(tmp_path):
+    from pipeline.inputs import _decode_dictionaries, scan_input
+
+    table = pa.table(
+        {
+            "id": pa.array(["a", "b"]).dictionary_encode(),
+            "text": ["x", "y"],
+            "speaker": pa.array(["ada", "ada"]).dictionary_encode(),
+        }
+    )
+    pq.write_table(table, tmp_path / "in.parquet")
+    scan = scan_input(str(tmp_path / "in.parquet"), {})
+    assert scan.accepted_ids == ["a", "b"] and "speaker" in scan.rename.values()
+    plain = _decode_dictionaries(pq.read_table(tmp_path / "in.parquet"))
+    assert plain.schema.field("speaker").type == pa.string() and plain.column("speaker").to_pylist() == ["ada"] * 2
+
+
+# ---- finding 9: one clip per ref_id ------------------------------------------------------
+def test_a_ref_id_naming_two_clips_refuses_its_rows_naming_both(bad_table):
+    from pipeline.inputs import scan_input, scan_rows
+
+    rows = scan_rows(scan_input(str(bad_table.path), {}), "settings", None)
+    assert sorted(rows.conflicts) == sorted(bad_table.ref_id_conflicts)
+    message = rows.conflicts["bad-refid-b"]
+    assert "'refs/speech.flac' (row 'bad-refid-a')" in message and "'refs/stereo.flac' (row 'bad-refid-b')" in message
+    assert "ok-ref-id-1" not in rows.conflicts  # two rows, one clip: fine
