@@ -91,6 +91,9 @@ class CacheView:
     rows: object
     positions: Tensor
     attend_len: int
+    # set when every row writes one column at the same position and `rows` is a slice (the
+    # fast stack's decode): the write is then a plain strided copy instead of a scatter
+    same_position: Optional[int] = None
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -151,13 +154,14 @@ class Attention(nn.Module):
         q, k = apply_rope(torch.cat([q, k], dim=2), cos_sin).split([self.n_head, self.n_kv], dim=2)
         if cache is not None:
             rows = view.rows
-            if isinstance(rows, slice):
-                slot_ids = torch.arange(rows.start, rows.stop, device=x.device)
+            if view.same_position is not None:
+                cache.k[rows, :, view.same_position] = k[:, 0]
+                cache.v[rows, :, view.same_position] = v[:, 0]
             else:
-                slot_ids = rows
-            # cache[slot, :, pos] <- new K/V (advanced indices first: [B, T, Hkv, D])
-            cache.k[slot_ids[:, None], :, view.positions] = k
-            cache.v[slot_ids[:, None], :, view.positions] = v
+                slot_ids = torch.arange(rows.start, rows.stop, device=x.device) if isinstance(rows, slice) else rows
+                # cache[slot, :, pos] <- new K/V (advanced indices first: [B, T, Hkv, D])
+                cache.k[slot_ids[:, None], :, view.positions] = k
+                cache.v[slot_ids[:, None], :, view.positions] = v
             # a slice of consecutive slots reads a view; a tensor of slot ids gathers a copy
             keys = cache.k[rows, :, : view.attend_len]
             values = cache.v[rows, :, : view.attend_len]
@@ -387,8 +391,9 @@ class DualARModel(nn.Module):
         b, t, _ = x.shape
         table = self._fast_rope(x.device)
         positions = torch.arange(start, start + t, device=x.device).expand(b, t)
-        cos_sin = table[positions]
-        view = None if cache is None else CacheView(cache, rows, positions, start + t)
+        cos_sin = table[start : start + t].unsqueeze(0)  # the same positions for every row
+        same = start if (cache is not None and t == 1 and isinstance(rows, slice)) else None
+        view = None if cache is None else CacheView(cache, rows, positions, start + t, same_position=same)
         if cache is not None and t == 1:
             mask = None  # one new column attends to every key of its frame so far
         else:

@@ -58,8 +58,11 @@ class FrameOutput:
     fast_logits: Optional[Tensor] = None  # [n, C-1, codebook_size], when asked for
 
 
-def bucket_size(n: int, max_rows: int) -> int:
-    """The captured batch size that serves n live rows: the next power of two, capped."""
+def bucket_size(n: int, max_rows: int, buckets=None) -> int:
+    """The captured batch size that serves n live rows: the smallest configured bucket that
+    holds them (default: the next power of two), capped at max_rows."""
+    if buckets:
+        return min([b for b in buckets if b >= n] or [max_rows])
     return min(max_rows, 1 << max(0, n - 1).bit_length())
 
 
@@ -181,7 +184,7 @@ class ModelRunner:
         them there). Static mode pads the batch to its bucket with free slots (their junk
         lands in positions nobody reads) and attends over the full capacity."""
         lengths = self.cache.lengths
-        b = bucket_size(n_live, self.config.max_rows) if self.static else n_live
+        b = bucket_size(n_live, self.config.max_rows, self.config.decode_buckets) if self.static else n_live
         rows = slice(0, b)
         positions = torch.tensor(lengths[:b], dtype=torch.int64).to(self.device, non_blocking=True).unsqueeze(1)
         attend_len = self.config.max_tokens if self.static else max(lengths[:n_live]) + 1

@@ -25,6 +25,10 @@ class EngineConfig:
     static_shapes: bool = False
     compile: bool = False
     cuda_graphs: bool = False
+    # batch sizes a static/compiled decode frame is built for (live rows are padded up to the
+    # next one); None = powers of two up to max_rows. Each is one compiled graph: a CPU compile
+    # of the frame takes minutes, so CPU runs of compile use few (e.g. [max_rows])
+    decode_buckets: Optional[list[int]] = None
     codebook_limits: Optional[tuple[int, ...]] = None
     prefix_cache_entries: int = 8
     # frames of sampling history kept per row on the device (repetition-aware sampling and the
@@ -43,6 +47,12 @@ class EngineConfig:
             raise ValueError(f"engine.max_tokens must be >= 2, got {self.max_tokens}")
         if self.prefill_chunk < 1:
             raise ValueError(f"engine.prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.decode_buckets is not None and (
+            not self.decode_buckets or any(not (1 <= b <= self.max_rows) for b in self.decode_buckets)
+        ):
+            raise ValueError(
+                f"engine.decode_buckets must be sizes in 1..max_rows ({self.max_rows}), got {self.decode_buckets}"
+            )
         if self.sampling_history < 1:
             raise ValueError(f"engine.sampling_history must be >= 1, got {self.sampling_history}")
         if self.prefix_cache_entries < 0:
