@@ -32,11 +32,34 @@ def parse_variant(text: str) -> tuple[str, Path, dict]:
     return name, Path(tree).resolve(), dict(e.split("=", 1) for e in env)
 
 
-def run_variant(tree: Path, env: dict, bench_args: list[str]) -> dict:
+# --batched-only: time just the batched mode through the tree's own bench helpers (older trees
+# always add a one-row-at-a-time pass, which on 256 rows dwarfs the batched one)
+BATCHED_ONLY = """
+import argparse, json, sys, torch
+from actors.engine.bench import _run_engine, _workload
+from actors.engine.tiny import random_model
+p = argparse.ArgumentParser()
+for name, kind, default in [("size", str, "tiny"), ("rows", int, 32), ("max_rows", int, 32), ("prompt_len", int, 64),
+                            ("frames", int, 64), ("references", int, 0), ("reference_frames", int, 100),
+                            ("threads", int, 0), ("seed", int, 0), ("dtype", str, "float32"), ("json", str, None)]:
+    p.add_argument("--" + name.replace("_", "-"), type=kind, default=default)
+p.add_argument("--compile", action="store_true")
+a = p.parse_args()
+if a.threads:
+    torch.set_num_threads(a.threads)
+lm = random_model(a.size, seed=a.seed, device="cpu", dtype=a.dtype,
+                  max_seq_len=max(4096, 2 * (a.prompt_len + a.frames + a.reference_frames)))
+row, _ = _run_engine(lm, _workload(lm, a), a.max_rows, a)
+json.dump({"modes": [row]}, open(a.json, "w"))
+"""
+
+
+def run_variant(tree: Path, env: dict, bench_args: list[str], batched_only: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
+        command = ["-c", BATCHED_ONLY] if batched_only else ["-m", "actors.engine", "bench"]
         proc = subprocess.run(
-            [sys.executable, "-m", "actors.engine", "bench", *bench_args, "--json", str(out)],
+            [sys.executable, *command, *bench_args, "--json", str(out)],
             cwd=tree,
             env={**os.environ, "PYTHONPATH": str(tree), **env},
             capture_output=True,
@@ -52,13 +75,14 @@ def main(argv=None) -> int:
     parser.add_argument("--variant", action="append", type=parse_variant, required=True)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write every run and the medians here")
+    parser.add_argument("--batched-only", action="store_true", help="time only the batched mode")
     parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: arguments for the engine bench")
     args = parser.parse_args(argv)
     bench_args = [a for a in args.bench_args if a != "--"]
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in args.variant}
     for _ in range(args.repeats):
         for name, tree, env in args.variant:
-            runs[name].append(run_variant(tree, env, bench_args))
+            runs[name].append(run_variant(tree, env, bench_args, args.batched_only))
     table = {}
     for name, reports in runs.items():
         modes = {}

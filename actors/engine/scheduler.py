@@ -172,11 +172,15 @@ class Scheduler:
     def _compact(self) -> None:
         """Keep the live rows in the lowest slots: a batch over slots 0..n-1 reads the cache as
         a view, where scattered slots would gather (copy) every layer's K/V at every step.
-        Moving a row copies its K/V once; its numbers do not change."""
-        for target, seq in enumerate(self.live):  # ascending slots: `target` is free when moved to
-            if seq.slot != target:
-                self.runner.move(seq.slot, target)
-                seq.slot = target
+        Each hole below n takes the highest live row above it, so a step moves at most as many
+        rows as stopped (a row's numbers do not depend on its slot or its batch position)."""
+        n = len(self.live)
+        holes = [slot for slot in range(n) if self.cache.owner[slot] is None]
+        above = sorted((seq for seq in self.live if seq.slot >= n), key=lambda seq: -seq.slot)
+        for hole, seq in zip(holes, above):
+            self.runner.move(seq.slot, hole)
+            seq.slot = hole
+        self.live.sort(key=lambda seq: seq.slot)
 
     # -- results -----------------------------------------------------------------------
     def _error(self, seq: Sequence, message: str) -> Result:
