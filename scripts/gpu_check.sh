@@ -28,15 +28,20 @@ DEVICE=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 
 echo "gpu_check: device $DEVICE, python $PY"
 if [ "$DEVICE" = cuda ]; then
   SIZE=s1-mini; SLOTS="1 32 64 128"; FRAMES=64; ROWS_PER_SLOT=2; DTYPES="float32 bfloat16"
-else
+  TESTS="tests/test_engine.py tests/test_engine_streaming.py tests/test_model_vectors.py tests/test_sampling.py"
+  TEST_FILTER=""
+else  # the CPU fallback: every step, at tiny sizes (the full engine tests run in the suite anyway)
   SIZE=tiny; SLOTS="1 4"; FRAMES=8; ROWS_PER_SLOT=1; DTYPES="float32"
+  TESTS="tests/test_engine_streaming.py"
+  TEST_FILTER="not slow"
 fi
 
 step() { echo "== $1"; }
 
 step "engine tests on $DEVICE"
-CHORUS_TEST_DEVICE=$DEVICE "$PY" -m pytest -q -x tests/test_engine.py tests/test_engine_streaming.py \
-  tests/test_model_vectors.py tests/test_sampling.py --junitxml "$WORK/tests.xml" | tail -3
+# shellcheck disable=SC2086
+CHORUS_TEST_DEVICE=$DEVICE "$PY" -m pytest -q -x -p no:cacheprovider $TESTS -m "$TEST_FILTER" \
+  --junitxml "$WORK/tests.xml" | tail -3
 
 step "greedy parity on the vectors ($DTYPES)"
 for dtype in $DTYPES; do
