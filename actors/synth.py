@@ -1,6 +1,6 @@
 """SynthActor: the Ray Data callable class. One instance holds one loaded model, its codec and
 a reference cache; each call turns an Arrow batch of input rows into an Arrow batch of output
-rows (pipeline/schema.py), exactly one per input row, whatever happened to it.
+rows (actors/schema.py), exactly one per input row, whatever happened to it.
 
 Per batch: parse each row's settings -> decode and encode references (cached per actor) ->
 cut each row's text into segments and stream them through the engine (a long row is a chain
@@ -34,6 +34,7 @@ from typing import Any, Optional
 import numpy as np
 import pyarrow as pa
 
+from actors import schema as S
 from actors.engine.segment import (
     DEFAULT_MAX_TURNS,
     DEFAULT_SEGMENT_BYTES,
@@ -42,7 +43,6 @@ from actors.engine.segment import (
     segment_text,
     utf8_len,
 )
-from pipeline import schema as S
 
 log = logging.getLogger(__name__)
 

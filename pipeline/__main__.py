@@ -9,11 +9,12 @@ import hydra
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
+from actors.schema import InputSchemaError
+
 from .config import CONF_DIR
 from .inputs import InputError
 from .output import OutputInUse, OutputMismatch
 from .plan import ConfigError, run
-from .schema import InputSchemaError
 
 log = logging.getLogger("chorus")
 

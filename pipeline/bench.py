@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
-from . import schema as S
+from actors import schema as S
+
 from .config import CONF_DIR, REPO_ROOT
 from .output import is_local, local_path
 from .plan import connect, run

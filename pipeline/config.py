@@ -16,7 +16,8 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from . import schema
+from actors import schema
+
 from .output import is_local, local_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

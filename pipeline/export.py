@@ -19,7 +19,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from omegaconf import MISSING, OmegaConf
 
-from . import schema as S
+from actors import schema as S
+
 from .output import OutputLayout, open_location
 
 log = logging.getLogger("chorus.export")

@@ -1,7 +1,7 @@
 """Output layout, crash-safe part files, resume and the summary.
 
     <output.dir>/
-      data/part-<hash>.parquet    synthesized rows (pipeline/schema.py OUTPUT_SCHEMA)
+      data/part-<hash>.parquet    synthesized rows (actors/schema.py OUTPUT_SCHEMA)
       data/part-rejected.parquet  rows the driver refused (null / malformed / duplicate ids)
       config.yaml                 the resolved config of the latest run
       summary.json                counts, audio hours, speed, per-actor figures
@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from . import schema as S
+from actors import schema as S
 
 DATA_DIR = "data"
 PART_PREFIX = "part-"

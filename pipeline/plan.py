@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
 
+from actors import schema as S
 from actors.engine.segment import MIN_SEGMENT_BYTES
 
-from . import schema as S
 from .config import in_ray_job, to_plain
 from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, scan_input, scan_rows
 from .output import (

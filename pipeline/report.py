@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import schema as S
+from actors import schema as S
 from pipeline.output import SUMMARY_FILE as SUMMARY_NAME
 
 REPORT_NAME = "report.html"

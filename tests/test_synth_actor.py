@@ -13,8 +13,8 @@ import pytest
 import soundfile as sf
 from conftest import DEMO_TABLE
 
+from actors import schema as S
 from actors.synth import _LRU, SynthActor, row_seed
-from pipeline import schema as S
 from pipeline.config import compose, to_plain
 from pipeline.plan import actor_arguments
 
