@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +43,7 @@ from actors.engine.segment import (
     segment_text,
     utf8_len,
 )
+from actors.lru import LRU
 
 log = logging.getLogger(__name__)
 
@@ -162,26 +163,6 @@ class _Row:
             self.retryable = retryable
 
 
-class _LRU:
-    def __init__(self, capacity: int):
-        self.capacity = max(0, int(capacity))
-        self.items: OrderedDict[str, np.ndarray] = OrderedDict()
-
-    def get(self, key: str) -> Optional[np.ndarray]:
-        if key in self.items:
-            self.items.move_to_end(key)
-            return self.items[key]
-        return None
-
-    def put(self, key: str, value: np.ndarray) -> None:
-        if self.capacity == 0:
-            return
-        self.items[key] = value
-        self.items.move_to_end(key)
-        while len(self.items) > self.capacity:
-            self.items.popitem(last=False)
-
-
 class SynthActor:
     """Arguments are the plain dicts of the run config's groups (pipeline/config.py): small,
     picklable, and the same on every actor."""
@@ -258,7 +239,7 @@ class SynthActor:
         self.min_frames = int(engine.get("min_frames", 0))
         self.stop_on_eos = bool(engine.get("stop_on_eos", True))
         self.codec_batch_rows = max(1, int(engine.get("codec_batch_rows", 8)))
-        self.references = _LRU(int(engine.get("reference_cache", 256)))
+        self.references: LRU[np.ndarray] = LRU(int(engine.get("reference_cache", 256)))
         # every clip path and URI is confined to the root: data.audio_root, else the input's
         # directory (see _confine)
         self.root = data.get("audio_root") or data.get("input_dir")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,8 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
 from actors import schema as S
+from actors.cli import error
+from actors.files import write_atomically
 
 from . import metrics
 from .config import CONF_DIR, REPO_ROOT
@@ -258,16 +259,16 @@ def run_bench(cfg: DictConfig) -> dict:
         "cpus": cpus,
         "configs": results,
     }
-    (root / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_atomically(root / "bench.json", json.dumps(report, indent=2) + "\n")
     table = markdown(report)
-    (root / "bench.md").write_text(table)
+    write_atomically(root / "bench.md", table)
     from .report import write_report
 
     best = max(results, key=lambda r: r["frames_per_s"])
     page = write_report(
         best["output"], title=f"chorus bench: {best['num_actors']} actor(s) x {best['slots']} slots", bench=report
     )
-    shutil.copyfile(page, root / "report.html")
+    write_atomically(root / "report.html", Path(page).read_bytes())
     print(table, flush=True)
     print(f"chorus bench: wrote {root / 'bench.json'}, {root / 'bench.md'}, {root / 'report.html'}", flush=True)
     return report
@@ -276,8 +277,7 @@ def run_bench(cfg: DictConfig) -> dict:
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
     if not cfg.bench.enabled:
-        log.error("choose a benchmark: bench=smoke, bench=sweep or bench=overhead")
-        sys.exit(2)
+        sys.exit(error("choose a benchmark: bench=smoke, bench=sweep or bench=overhead"))
     run_bench(cfg)
 
 

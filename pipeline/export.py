@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from omegaconf import MISSING, OmegaConf
 
 from actors import schema as S
+from actors.cli import error
 
 from .output import OutputLayout, open_location
 
@@ -108,8 +109,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
         source = cfg.output.dir
     except Exception as e:  # unknown keys, wrong types, missing output.dir
-        log.error("usage: python -m pipeline.export output.dir=DIR [export.dir=DIR] [export.overwrite=true]\n%s", e)
-        return 2
+        return error(f"{e}\nusage: python -m pipeline.export output.dir=DIR [export.dir=DIR] [export.overwrite=true]")
     report = export(source, cfg.export.dir, cfg.export.overwrite)
     print(
         f"chorus export: {report.written} files written, {report.skipped} already there, "

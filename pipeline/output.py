@@ -43,6 +43,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from actors import schema as S
+from actors.files import TEMP_PREFIX, atomic_open, write_atomically
 
 from . import metrics
 
@@ -50,7 +51,6 @@ DATA_DIR = "data"
 PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"
 REJECTED_PART = "part-rejected.parquet"
-TEMP_PREFIX = ".tmp-"  # readers (pyarrow, Ray, HF datasets) skip names starting with '.'
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
 IDENTITY_FILE = "_chorus.json"  # also chorus's marker: overwrite only ever deletes where it is
@@ -401,12 +401,8 @@ class OutputLayout:
             # an object store publishes an object only once its upload has completed
             pq.write_table(table, final, filesystem=self.fs)
             return final
-        temp = f"{self.data_dir}/{TEMP_PREFIX}{owner}-{os.getpid()}-{uuid.uuid4().hex[:8]}-{name}"
-        with open(temp, "wb") as f:
+        with atomic_open(final, "wb", prefix=f"{TEMP_PREFIX}{owner}-") as f:
             pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, final)
         return final
 
     def write_text(self, name: str, text: str) -> None:
@@ -416,10 +412,7 @@ class OutputLayout:
             with self.fs.open_output_stream(final) as f:
                 f.write(text.encode("utf-8"))
             return
-        temp = f"{self.base}/{TEMP_PREFIX}{uuid.uuid4().hex[:8]}-{name}"
-        with open(temp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(temp, final)
+        write_atomically(final, text)
 
     def read_text(self, name: str) -> Optional[str]:
         if self.fs.get_file_info(self.path(name)).type != pafs.FileType.File:

@@ -30,7 +30,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 import urllib.parse
 from collections import Counter
@@ -45,8 +44,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from actors import schema as S
+from actors.files import write_atomically
 from pipeline import metrics
 from pipeline.output import SUMMARY_FILE as SUMMARY_NAME
+from pipeline.progress import format_duration
 
 REPORT_NAME = "report.html"
 MAX_EMBED_BYTES = 8 * 1024 * 1024  # a larger clip is linked or left out, not inlined
@@ -232,16 +233,6 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _duration(seconds: Optional[float]) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "–"
-    if seconds < 60:
-        return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
-    m, s = divmod(int(round(seconds)), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
-
-
 def _num(summary: dict, *keys: str) -> Optional[float]:
     for k in keys:
         v = summary.get(k)
@@ -324,7 +315,7 @@ def _plot_throughput(p: _Plots, run: _Run, ok: np.ndarray) -> tuple[str, str]:
             label="error",
         )
         a1.set_ylabel("rows / s")
-        a1.set_title(f"Throughput over time (bins of {_duration(width)})")
+        a1.set_title(f"Throughput over time (bins of {format_duration(width)})")
         if err_counts.any():
             a1.legend(loc="upper right", fontsize=8)
         a2.bar(rel, audio / width, width=width, align="edge", color="#5a9a3a")
@@ -608,8 +599,8 @@ def _summary_section(run: _Run) -> str:
         ("rows ok", f"{n_ok:,}", "ok"),
         ("rows error", f"{n_err:,}", "err" if n_err else ""),
         ("error rate", f"{100 * n_err / n:.1f}%" if n else "–", "err" if n_err else ""),
-        ("audio", _duration(audio_s) + (f" ({audio_s / 3600:.2f} h)" if audio_s >= 3600 else ""), ""),
-        ("wall time" + wall_note, _duration(wall), ""),
+        ("audio", format_duration(audio_s) + (f" ({audio_s / 3600:.2f} h)" if audio_s >= 3600 else ""), ""),
+        ("wall time" + wall_note, format_duration(wall), ""),
         ("rows / s", _fmt(rows_per_s), ""),
         ("frames / s", _fmt(frames_per_s), ""),
         (
@@ -618,7 +609,7 @@ def _summary_section(run: _Run) -> str:
             "",
         ),
         ("per-row RTF p50", _fmt(_pcts(ok.column(S.RTF))[0]), ""),
-        ("latency p50 / p90", f"{_duration(latency_p50 / 1000)} / {_duration(latency_p90 / 1000)}", ""),
+        ("latency p50 / p90", f"{format_duration(latency_p50 / 1000)} / {format_duration(latency_p90 / 1000)}", ""),
     ]
     return (
         '<h2>Summary</h2><div class="cards">'
@@ -764,7 +755,7 @@ def _per_actor_section(run: _Run) -> str:
         cells = (
             f"{f['rows_ok']:,}",
             f"{f['rows_error']:,}",
-            _duration(float(f["audio_s"])),
+            format_duration(float(f["audio_s"])),
             _fmt(f["latency_ms_p50"]),
             _fmt(f["row_rtf_p50"]),
         )
@@ -804,7 +795,7 @@ def _samples(run: _Run, max_audio_rows: int) -> str:
             cells.append(f'<td class="text"{tip}>{_e(_cut(t, MAX_TEXT_CHARS))}</td>')
         st = status[i] or "(none)"
         cells.append(f'<td class="status-{"ok" if ok[i] else "error"}">{_e(st)}</td>')
-        cells.append(f'<td class="num">{_e(_duration(float(seconds[i])) if ok[i] else "–")}</td>')
+        cells.append(f'<td class="num">{_e(format_duration(float(seconds[i])) if ok[i] else "–")}</td>')
         cells.append(f"<td>{_e(stops[i] or '–')}</td>")
         cells.append(f'<td class="num">{_e(_fmt(float(rtf[i])) if ok[i] else "–")}</td>')
         cells.append(f'<td class="num">{_e(_fmt(float(total[i])))}</td>')
@@ -861,22 +852,7 @@ def write_report(
     run = _read_run(out)
     page = _render(run, title=title, max_audio_rows=max(0, int(max_audio_rows)), bench=bench)
     target = out / REPORT_NAME
-    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html.tmp", dir=out)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is for sharing
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomically(target, page, prefix=".report-")
     return str(target)
 
 
