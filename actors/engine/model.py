@@ -1,5 +1,5 @@
 """The dual-AR transformer (slow + fast stack), gpt-fast style: plain modules, a functional
-KV cache handed in by the caller, numerics matching upstream fish-speech (DESIGN.md §2).
+KV cache handed in by the caller, numerics matching upstream fish-speech (docs/architecture.md §5).
 
 Shapes: B rows, T new columns, C = num_codebooks, S = cache capacity per slot.
 """
@@ -254,7 +254,7 @@ class DualARModel(nn.Module):
 
     # -- slow stack ---------------------------------------------------------------------
     def embed(self, tokens: Tensor) -> Tensor:
-        """tokens [B, 1+C, T] -> x [B, T, dim] (the inference embedding rule of DESIGN.md §2)."""
+        """tokens [B, 1+C, T] -> x [B, T, dim] (the inference embedding rule, docs/architecture.md §5.6)."""
         c = self.config
         main = tokens[:, 0]
         offsets = torch.arange(c.num_codebooks, device=tokens.device) * c.codebook_size
