@@ -43,6 +43,7 @@ from actors.engine.segment import (
     segment_text,
     utf8_len,
 )
+from actors.files import write_atomically
 from actors.lru import LRU
 
 log = logging.getLogger(__name__)
@@ -969,10 +970,7 @@ class _AttemptLedger:
                 before = int(f.read().strip() or 0)
         except (OSError, ValueError):
             before = 0
-        temp = f"{path}.{os.getpid()}.tmp"
-        with open(temp, "w", encoding="ascii") as f:
-            f.write(str(before + 1))
-        os.replace(temp, path)
+        write_atomically(path, str(before + 1))
         return before
 
     def end(self, key: str) -> None:

@@ -46,7 +46,7 @@ class ModelConfig:
 
 @dataclass
 class InputColumns:
-    """The table's name for each input column (DESIGN.md §4); defaults are the canonical ones."""
+    """The table's name for each input column (actors/schema.py); defaults are the canonical ones."""
 
     id: str = schema.ID
     text: str = schema.TEXT
