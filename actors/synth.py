@@ -27,7 +27,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -214,17 +214,10 @@ class SynthActor:
                 f"codec {codec_path} has {self.codec.num_codebooks} codebooks, model "
                 f"{checkpoint} {mc.num_codebooks}: they do not belong together"
             )
+        # the engine group holds every EngineConfig field (the run config's schema extends it);
+        # a key left out takes EngineConfig's default, the one place engine defaults live
         self.engine = Engine(
-            self.lm,
-            EngineConfig(
-                max_rows=int(engine["max_rows"]),
-                max_tokens=int(engine["max_tokens"]),
-                prefill_chunk=int(engine["prefill_chunk"]),
-                static_shapes=bool(engine.get("static_shapes", False)),
-                compile=bool(engine.get("compile", False)),
-                cpu_packed_linears=bool(engine.get("cpu_packed_linears", True)),
-                prefix_cache_entries=int(engine.get("prefix_cache_entries", 8)),
-            ),
+            self.lm, EngineConfig(**{f.name: engine[f.name] for f in fields(EngineConfig) if f.name in engine})
         )
         self.builder = PromptBuilder.for_model(self.lm)
         # positions one request may take (prompt + frames): the engine's slot, within the model's context
