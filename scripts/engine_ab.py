@@ -4,12 +4,14 @@ Runs `python -m actors.engine bench <args>` for each variant in turn, repeated a
 (a slow spell of a shared machine hits every variant), and prints each variant's median
 frames/s per mode with its ratio to the first variant. A variant is NAME=TREE[:ENV=VALUE...]:
 TREE is a checkout of chorus (e.g. a git worktree at an older commit), ENV settings apply to
-that variant's processes only.
+that variant's processes only, and each +ARG is a bench argument for that variant alone.
 
     git worktree add --detach ../chorus-old 2cf692f
     python scripts/engine_ab.py --variant old=../chorus-old --variant new=. --repeats 3 \\
         --json artifacts/engine_ab.json -- --size tiny --rows 256 --max-rows 64 --threads 2
     python scripts/engine_ab.py --variant default-malloc=.:CHORUS_MALLOPT=0 --variant tuned=. -- --size small
+    python scripts/engine_ab.py --batched-only --variant old=../chorus-old --variant eager=. \\
+        --variant compiled=.:+--compile -- --size tiny --rows 256 --max-rows 64 --threads 1
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import tempfile
 from pathlib import Path
 
 
-def parse_variant(text: str) -> tuple[str, Path, dict]:
+def parse_variant(text: str) -> tuple[str, Path, dict, list]:
     name, _, rest = text.partition("=")
-    tree, *env = rest.split(":")
+    tree, *extras = rest.split(":")
     if not name or not tree:
-        raise argparse.ArgumentTypeError(f"variant {text!r}: expected NAME=TREE[:ENV=VALUE...]")
-    return name, Path(tree).resolve(), dict(e.split("=", 1) for e in env)
+        raise argparse.ArgumentTypeError(f"variant {text!r}: expected NAME=TREE[:ENV=VALUE...][:+ARG...]")
+    env = dict(e.split("=", 1) for e in extras if not e.startswith("+"))
+    return name, Path(tree).resolve(), env, [e[1:] for e in extras if e.startswith("+")]
 
 
 # --batched-only: time just the batched mode through the tree's own bench helpers (older trees
@@ -79,10 +82,10 @@ def main(argv=None) -> int:
     parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: arguments for the engine bench")
     args = parser.parse_args(argv)
     bench_args = [a for a in args.bench_args if a != "--"]
-    runs: dict[str, list[dict]] = {name: [] for name, _, _ in args.variant}
+    runs: dict[str, list[dict]] = {name: [] for name, _, _, _ in args.variant}
     for _ in range(args.repeats):
-        for name, tree, env in args.variant:
-            runs[name].append(run_variant(tree, env, bench_args, args.batched_only))
+        for name, tree, env, extra in args.variant:
+            runs[name].append(run_variant(tree, env, bench_args + extra, args.batched_only))
     table = {}
     for name, reports in runs.items():
         modes = {}

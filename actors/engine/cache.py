@@ -7,13 +7,13 @@ set_written, advance, restore): nothing outside writes them."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import torch
 
+from ..lru import LRU
 from .config import ModelConfig
 from .model import LayerKV
 
@@ -140,7 +140,7 @@ class PrefixCache:
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._entries: OrderedDict[str, _Prefix] = OrderedDict()
+        self._entries: LRU[_Prefix] = LRU(capacity)
         self.hits = 0
         self.misses = 0
 
@@ -149,7 +149,6 @@ class PrefixCache:
         if entry is None or entry.tokens.shape != tokens.shape or not np.array_equal(entry.tokens, tokens):
             self.misses += 1
             return None
-        self._entries.move_to_end(key)
         self.hits += 1
         return entry
 
@@ -158,10 +157,7 @@ class PrefixCache:
             return
         n = tokens.shape[1]
         layers = [LayerKV(k=l.k[slot, :, :n].clone(), v=l.v[slot, :, :n].clone()) for l in cache.slow]
-        self._entries[key] = _Prefix(tokens=tokens.copy(), layers=layers)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        self._entries.put(key, _Prefix(tokens=tokens.copy(), layers=layers))
 
     @staticmethod
     def restore(entry: _Prefix, cache: SlotKVCache, slot: int) -> int:
@@ -174,7 +170,7 @@ class PrefixCache:
         return n
 
     def clear(self) -> None:
-        self._entries.clear()
+        self._entries = LRU(self.capacity)
 
     def bytes(self) -> int:
         return sum(l.k.numel() * l.k.element_size() * 2 for e in self._entries.values() for l in e.layers)

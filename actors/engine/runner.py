@@ -58,6 +58,18 @@ class FrameOutput:
     fast_logits: Optional[Tensor] = None  # [n, C-1, codebook_size], when asked for
 
 
+# The CPU flash-attention kernel reduces keys in blocks whose size follows the key count below
+# 512 and is 512 from there on, so a row's float32 result changes with the batch's key count
+# unless that count is a multiple of 512 (trailing, fully masked blocks then add exactly 0).
+ATTEND_BLOCK = 512
+
+
+def attend_length(needed: int, capacity: int) -> int:
+    """Keys a batched attention call reads: `needed` rounded up to the block, within the
+    slot's capacity, so a row's numbers never depend on how long its batch-mates are."""
+    return min(capacity, -(-needed // ATTEND_BLOCK) * ATTEND_BLOCK)
+
+
 def bucket_size(n: int, max_rows: int, buckets=None) -> int:
     """The captured batch size that serves n live rows: the smallest configured bucket that
     holds them (default: the next power of two), capped at max_rows."""
@@ -155,7 +167,7 @@ class ModelRunner:
         positions = (starts.unsqueeze(1) + torch.arange(width, device=self.device)).clamp_(
             max=self.config.max_tokens - 1
         )
-        attend_len = min(max(s for s, _ in chunks) + width, self.config.max_tokens)
+        attend_len = attend_length(max(s for s, _ in chunks) + width, self.config.max_tokens)
         self.model.forward_slow(
             tokens, positions, cache=self.cache.slow, rows=self._slot_rows([w.slot for w in group]),
             attend_len=attend_len, last_only=True, want_logits=False,
@@ -187,7 +199,9 @@ class ModelRunner:
         b = bucket_size(n_live, self.config.max_rows, self.config.decode_buckets) if self.static else n_live
         rows = slice(0, b)
         positions = torch.tensor(lengths[:b], dtype=torch.int64).to(self.device, non_blocking=True).unsqueeze(1)
-        attend_len = self.config.max_tokens if self.static else max(lengths[:n_live]) + 1
+        attend_len = (
+            self.config.max_tokens if self.static else attend_length(max(lengths[:n_live]) + 1, self.config.max_tokens)
+        )
         state = self.sampling.batch(rows, list(range(n_live)))
         tokens = self.next_tokens[rows].unsqueeze(-1)  # [b, 1+C, 1]
         frame, main_index, slow_logits, fast_logits = self._frame(
@@ -233,9 +247,10 @@ class ModelRunner:
         return frame, main_index, (slow_logits if keep_logits else None), kept
 
 
-def _similar_widths(work: list[PrefillWork], chunks: list[tuple[int, int]], slack: float = 1.25):
-    """Split one round's rows into groups whose chunk lengths differ by at most `slack`x, so
-    padding to the longest wastes little compute. Yields (rows, their chunks)."""
+def _similar_widths(work: list[PrefillWork], chunks: list[tuple[int, int]], slack: float = 1.0):
+    """Split one round's rows into groups whose chunk lengths differ by at most `slack`x.
+    The default batches only equal lengths: padding would change the number of queries, and
+    with it a row's float32 numbers. Yields (rows, their chunks)."""
     order = sorted(range(len(work)), key=lambda i: chunks[i][1] - chunks[i][0])
     groups: list[list[int]] = []
     first_width = None
