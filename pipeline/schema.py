@@ -181,12 +181,21 @@ BATCH_ID = "id"
 BATCH_ROWS = "rows"
 BATCH_STARTED_AT = "started_at"  # unix time the actor call began
 BATCH_PREP_MS = "prep_ms"  # parsing, reference decode + encode, prompt building
-BATCH_ENGINE_MS = "engine_ms"  # the continuous-batching engine over the batch's rows
+BATCH_ENGINE_MS = "engine_ms"  # the batch's share of the engine's step time (see below)
 BATCH_CODEC_MS = "codec_ms"  # codes -> waveforms
 BATCH_ENCODE_MS = "encode_ms"  # FLAC encoding + building the output rows
 BATCH_ACTOR_INIT_MS = "actor_init_ms"  # the actor's construction: imports, model + codec load
 BATCH_PEAK_RSS_MB = "peak_rss_mb"  # the actor process's peak resident memory so far
 BATCH_KV_BYTES = "kv_bytes"  # the actor engine's KV cache (slow + fast)
+# the engine is shared by the blocks in flight on an actor: each engine step's time is split
+# among the blocks by their live rows in it, so these sum over blocks to the actor's totals
+BATCH_ENGINE_STEPS = "engine_steps"  # the batch's share of the actor's engine steps
+BATCH_SLOT_ROWS = "slot_rows"  # the batch's live rows summed over engine steps
+BATCH_SLOTS = "slots"  # the actor engine's slots (max_rows)
+# mean over the engine steps the batch had rows in of (live rows of every block / slots)
+BATCH_SLOT_OCCUPANCY = "slot_occupancy"
+# share of the batch's wall time (its call's start to its end) the actor's engine was stepping
+BATCH_ENGINE_BUSY = "engine_busy"
 REPETITION_PENALTY = "repetition_penalty"
 RAS_WINDOW = "ras_window"
 # long-form rows are generated as a chain of segments (1 for a row that fits one request)
@@ -213,6 +222,11 @@ BATCH_TYPE = pa.struct(
         pa.field(BATCH_ACTOR_INIT_MS, pa.float64()),
         pa.field(BATCH_PEAK_RSS_MB, pa.float64()),
         pa.field(BATCH_KV_BYTES, pa.int64()),
+        pa.field(BATCH_ENGINE_STEPS, pa.float64()),
+        pa.field(BATCH_SLOT_ROWS, pa.float64()),
+        pa.field(BATCH_SLOTS, pa.int32()),
+        pa.field(BATCH_SLOT_OCCUPANCY, pa.float64()),
+        pa.field(BATCH_ENGINE_BUSY, pa.float64()),
     ]
 )
 AUDIO_TYPE = pa.struct([pa.field(AUDIO_BYTES, pa.binary()), pa.field(AUDIO_PATH, pa.string())])
