@@ -379,8 +379,8 @@ class SynthActor:
         # back-pressure: rows past their caller's preparation and not yet out of the engine
         in_flight = self.engine.config.max_rows + max(0, int(engine.get("feed_queue_rows", 8)))
         self._in_flight = threading.BoundedSemaphore(in_flight)
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # rows for the engine loop
-        self._finished: queue.SimpleQueue = queue.SimpleQueue()  # rows for the finisher
+        self._inbox: queue.Queue = queue.Queue()  # rows for the engine loop
+        self._finished: queue.Queue = queue.Queue()  # rows for the finisher
         self.busy_s = 0.0  # seconds the engine loop spent in engine.step()
         self.step_blocks: deque = deque(maxlen=4096)  # per engine step: the blocks whose rows were live (tests)
         self.init_ms = (time.perf_counter() - constructed) * 1000.0
