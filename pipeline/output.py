@@ -36,6 +36,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from typing import Optional
 
 import pyarrow as pa
@@ -72,6 +73,8 @@ STATS_SCHEMA = pa.schema(
         ("frames", pa.int64()),
         ("part", pa.string()),
         ("write_ms", pa.float64()),
+        ("slot_rows", pa.float64()),
+        ("slot_steps", pa.float64()),
     ]
 )
 
@@ -474,8 +477,26 @@ def part_name(ids: pa.Array) -> str:
     return f"{PART_PREFIX}{digest.hexdigest()}{PART_SUFFIX}"
 
 
+def engine_figures(batches: Iterable[Optional[dict]]) -> dict:
+    """What the engines did for these batches (the `batch` structs of output rows, each batch
+    counted once): `slot_rows` (live rows summed over engine steps), `slot_steps` (steps x
+    slots), `slot_occupancy` (their ratio: the mean share of slots holding a row while the
+    engine stepped) and `engine_busy_s` (engine step time). Each batch holds its share of its
+    actor's steps, so sums over batches are the actors' totals."""
+    unique = {b[S.BATCH_ID]: b for b in batches if b}
+    slot_rows = sum(b.get(S.BATCH_SLOT_ROWS) or 0.0 for b in unique.values())
+    slot_steps = sum((b.get(S.BATCH_ENGINE_STEPS) or 0.0) * (b.get(S.BATCH_SLOTS) or 0) for b in unique.values())
+    return {
+        "slot_rows": slot_rows,
+        "slot_steps": slot_steps,
+        "slot_occupancy": slot_rows / slot_steps if slot_steps else None,
+        "engine_busy_s": sum(b.get(S.BATCH_ENGINE_MS) or 0.0 for b in unique.values()) / 1000.0,
+    }
+
+
 def block_stats(table: pa.Table, part: str) -> dict:
     ok = table.column(S.STATUS).to_pylist().count(S.STATUS_OK)
+    figures = engine_figures(table.column(S.BATCH).to_pylist())
     return {
         "rows": table.num_rows,
         "ok": ok,
@@ -483,6 +504,8 @@ def block_stats(table: pa.Table, part: str) -> dict:
         "audio_seconds": float(pc.sum(table.column(S.AUDIO_SECONDS)).as_py() or 0.0),
         "frames": int(pc.sum(table.column(S.N_FRAMES)).as_py() or 0),
         "part": part,
+        "slot_rows": figures["slot_rows"],
+        "slot_steps": figures["slot_steps"],
     }
 
 
@@ -516,6 +539,7 @@ def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> 
     errors = Counter((r[S.ERROR] or "")[:160] for r in rows if r[S.STATUS] != S.STATUS_OK)
     per_actor: dict[str, dict] = {}
     row_rtfs: dict[str, list] = {}
+    actor_batches: dict[str, list] = {}
     for r in this_run:
         if r[S.ACTOR] is None:  # rows the driver rejected never reached an actor
             continue
@@ -532,6 +556,7 @@ def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> 
             },
         )
         a["rows"] += 1
+        actor_batches.setdefault(r[S.ACTOR], []).append(r.get(S.BATCH))
         if r[S.STATUS] == S.STATUS_OK:
             a["rows_ok"] += 1
             a["audio_s"] += r[S.AUDIO_SECONDS] or 0.0
@@ -545,6 +570,11 @@ def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> 
         a["row_rtf_p50"] = rtfs[len(rtfs) // 2] if rtfs else None
         a["rows_per_s"] = _rate(a["rows"], wall_seconds)
         a["frames_per_s"] = _rate(a["frames"], wall_seconds)
+        figures = engine_figures(actor_batches.get(actor, []))
+        a["slot_occupancy"] = figures["slot_occupancy"]
+        a["engine_busy"] = _rate(figures["engine_busy_s"], wall_seconds)
+    run_figures = engine_figures(r.get(S.BATCH) for r in this_run)
+    busy = [a["engine_busy"] for a in per_actor.values() if a["engine_busy"] is not None]
     return {
         **extra,
         "run_id": run_id,
@@ -561,6 +591,9 @@ def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> 
         "rows_per_s": _rate(len(this_run), wall_seconds),
         "frames_per_s": _rate(run_frames, wall_seconds),
         "rtf": _rate(wall_seconds, run_audio),
+        # this run's engines: mean share of slots holding a row per step, and of wall time stepping
+        "slot_occupancy": run_figures["slot_occupancy"],
+        "engine_busy": sum(busy) / len(busy) if busy else None,
         "top_errors": [{"error": e, "rows": n} for e, n in errors.most_common(10)],
         "per_actor": dict(sorted(per_actor.items())),
     }

@@ -416,7 +416,9 @@ def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, state: dict, 
                 if stream["first_block_s"] is None:
                     stream["first_block_s"] = time.monotonic() - began
                 stream["write_s"] += (stats["write_ms"] or 0.0) / 1000.0
-                progress.update(stats["rows"], stats["errors"], stats["audio_seconds"])
+                progress.update(
+                    stats["rows"], stats["errors"], stats["audio_seconds"], stats["slot_rows"], stats["slot_steps"]
+                )
         finally:
             progress.close()
     finally:

@@ -102,6 +102,14 @@ def test_demo_end_to_end(demo_output, read_rows):
     assert summary["audio_hours"] == pytest.approx(sum(r[S.AUDIO_SECONDS] for r in ok) / 3600)
     assert summary["rows_per_s"] > 0 and summary["frames_per_s"] > 0 and summary["rtf"] > 0
     assert len(summary["per_actor"]) == 2
+    # the engines' figures, summed from the batches' shares of their actor's steps
+    assert 0.0 < summary["slot_occupancy"] <= 1.0 and 0.0 < summary["engine_busy"] <= 1.0
+    for actor in summary["per_actor"].values():
+        assert 0.0 < actor["slot_occupancy"] <= 1.0 and 0.0 < actor["engine_busy"] <= 1.0
+    batches = {r[S.BATCH][S.BATCH_ID]: r[S.BATCH] for r in rows}
+    slot_rows = sum(b[S.BATCH_SLOT_ROWS] for b in batches.values())
+    slot_steps = sum(b[S.BATCH_ENGINE_STEPS] * b[S.BATCH_SLOTS] for b in batches.values())
+    assert summary["slot_occupancy"] == pytest.approx(slot_rows / slot_steps)
     assert "num_actors: 2" in (demo_output / CONFIG_FILE).read_text()
 
 
