@@ -593,6 +593,11 @@ class SynthActor:
 
     def _parse_reference(self, row: _Row) -> None:
         v = row.values
+        if v.get(S.REF_CODES) is not None:  # already encoded: no clip is read, nothing is encoded
+            row.ref_codes = self._check_ref_codes(v[S.REF_CODES])
+            digest = hashlib.blake2b(str(row.ref_codes.shape).encode() + row.ref_codes.tobytes(), digest_size=16)
+            row.ref_key = "codes:" + digest.hexdigest()  # rows with the same codes share the prompt prefix
+            return
         audio_bytes, audio_path = v.get(S.REF_AUDIO), v.get(S.REF_AUDIO_PATH)
         if audio_bytes is not None:
             if len(audio_bytes) > self.max_reference_bytes:
@@ -620,11 +625,53 @@ class SynthActor:
         shared_id = v.get(S.REF_ID)
         row.ref_key = f"ref_id:{shared_id}" if shared_id else identity
 
+    def encode_references(self, batch: pa.Table) -> list[tuple[Optional[np.ndarray], Optional[str]]]:
+        """Per row of an input batch (canonical column names): (its reference's codes, None),
+        (None, None) when it has no reference, or (None, why it has none). The same checks,
+        loading and encoding as a synthesized row's reference, each distinct clip encoded once
+        (python -m pipeline.encode_refs)."""
+        rows = [_Row(i, values.get(S.ID), values) for i, values in enumerate(batch.to_pylist())]
+        for row in rows:
+            try:
+                self._parse_reference(row)
+            except RowError as e:
+                row.fail(str(e))
+        self._prepare_references([r for r in rows if r.error is None and r.ref_key])
+        return [(None, r.error) if r.error is not None else (r.ref_codes, None) for r in rows]
+
+    def _check_ref_codes(self, value: Any) -> np.ndarray:
+        """A ref_codes cell as the codec's codes array: [num_codebooks][frames] integers
+        within the codebooks, at most max_reference_seconds long; RowError naming what is off."""
+        mc = self.lm.config
+        expected = (
+            f"ref_codes must be [{mc.num_codebooks}][frames] integers (python -m pipeline.encode_refs makes them)"
+        )
+        try:
+            codes = np.asarray(value)
+        except ValueError:  # ragged lists
+            raise RowError(f"{expected}; its codebooks differ in length") from None
+        if codes.ndim != 2 or codes.shape[0] != mc.num_codebooks:
+            raise RowError(f"{expected}; got shape {list(codes.shape)}")
+        if codes.shape[1] == 0:
+            raise RowError("ref_codes has no frames")
+        if not np.issubdtype(codes.dtype, np.integer):
+            raise RowError(f"{expected}; got {codes.dtype} values")
+        if codes.min() < 0 or codes.max() >= mc.codebook_size:
+            raise RowError(f"ref_codes values must lie in [0, {mc.codebook_size}) (the model's codebook size)")
+        frames_limit = math.ceil(self.max_reference_seconds * self.codec.sample_rate / self.codec.frame_length)
+        if codes.shape[1] > frames_limit:
+            raise RowError(
+                f"ref_codes has {codes.shape[1]} frames, more than data.max_reference_seconds="
+                f"{self.max_reference_seconds:g} allows ({frames_limit})"
+            )
+        return codes.astype(np.int64)
+
     # ---- references -----------------------------------------------------------------
     def _prepare_references(self, rows: list[_Row]) -> None:
         by_key: dict[str, list[_Row]] = {}
         for row in rows:
-            by_key.setdefault(row.ref_key, []).append(row)
+            if row.ref_codes is None:  # rows given ref_codes have theirs
+                by_key.setdefault(row.ref_key, []).append(row)
         waves, keys = [], []
         for key, group in by_key.items():
             cached = self.references.get(key)

@@ -53,6 +53,7 @@ class InputColumns:
     ref_audio_path: str = schema.REF_AUDIO_PATH
     ref_text: str = schema.REF_TEXT
     ref_id: str = schema.REF_ID
+    ref_codes: str = schema.REF_CODES
     speaker: str = schema.SPEAKER
     seed: str = schema.SEED
     max_frames: str = schema.MAX_FRAMES

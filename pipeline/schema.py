@@ -23,6 +23,9 @@ REF_AUDIO = "ref_audio"  # WAV/FLAC/OGG bytes
 REF_AUDIO_PATH = "ref_audio_path"  # local path (relative to data.audio_root) or URI
 REF_TEXT = "ref_text"
 REF_ID = "ref_id"  # rows sharing one reference clip
+# the reference already encoded, [num_codebooks][frames] codec codes (python -m pipeline.encode_refs
+# makes them): used instead of ref_audio / ref_audio_path, nothing is encoded
+REF_CODES = "ref_codes"
 SPEAKER = "speaker"  # a label, copied to the output (rows may still differ in clip)
 SEED = "seed"
 # per-row overrides of the run's settings
@@ -32,7 +35,19 @@ TOP_P = "top_p"
 TOP_K = "top_k"
 
 REQUIRED_INPUT = (ID, TEXT)
-OPTIONAL_INPUT = (REF_AUDIO, REF_AUDIO_PATH, REF_TEXT, REF_ID, SPEAKER, SEED, MAX_FRAMES, TEMPERATURE, TOP_P, TOP_K)
+OPTIONAL_INPUT = (
+    REF_AUDIO,
+    REF_AUDIO_PATH,
+    REF_TEXT,
+    REF_ID,
+    REF_CODES,
+    SPEAKER,
+    SEED,
+    MAX_FRAMES,
+    TEMPERATURE,
+    TOP_P,
+    TOP_K,
+)
 INPUT_COLUMNS = REQUIRED_INPUT + OPTIONAL_INPUT
 
 
@@ -47,6 +62,13 @@ def _is_bytes(t: pa.DataType) -> bool:
 def _is_int_or_text(t: pa.DataType) -> bool:
     # numbers stored as text are parsed per row, so one bad value fails one row, not the table
     return pa.types.is_integer(t) or _is_text(t)
+
+
+def _is_int_lists(t: pa.DataType) -> bool:
+    def is_list(x: pa.DataType) -> bool:
+        return pa.types.is_list(x) or pa.types.is_large_list(x) or pa.types.is_fixed_size_list(x)
+
+    return is_list(t) and is_list(t.value_type) and pa.types.is_integer(t.value_type.value_type)
 
 
 def _is_number_or_text(t: pa.DataType) -> bool:
@@ -66,6 +88,7 @@ _KINDS = {
     REF_AUDIO_PATH: _ColumnKind(_is_text, "string"),
     REF_TEXT: _ColumnKind(_is_text, "string"),
     REF_ID: _ColumnKind(_is_text, "string"),
+    REF_CODES: _ColumnKind(_is_int_lists, "list<list<integer>> ([num_codebooks][frames] codec codes)"),
     SPEAKER: _ColumnKind(_is_int_or_text, "string or integer"),
     SEED: _ColumnKind(_is_int_or_text, "integer"),
     MAX_FRAMES: _ColumnKind(_is_int_or_text, "integer"),

@@ -8,6 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from actors.synth import SynthActor
@@ -131,3 +132,48 @@ def test_codes_do_not_depend_on_how_blocks_interleave(actor):
         for row_id, row in alone.items():
             assert row[S.STATUS] == S.STATUS_OK, row[S.ERROR]
             assert together[row_id][S.CODES] == row[S.CODES], (split, row_id)
+
+
+def test_ref_codes_give_the_codes_of_the_audio_they_encode(small_settings, tmp_path):
+    """encode_refs turns the demo table's references into a ref_codes column; rows given those
+    codes (and no audio) come out with exactly the codes of the same rows given the audio."""
+    from conftest import DEMO_TABLE
+
+    from pipeline.encode_refs import encode_refs
+
+    out = tmp_path / "with_codes.parquet"
+    settings = [*small_settings, f"data.path={DEMO_TABLE}"]
+    counts = encode_refs(str(out), settings)
+    with_codes = pq.read_table(out)
+    assert counts["rows"] == with_codes.num_rows == pq.read_metadata(DEMO_TABLE).num_rows
+    has_audio = [
+        r[S.REF_AUDIO] is not None or r[S.REF_AUDIO_PATH] is not None for r in pq.read_table(DEMO_TABLE).to_pylist()
+    ]
+    assert [c is not None for c in with_codes.column(S.REF_CODES).to_pylist()] == has_audio
+    assert counts["encoded"] == sum(has_audio) and counts["failed"] == 0
+
+    actor = SynthActor(**actor_arguments(to_plain(compose(settings)), str(DEMO_TABLE.parent), run_id="codes"))
+    picked = [i for i, audio in enumerate(has_audio) if audio][:4] + [has_audio.index(False)]
+    rows_in = with_codes.take(picked)
+    from_audio = by_id(actor(rows_in.drop_columns([S.REF_CODES])))
+    from_codes = by_id(actor(rows_in.drop_columns([S.REF_AUDIO, S.REF_AUDIO_PATH])))
+    assert from_codes.keys() == from_audio.keys() and len(from_codes) == 5
+    for row_id, row in from_audio.items():
+        assert row[S.STATUS] == S.STATUS_OK, row[S.ERROR]
+        assert from_codes[row_id][S.STATUS] == S.STATUS_OK and from_codes[row_id][S.CODES] == row[S.CODES], row_id
+
+    codebooks = len(rows_in.column(S.REF_CODES)[0].as_py())
+    bad = pa.table(
+        {
+            S.ID: ["ragged", "shape", "range"],
+            S.TEXT: ["Hello."] * 3,
+            S.REF_CODES: pa.array(
+                [[[1, 2], [3]] * (codebooks // 2) + [[1]] * (codebooks % 2), [[1, 2]], [[10**6]] * codebooks],
+                type=pa.list_(pa.list_(pa.int64())),
+            ),
+        }
+    )
+    errors = {r[S.ID]: r[S.ERROR] for r in actor(bad).to_pylist()}
+    assert "codebooks differ in length" in errors["ragged"]
+    assert f"ref_codes must be [{codebooks}][frames]" in errors["shape"]
+    assert "ref_codes values must lie in" in errors["range"]
