@@ -625,6 +625,44 @@ class SynthActor:
         shared_id = v.get(S.REF_ID)
         row.ref_key = f"ref_id:{shared_id}" if shared_id else identity
 
+    def engine_only(self, batch: pa.Table) -> dict:
+        """The batch's rows through the engine alone, in this thread, nothing else running in
+        the actor: references, segments and first prompts are made first (untimed), then every
+        segment is generated as in a run (a freed slot refilled at once, a long row's next
+        segment first) and no audio is decoded. What a run's frames/s is compared to
+        (pipeline.bench's vs_engine_only). Call it on an actor with no block in flight."""
+        block = _Block(0, batch.num_rows, self.busy_s)
+        rows = [_Row(i, values.get(S.ID), values, block=block) for i, values in enumerate(batch.to_pylist())]
+        for row in rows:
+            self._parse(row)
+        self._prepare_references([r for r in rows if r.error is None and r.ref_key])
+        for row in rows:
+            if row.error is None:
+                self._plan_row(row)
+        ready: deque[_Row] = deque(r for r in rows if r.error is None)
+        running: dict[str, _Row] = {}
+        slots, steps = self.engine.config.max_rows, 0
+        began = time.perf_counter()
+        while ready or running:
+            while ready and len(running) < slots:
+                self._submit_next_segment(ready.popleft(), running)
+            if not running:
+                continue
+            finished = self.engine.step()
+            steps += 1
+            for result in finished:
+                row = running.pop(result.request_id)
+                self._segment_done(row, result)
+                if row.error is None and len(row.segment_results) < len(row.segments):
+                    ready.appendleft(row)
+        seconds = time.perf_counter() - began
+        return {
+            "rows": sum(1 for r in rows if r.error is None),
+            "frames": sum(result.frames for r in rows for result in r.segment_results),
+            "seconds": seconds,
+            "steps": steps,
+        }
+
     def encode_references(self, batch: pa.Table) -> list[tuple[Optional[np.ndarray], Optional[str]]]:
         """Per row of an input batch (canonical column names): (its reference's codes, None),
         (None, None) when it has no reference, or (None, why it has none). The same checks,
