@@ -416,16 +416,19 @@ class SynthActor:
                 return self._process(batch, number)
         ids = [i if isinstance(i, str) else "" for i in batch.column(S.ID).to_pylist()]
         block_key = "block-" + _ids_key(ids)
-        crashes = self.ledger.begin(block_key)
-        if crashes < self.quarantine_after:
+        # a block is counted as running (begin) only once past the gate: one waiting for a
+        # suspect block to finish alone is not blamed if that one kills the actor
+        if self.ledger.count(block_key) < self.quarantine_after:
             with self._gate.shared():
+                self.ledger.begin(block_key)
                 table = self._process(batch, number)
         else:
-            # this block killed the actor `crashes` times: run its rows alone -- no other
-            # block in the actor meanwhile -- so the one that does it is found (it dies once
-            # more, alone) and quarantined on the next try
-            log.warning("block of %d rows killed the actor %d times; running its rows alone", len(ids), crashes)
+            # this block killed the actor that often: run its rows alone -- no other block in
+            # the actor meanwhile -- so the one that does it is found (it dies once more,
+            # alone) and quarantined on the next try
+            log.warning("block of %d rows killed the actor before; running its rows alone", len(ids))
             with self._gate.exclusive():
+                self.ledger.begin(block_key)
                 table = pa.concat_tables(
                     [self._process_alone(batch.slice(i, 1), ids[i], number) for i in range(len(ids))]
                 )
@@ -1304,13 +1307,17 @@ class _AttemptLedger:
         self.directory = directory
         os.makedirs(directory, exist_ok=True)
 
+    def count(self, key: str) -> int:
+        """How many actors died while `key` was running."""
+        try:
+            with open(os.path.join(self.directory, key), encoding="ascii") as f:
+                return int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
     def begin(self, key: str) -> int:
         path = os.path.join(self.directory, key)
-        try:
-            with open(path, encoding="ascii") as f:
-                before = int(f.read().strip() or 0)
-        except (OSError, ValueError):
-            before = 0
+        before = self.count(key)
         temp = f"{path}.{os.getpid()}.tmp"
         with open(temp, "w", encoding="ascii") as f:
             f.write(str(before + 1))
