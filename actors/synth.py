@@ -381,6 +381,9 @@ class SynthActor:
         self._in_flight = threading.BoundedSemaphore(in_flight)
         self._inbox: queue.Queue = queue.Queue()  # rows for the engine loop
         self._finished: queue.Queue = queue.Queue()  # rows for the finisher
+        # on CUDA the finisher's codec work goes on a stream of its own, so it overlaps the
+        # engine's kernels instead of queueing behind them (CPU: threads are enough)
+        self._codec_stream = torch.cuda.Stream(device=self.lm.device) if self.lm.device.type == "cuda" else None
         self.busy_s = 0.0  # seconds the engine loop spent in engine.step()
         self.step_blocks: deque = deque(maxlen=4096)  # per engine step: the blocks whose rows were live (tests)
         self.init_ms = (time.perf_counter() - constructed) * 1000.0
@@ -958,6 +961,10 @@ class SynthActor:
 
     # ---- the finisher (one thread per actor): codec decode, FLAC, output rows -------
     def _finisher_loop(self) -> None:
+        if self._codec_stream is not None:
+            import torch
+
+            torch.cuda.set_stream(self._codec_stream)  # this thread's current stream from now on
         while True:
             rows = [self._finished.get()]
             while len(rows) < self.codec_batch_rows:
