@@ -181,8 +181,9 @@ def test_ref_codes_give_the_codes_of_the_audio_they_encode(small_settings, tmp_p
 
 @pytest.mark.xfail(
     strict=True,
-    reason="engine: a request's codes depend on the request batched with it (demo-023 with demo-016, "
-    "random demo weights); block interleaving exposes it in test_same_seed_same_output_across_actors_and_block_sizes",
+    reason="engine: with stop_on_eos a request's codes depend on the request batched with it (demo-023 "
+    "diverges at frame 12 beside demo-016, whichever step demo-016 joins at; not with stop_on_eos=false); "
+    "block interleaving exposes it in test_same_seed_same_output_across_actors_and_block_sizes",
 )
 def test_engine_codes_do_not_depend_on_the_request_beside_them(small_settings):
     """What the determinism of interleaved blocks rests on: the engine gives a request the
