@@ -1,9 +1,74 @@
-"""Module helpers shared by the dual-AR model and the codec (both import torch)."""
+"""Building blocks shared by the dual-AR model (actors/engine/model.py) and the codec's
+transformer (actors/codec/transformer.py), with upstream fish-speech's numerics (see
+docs/architecture.md, "Numerics"). Both import torch; nothing here knows either model."""
 
 from __future__ import annotations
 
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Norms and RoPE run in float32 (upstream), or float64 when the whole model does."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class RMSNorm(nn.Module):
+    """Upstream's RMSNorm: normalise in float32, cast back to the input dtype, then times the
+    weight (in that order: the cast before the weight is part of the numerics)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        wide = x.to(compute_dtype(x.dtype))
+        normed = wide * torch.rsqrt(torch.mean(wide * wide, dim=-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight
+
+
+def rope_table(n_positions: int, head_dim: int, base: float, device=None) -> Tensor:
+    """[n_positions, head_dim // 2, 2] (cos, sin), computed in float32 as upstream does (unit
+    complex numbers from torch.polar) and rounded to bfloat16, as upstream stores the table
+    even for float32 runs: the rounding is part of the numerics (~1e-2 on the dual-AR model's
+    logits, ~1e-4..1e-3 on the codec's outputs if skipped). A table is an ordinary tensor even
+    when built under inference mode, so it can be cached and reused by any later call."""
+    with torch.inference_mode(False), torch.no_grad():
+        exponents = torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim
+        angles = torch.outer(torch.arange(n_positions, device=device), 1.0 / (base**exponents))
+        rotations = torch.polar(torch.ones_like(angles), angles)
+        return torch.stack([rotations.real, rotations.imag], dim=-1).to(torch.bfloat16)
+
+
+def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
+    """Rotate ADJACENT pairs (x[2i], x[2i+1]), not the two halves of the head, in float32.
+
+    x: [B, T, H, D]; cos_sin: [B, T, D/2, 2] (each row its own positions) or [T, D/2, 2]
+    (every row at the same positions)."""
+    wide = compute_dtype(x.dtype)
+    pairs = x.to(wide).reshape(*x.shape[:-1], -1, 2)
+    if cos_sin.dim() == 3:
+        cos_sin = cos_sin.unsqueeze(0)
+    rotation = cos_sin.to(wide).unsqueeze(2)  # [B, T, 1, D/2, 2]: the same for every head
+    cos, sin = rotation[..., 0], rotation[..., 1]
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
+    return rotated.flatten(3).to(x.dtype)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x), no biases."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 def uninitialised_embedding(rows: int, dim: int) -> nn.Embedding:

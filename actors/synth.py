@@ -1,6 +1,6 @@
 """SynthActor: the Ray Data callable class. One instance holds one loaded model, its codec and
 a reference cache; each call turns an Arrow batch of input rows into an Arrow batch of output
-rows (pipeline/schema.py), exactly one per input row, whatever happened to it.
+rows (actors/schema.py), exactly one per input row, whatever happened to it.
 
 An actor is a continuously fed server. Several calls (blocks) run at once (SynthStage, the
 async face Ray Data drives, up to engine.max_concurrent_blocks), and three kinds of thread
@@ -41,15 +41,16 @@ import sys
 import threading
 import time
 import traceback
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
 
+from actors import schema as S
 from actors.engine.segment import (
     DEFAULT_MAX_TURNS,
     DEFAULT_SEGMENT_BYTES,
@@ -58,7 +59,8 @@ from actors.engine.segment import (
     segment_text,
     utf8_len,
 )
-from pipeline import schema as S
+from actors.files import write_atomically
+from actors.lru import LRU
 
 log = logging.getLogger(__name__)
 
@@ -181,31 +183,6 @@ class _Row:
             self.retryable = retryable
 
 
-class _LRU:
-    """Shared by the callers of concurrent blocks, hence the lock."""
-
-    def __init__(self, capacity: int):
-        self.capacity = max(0, int(capacity))
-        self.items: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> Optional[np.ndarray]:
-        with self._lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-            return None
-
-    def put(self, key: str, value: np.ndarray) -> None:
-        if self.capacity == 0:
-            return
-        with self._lock:
-            self.items[key] = value
-            self.items.move_to_end(key)
-            while len(self.items) > self.capacity:
-                self.items.popitem(last=False)
-
-
 class _Block:
     """One call's batch inside the actor: its rows' outputs as they finish, and what the
     shared engine did for it. The engine loop adds its step shares, the finisher its outputs."""
@@ -321,17 +298,10 @@ class SynthActor:
                 f"codec {codec_path} has {self.codec.num_codebooks} codebooks, model "
                 f"{checkpoint} {mc.num_codebooks}: they do not belong together"
             )
+        # the engine group holds every EngineConfig field (the run config's schema extends it);
+        # a key left out takes EngineConfig's default, the one place engine defaults live
         self.engine = Engine(
-            self.lm,
-            EngineConfig(
-                max_rows=int(engine["max_rows"]),
-                max_tokens=int(engine["max_tokens"]),
-                prefill_chunk=int(engine["prefill_chunk"]),
-                static_shapes=bool(engine.get("static_shapes", False)),
-                compile=bool(engine.get("compile", False)),
-                cpu_packed_linears=bool(engine.get("cpu_packed_linears", True)),
-                prefix_cache_entries=int(engine.get("prefix_cache_entries", 8)),
-            ),
+            self.lm, EngineConfig(**{f.name: engine[f.name] for f in fields(EngineConfig) if f.name in engine})
         )
         self.builder = PromptBuilder.for_model(self.lm)
         # positions one request may take (prompt + frames): the engine's slot, within the model's context
@@ -347,7 +317,7 @@ class SynthActor:
         self.min_frames = int(engine.get("min_frames", 0))
         self.stop_on_eos = bool(engine.get("stop_on_eos", True))
         self.codec_batch_rows = max(1, int(engine.get("codec_batch_rows", 8)))
-        self.references = _LRU(int(engine.get("reference_cache", 256)))
+        self.references: LRU[np.ndarray] = LRU(int(engine.get("reference_cache", 256)))
         # every clip path and URI is confined to the root: data.audio_root, else the input's
         # directory (see _confine)
         self.root = data.get("audio_root") or data.get("input_dir")
@@ -376,6 +346,7 @@ class SynthActor:
         self._batch_numbers = itertools.count(1)
         self.max_concurrent_blocks = max(1, int(engine.get("max_concurrent_blocks", 2)))
         self._gate = _Gate()
+        self._references_lock = threading.Lock()
         # back-pressure: rows past their caller's preparation and not yet out of the engine
         in_flight = self.engine.config.max_rows + max(0, int(engine.get("feed_queue_rows", 8)))
         self._in_flight = threading.BoundedSemaphore(in_flight)
@@ -718,7 +689,8 @@ class SynthActor:
                 by_key.setdefault(row.ref_key, []).append(row)
         waves, keys = [], []
         for key, group in by_key.items():
-            cached = self.references.get(key)
+            with self._references_lock:  # the callers of concurrent blocks share the cache
+                cached = self.references.get(key)
             if cached is not None:
                 for row in group:
                     row.ref_codes = cached
@@ -749,7 +721,8 @@ class SynthActor:
         for key, key_codes in zip(keys, codes):
             if key_codes is None:
                 continue
-            self.references.put(key, key_codes)
+            with self._references_lock:
+                self.references.put(key, key_codes)
             for row in by_key[key]:
                 row.ref_codes = key_codes
                 row.codec_ms += share_ms / len(by_key[key])
@@ -1325,10 +1298,7 @@ class _AttemptLedger:
     def begin(self, key: str) -> int:
         path = os.path.join(self.directory, key)
         before = self.count(key)
-        temp = f"{path}.{os.getpid()}.tmp"
-        with open(temp, "w", encoding="ascii") as f:
-            f.write(str(before + 1))
-        os.replace(temp, path)
+        write_atomically(path, str(before + 1))
         return before
 
     def end(self, key: str) -> None:

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import hydra
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
+from actors.cli import error
+from actors.schema import InputSchemaError
+
 from .config import CONF_DIR
 from .inputs import InputError
 from .output import OutputInUse, OutputMismatch
 from .plan import ConfigError, run
-from .schema import InputSchemaError
-
-log = logging.getLogger("chorus")
 
 # problems with the user's input or settings: a message, not a traceback
 USER_ERRORS = (ConfigError, InputError, InputSchemaError, OutputMismatch, OutputInUse)
@@ -26,11 +25,9 @@ def main(cfg: DictConfig) -> None:
     try:
         report = run(cfg)
     except MissingMandatoryValue as e:
-        log.error("missing mandatory value: %s=...", e.full_key)
-        sys.exit(2)
+        sys.exit(error(f"missing mandatory value: {e.full_key}=..."))
     except USER_ERRORS as e:
-        log.error("%s", e)
-        sys.exit(2)
+        sys.exit(error(e))
     print(f"chorus: output written to {report.output} (summary: {report.output}/summary.json)", flush=True)
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,10 +28,15 @@ from pathlib import Path
 import hydra
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
-from . import schema as S
+from actors import schema as S
+from actors.cli import error
+from actors.files import write_atomically
+
+from . import metrics
 from .config import CONF_DIR, REPO_ROOT
 from .output import engine_figures, is_local, local_path
 from .plan import connect, run
@@ -96,76 +100,63 @@ def make_workload(
     )
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
-
 def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -> dict:
     """The figures of one configuration's run, from its output rows (every row of the output
     belongs to this run: each configuration writes a fresh output)."""
-    meta = pq.read_table(f"{output_dir}/data", columns=S.METADATA_COLUMNS).to_pylist()
-    ok = [r for r in meta if r[S.STATUS] == S.STATUS_OK]
-    frames = sum(r[S.N_FRAMES] or 0 for r in ok)
-    audio = sum(r[S.AUDIO_SECONDS] or 0.0 for r in ok)
-    latency = [r[S.TOTAL_MS] for r in ok if r[S.TOTAL_MS] is not None]
-    batches = {r[S.BATCH][S.BATCH_ID]: (r[S.ACTOR], r[S.BATCH]) for r in meta if r[S.BATCH]}
-    actors = sorted({a for a, _ in batches.values()})
+    meta = pq.read_table(f"{output_dir}/data", columns=S.METADATA_COLUMNS)
+    table = metrics.normalise(meta)
+    counted, ok = metrics.counts(table), metrics.ok_rows(table)
+    frames = metrics.total(ok, S.N_FRAMES)
+    audio = metrics.total(ok, S.AUDIO_SECONDS)
+    p50, p95, p99 = metrics.percentiles(ok.column(S.TOTAL_MS), [50, 95, 99])
+    calls = metrics.batches(meta)
+    call_rows = calls.to_pylist()
+    actors = metrics.actor_batches(calls).to_pylist()
     n_actors = max(1, len(actors))
 
-    def total(key, actor=None):
-        return sum(b[key] for a, b in batches.values() if actor is None or a == actor) / 1000.0
+    def phase_s(key: str) -> float:  # per-actor average busy seconds in one phase
+        return sum(a[f"{key}_sum"] for a in actors) / 1000.0 / n_actors
 
     prep, engine, codec, encode = (
-        total(k) / n_actors for k in (S.BATCH_PREP_MS, S.BATCH_ENGINE_MS, S.BATCH_CODEC_MS, S.BATCH_ENCODE_MS)
+        phase_s(k) for k in (S.BATCH_PREP_MS, S.BATCH_ENGINE_MS, S.BATCH_CODEC_MS, S.BATCH_ENCODE_MS)
     )
     write = encode + stream.get("write_s", 0.0) / n_actors
-    finished = [r[S.FINISHED_AT] for r in meta if r[S.FINISHED_AT] is not None]
+    finished = pc.min(table.column(S.FINISHED_AT)).as_py()
     # actor start-up (process, torch import, model + codec load): run start to its first call
-    startup = (
-        float(
-            np.mean([min(b[S.BATCH_STARTED_AT] for x, b in batches.values() if x == a) - started_unix for a in actors])
-        )
-        if actors
-        else 0.0
-    )
+    startup = float(np.mean([a[f"{S.BATCH_STARTED_AT}_min"] - started_unix for a in actors])) if actors else 0.0
     # of which the actors' own construction (imports, model + codec load), not Ray's
-    model_load = (
-        float(np.mean([next(b[S.BATCH_ACTOR_INIT_MS] for x, b in batches.values() if x == a) for a in actors])) / 1000.0
-        if actors
-        else 0.0
-    )
+    model_load = float(np.mean([a[f"{S.BATCH_ACTOR_INIT_MS}_first"] for a in actors])) / 1000.0 if actors else 0.0
     per_actor = {
-        a: {
-            # the batches' shares of their actor's engine step time sum to that actor's busy time
-            "engine_busy_s": total(S.BATCH_ENGINE_MS, a),
-            "utilisation": total(S.BATCH_ENGINE_MS, a) / wall_s,
-            "slot_occupancy": engine_figures(b for x, b in batches.values() if x == a)["slot_occupancy"],
-            "peak_rss_mb": max(b[S.BATCH_PEAK_RSS_MB] for x, b in batches.values() if x == a),
-            "rows": sum(b[S.BATCH_ROWS] for x, b in batches.values() if x == a),
+        a["actor"]: {
+            "engine_busy_s": a[f"{S.BATCH_ENGINE_MS}_sum"] / 1000.0,
+            "utilisation": a[f"{S.BATCH_ENGINE_MS}_sum"] / 1000.0 / wall_s,
+            "slot_occupancy": engine_figures(c for c in call_rows if c["actor"] == a["actor"])["slot_occupancy"],
+            "peak_rss_mb": a[f"{S.BATCH_PEAK_RSS_MB}_max"],
+            "rows": a[f"{S.BATCH_ROWS}_sum"],
         }
         for a in actors
     }
     return {
-        "rows": len(meta),
-        "rows_ok": len(ok),
-        "rows_error": len(meta) - len(ok),
+        "rows": counted["rows"],
+        "rows_ok": counted["rows_ok"],
+        "rows_error": counted["rows_error"],
         "frames": frames,
         "audio_seconds": audio,
         "wall_s": wall_s,
-        "rows_per_s": len(meta) / wall_s,
+        "rows_per_s": counted["rows"] / wall_s,
         "frames_per_s": frames / wall_s,
         "audio_s_per_wall_s": audio / wall_s,
-        "latency_ms_p50": _percentile(latency, 50),
-        "latency_ms_p95": _percentile(latency, 95),
-        "latency_ms_p99": _percentile(latency, 99),
-        "time_to_first_row_s": (min(finished) - started_unix) if finished else None,
+        "latency_ms_p50": p50,
+        "latency_ms_p95": p95,
+        "latency_ms_p99": p99,
+        "time_to_first_row_s": (finished - started_unix) if finished is not None else None,
         "actors": len(actors),
         "per_actor": per_actor,
         "engine_busy": float(np.mean([a["utilisation"] for a in per_actor.values()])) if per_actor else None,
         "actor_utilisation": float(np.mean([a["utilisation"] for a in per_actor.values()])) if per_actor else None,
-        "slot_occupancy": engine_figures(b for _, b in batches.values())["slot_occupancy"],
+        "slot_occupancy": engine_figures(call_rows)["slot_occupancy"],
         "peak_rss_mb_per_actor": max((a["peak_rss_mb"] for a in per_actor.values()), default=None),
-        "kv_bytes": max((b[S.BATCH_KV_BYTES] for _, b in batches.values()), default=None),
+        "kv_bytes": pc.max(calls.column(S.BATCH_KV_BYTES)).as_py(),
         # per-actor average busy seconds by phase; `other` is what is left of the wall time
         "split_s": {
             "prep": prep,
@@ -312,16 +303,16 @@ def run_bench(cfg: DictConfig) -> dict:
         "cpus": cpus,
         "configs": results,
     }
-    (root / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_atomically(root / "bench.json", json.dumps(report, indent=2) + "\n")
     table = markdown(report)
-    (root / "bench.md").write_text(table)
+    write_atomically(root / "bench.md", table)
     from .report import write_report
 
     best = max(results, key=lambda r: r["frames_per_s"])
     page = write_report(
         best["output"], title=f"chorus bench: {best['num_actors']} actor(s) x {best['slots']} slots", bench=report
     )
-    shutil.copyfile(page, root / "report.html")
+    write_atomically(root / "report.html", Path(page).read_bytes())
     print(table, flush=True)
     print(f"chorus bench: wrote {root / 'bench.json'}, {root / 'bench.md'}, {root / 'report.html'}", flush=True)
     return report
@@ -330,8 +321,7 @@ def run_bench(cfg: DictConfig) -> dict:
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
     if not cfg.bench.enabled:
-        log.error("choose a benchmark: bench=smoke, bench=sweep or bench=overhead")
-        sys.exit(2)
+        sys.exit(error("choose a benchmark: bench=smoke, bench=sweep or bench=overhead"))
     run_bench(cfg)
 
 

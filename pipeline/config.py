@@ -16,12 +16,18 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from . import schema
+from actors import schema
+from actors.engine.settings import EngineConfig
+
 from .output import is_local, local_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a job's driver process
+
+
+class ConfigError(ValueError):
+    """Settings that cannot work (alone or together); found before any work starts."""
 
 
 @dataclass
@@ -45,7 +51,7 @@ class ModelConfig:
 
 @dataclass
 class InputColumns:
-    """The table's name for each input column (DESIGN.md §4); defaults are the canonical ones."""
+    """The table's name for each input column (actors/schema.py); defaults are the canonical ones."""
 
     id: str = schema.ID
     text: str = schema.TEXT
@@ -89,24 +95,17 @@ class DataConfig:
 
 
 @dataclass
-class EngineSettings:
-    # rows decoded together per actor (KV slots)
-    max_rows: int = 16
-    # KV positions per slot: prompt + frames; a row needing more is an error row
-    max_tokens: int = 2048
-    prefill_chunk: int = 256
+class EngineSettings(EngineConfig):
+    """The engine group: the engine's own settings, each default once in `EngineConfig`
+    (actors/engine/settings.py: slots, KV positions, prefill chunk, prefix cache, compile,
+    ...), plus what the actor decides around the engine for each row."""
+
     # frame budget per row (21.5 frames = 1 s of audio); a `max_frames` column overrides it
     max_frames: int = 1024
     # when set, a row's budget is min(max_frames, min_frames + frames_per_char * len(text))
     frames_per_char: Optional[float] = None
     min_frames: int = 8
     stop_on_eos: bool = True
-    # shared reference prefixes whose K/V the engine keeps
-    prefix_cache_entries: int = 8
-    compile: bool = False
-    static_shapes: bool = False
-    # CPU only: pre-pack linear weights for oneDNN (~2x faster matmuls, a second copy of them in RAM)
-    cpu_packed_linears: bool = True
     # rows per codec decode call
     codec_batch_rows: int = 8
     # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
@@ -117,6 +116,20 @@ class EngineSettings:
     # rows an actor holds beyond its slots, prepared and waiting for one (back-pressure: a
     # block's rows enter the engine's queue only while fewer than max_rows + this are in flight)
     feed_queue_rows: int = 8
+
+    def validate(self) -> None:
+        """EngineConfig's range checks and the per-row settings'; raises ConfigError."""
+        try:
+            super().validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        for key in ("max_frames", "min_frames", "reference_cache"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"engine.{key} must be >= 0, got {getattr(self, key)}")
+        if self.codec_batch_rows < 1:
+            raise ConfigError(f"engine.codec_batch_rows must be >= 1, got {self.codec_batch_rows}")
+        if self.frames_per_char is not None and self.frames_per_char < 0:
+            raise ConfigError(f"engine.frames_per_char must be >= 0 or null, got {self.frames_per_char}")
 
 
 @dataclass

@@ -20,7 +20,8 @@ import uuid
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import schema as S
+from actors import schema as S
+
 from .config import compose, to_plain
 from .inputs import scan_input
 from .output import is_local, local_path

@@ -19,7 +19,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from omegaconf import MISSING, OmegaConf
 
-from . import schema as S
+from actors import schema as S
+from actors.cli import error
+
 from .output import OutputLayout, open_location
 
 log = logging.getLogger("chorus.export")
@@ -107,8 +109,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
         source = cfg.output.dir
     except Exception as e:  # unknown keys, wrong types, missing output.dir
-        log.error("usage: python -m pipeline.export output.dir=DIR [export.dir=DIR] [export.overwrite=true]\n%s", e)
-        return 2
+        return error(f"{e}\nusage: python -m pipeline.export output.dir=DIR [export.dir=DIR] [export.overwrite=true]")
     report = export(source, cfg.export.dir, cfg.export.overwrite)
     print(
         f"chorus export: {report.written} files written, {report.skipped} already there, "

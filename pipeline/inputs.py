@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from . import schema as S
+from actors import schema as S
+
 from .output import is_local, local_path, open_location
 
 _GLOB_CHARS = "*?["
@@ -37,7 +38,7 @@ class InputScan:
     files: list[str]
     rename: dict[str, str]  # table column -> canonical name, for the columns present
     total_rows: int
-    rejected: list[dict] = field(default_factory=list)  # error rows (pipeline/schema.py)
+    rejected: list[dict] = field(default_factory=list)  # error rows (actors/schema.py)
     rejected_ids: list[str] = field(default_factory=list)  # non-null ids of rejected rows
     accepted_ids: list[str] = field(default_factory=list)  # ids of the rows to synthesize
     ids_digest: str = ""  # the ids in input order: the same table wherever it was copied to

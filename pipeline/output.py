@@ -1,7 +1,7 @@
 """Output layout, crash-safe part files, resume and the summary.
 
     <output.dir>/
-      data/part-<hash>.parquet    synthesized rows (pipeline/schema.py OUTPUT_SCHEMA)
+      data/part-<hash>.parquet    synthesized rows (actors/schema.py OUTPUT_SCHEMA)
       data/part-rejected.parquet  rows the driver refused (null / malformed / duplicate ids)
       config.yaml                 the resolved config of the latest run
       summary.json                counts, audio hours, speed, per-actor figures
@@ -35,7 +35,6 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterable
 from typing import Optional
 
@@ -44,13 +43,15 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from . import schema as S
+from actors import schema as S
+from actors.files import TEMP_PREFIX, atomic_open, write_atomically
+
+from . import metrics
 
 DATA_DIR = "data"
 PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"
 REJECTED_PART = "part-rejected.parquet"
-TEMP_PREFIX = ".tmp-"  # readers (pyarrow, Ray, HF datasets) skip names starting with '.'
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
 IDENTITY_FILE = "_chorus.json"  # also chorus's marker: overwrite only ever deletes where it is
@@ -403,12 +404,8 @@ class OutputLayout:
             # an object store publishes an object only once its upload has completed
             pq.write_table(table, final, filesystem=self.fs)
             return final
-        temp = f"{self.data_dir}/{TEMP_PREFIX}{owner}-{os.getpid()}-{uuid.uuid4().hex[:8]}-{name}"
-        with open(temp, "wb") as f:
+        with atomic_open(final, "wb", prefix=f"{TEMP_PREFIX}{owner}-") as f:
             pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, final)
         return final
 
     def write_text(self, name: str, text: str) -> None:
@@ -418,10 +415,7 @@ class OutputLayout:
             with self.fs.open_output_stream(final) as f:
                 f.write(text.encode("utf-8"))
             return
-        temp = f"{self.base}/{TEMP_PREFIX}{uuid.uuid4().hex[:8]}-{name}"
-        with open(temp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(temp, final)
+        write_atomically(final, text)
 
     def read_text(self, name: str) -> Optional[str]:
         if self.fs.get_file_info(self.path(name)).type != pafs.FileType.File:
@@ -522,78 +516,48 @@ def write_block(batch: pa.Table, location: str, run_id: str = "") -> pa.Table:
     return pa.Table.from_pylist([stats], schema=STATS_SCHEMA)
 
 
-def _rate(amount: float, seconds: float) -> Optional[float]:
-    return amount / seconds if seconds > 0 else None
-
-
 def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> dict:
     """summary.json: totals over the whole output (every run that wrote to it), speed of this
     run (rows_per_s, frames_per_s, rtf = wall seconds per second of audio), per-actor figures."""
-    rows = meta.to_pylist()
-    ok_rows = [r for r in rows if r[S.STATUS] == S.STATUS_OK]
-    audio_seconds = sum(r[S.AUDIO_SECONDS] or 0.0 for r in ok_rows)
-    this_run = [r for r in rows if r[S.RUN] == run_id]
-    run_ok = [r for r in this_run if r[S.STATUS] == S.STATUS_OK]
-    run_audio = sum(r[S.AUDIO_SECONDS] or 0.0 for r in run_ok)
-    run_frames = sum(r[S.N_FRAMES] or 0 for r in run_ok)
-    errors = Counter((r[S.ERROR] or "")[:160] for r in rows if r[S.STATUS] != S.STATUS_OK)
-    per_actor: dict[str, dict] = {}
-    row_rtfs: dict[str, list] = {}
-    actor_batches: dict[str, list] = {}
-    for r in this_run:
-        if r[S.ACTOR] is None:  # rows the driver rejected never reached an actor
-            continue
-        a = per_actor.setdefault(
-            r[S.ACTOR],
-            {
-                "node": r[S.NODE],
-                "device": r[S.DEVICE],
-                "rows": 0,
-                "rows_ok": 0,
-                "rows_error": 0,
-                "audio_s": 0.0,
-                "frames": 0,
-            },
-        )
-        a["rows"] += 1
-        actor_batches.setdefault(r[S.ACTOR], []).append(r.get(S.BATCH))
-        if r[S.STATUS] == S.STATUS_OK:
-            a["rows_ok"] += 1
-            a["audio_s"] += r[S.AUDIO_SECONDS] or 0.0
-            a["frames"] += r[S.N_FRAMES] or 0
-            if r[S.RTF] is not None:
-                row_rtfs.setdefault(r[S.ACTOR], []).append(r[S.RTF])
-        else:
-            a["rows_error"] += 1
-    for actor, a in per_actor.items():
-        rtfs = sorted(row_rtfs.get(actor, []))
-        a["row_rtf_p50"] = rtfs[len(rtfs) // 2] if rtfs else None
-        a["rows_per_s"] = _rate(a["rows"], wall_seconds)
-        a["frames_per_s"] = _rate(a["frames"], wall_seconds)
-        figures = engine_figures(actor_batches.get(actor, []))
-        a["slot_occupancy"] = figures["slot_occupancy"]
-        a["engine_busy"] = _rate(figures["engine_busy_s"], wall_seconds)
-    run_figures = engine_figures(r.get(S.BATCH) for r in this_run)
+    table = metrics.normalise(meta)
+    this_run = metrics.run_rows(table, run_id)
+    whole, run = metrics.counts(table), metrics.counts(this_run)
+    audio_seconds = metrics.total(metrics.ok_rows(table), S.AUDIO_SECONDS)
+    run_ok = metrics.ok_rows(this_run)
+    run_audio = metrics.total(run_ok, S.AUDIO_SECONDS)
+    per_actor_keys = ("node", "device", "rows", "rows_ok", "rows_error", "audio_s", "frames", "row_rtf_p50")
+    per_actor = {
+        actor: {k: figures[k] for k in per_actor_keys + ("rows_per_s", "frames_per_s")}
+        for actor, figures in metrics.per_actor(this_run, wall_seconds).items()
+    }
+    # this run's engines: figures from the batches' shares of their actor's steps
+    batches = this_run.column(S.BATCH).to_pylist() if S.BATCH in this_run.column_names else []
+    actors = this_run.column(S.ACTOR).to_pylist() if S.ACTOR in this_run.column_names else []
+    for actor, figures in per_actor.items():
+        mine = engine_figures(b for a, b in zip(actors, batches) if a == actor)
+        figures["slot_occupancy"] = mine["slot_occupancy"]
+        figures["engine_busy"] = metrics.rate(mine["engine_busy_s"], wall_seconds)
+    run_figures = engine_figures(batches)
     busy = [a["engine_busy"] for a in per_actor.values() if a["engine_busy"] is not None]
     return {
         **extra,
         "run_id": run_id,
-        "rows_total": len(rows),
-        "rows_ok": len(ok_rows),
-        "rows_error": len(rows) - len(ok_rows),
+        "rows_total": whole["rows"],
+        "rows_ok": whole["rows_ok"],
+        "rows_error": whole["rows_error"],
         "audio_seconds": audio_seconds,
         "audio_hours": audio_seconds / 3600.0,
         "wall_s": wall_seconds,
-        "run_rows": len(this_run),
-        "run_rows_ok": len(run_ok),
-        "run_rows_error": len(this_run) - len(run_ok),
+        "run_rows": run["rows"],
+        "run_rows_ok": run["rows_ok"],
+        "run_rows_error": run["rows_error"],
         "run_audio_seconds": run_audio,
-        "rows_per_s": _rate(len(this_run), wall_seconds),
-        "frames_per_s": _rate(run_frames, wall_seconds),
-        "rtf": _rate(wall_seconds, run_audio),
+        "rows_per_s": metrics.rate(run["rows"], wall_seconds),
+        "frames_per_s": metrics.rate(metrics.total(run_ok, S.N_FRAMES), wall_seconds),
+        "rtf": metrics.rate(wall_seconds, run_audio),
         # this run's engines: mean share of slots holding a row per step, and of wall time stepping
         "slot_occupancy": run_figures["slot_occupancy"],
         "engine_busy": sum(busy) / len(busy) if busy else None,
-        "top_errors": [{"error": e, "rows": n} for e, n in errors.most_common(10)],
-        "per_actor": dict(sorted(per_actor.items())),
+        "top_errors": [{"error": k["error"], "rows": k["rows"]} for k in metrics.error_kinds(table, 10, max_chars=160)],
+        "per_actor": per_actor,
     }

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
 
+from actors import schema as S
 from actors.engine.segment import MIN_SEGMENT_BYTES
 
-from . import schema as S
-from .config import in_ray_job, to_plain
+from .config import ConfigError, EngineSettings, in_ray_job, to_plain
 from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, scan_input, scan_rows
 from .output import (
     ATTEMPTS_DIR,
@@ -47,10 +47,6 @@ from .progress import Progress
 log = logging.getLogger("chorus")
 
 
-class ConfigError(ValueError):
-    """Settings that cannot work together; found before any work starts."""
-
-
 @dataclass
 class RunReport:
     output: str
@@ -59,6 +55,7 @@ class RunReport:
 
 
 def _check_settings(plain: dict) -> None:
+    EngineSettings(**plain["engine"]).validate()  # the engine's range checks, before Ray starts
     cluster, output = plain["cluster"], plain["output"]
     if cluster["num_actors"] < 1:
         raise ConfigError("cluster.num_actors must be >= 1")

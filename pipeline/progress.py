@@ -8,6 +8,7 @@ is still running.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import threading
 import time
@@ -16,13 +17,16 @@ from typing import Optional
 log = logging.getLogger("chorus.progress")
 
 
-def _duration(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+def format_duration(seconds: Optional[float]) -> str:
+    """'4.25 s', '12.3 s', '3m 05s', '1h 02m 03s'; '–' when unknown. The one way chorus
+    writes a duration for people (progress lines, the report page)."""
+    if seconds is None or not math.isfinite(seconds):
+        return "–"
+    if seconds < 60:
+        return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
 
 
 class Progress:
@@ -75,7 +79,7 @@ class Progress:
             return (
                 f"{self.done}/{self.total} rows ({percent:.0f}%), {self.rate():.2f} rows/s, "
                 f"{self.audio_seconds / 3600:.3f} h audio, {self.errors} errors{self._slots_text()}, "
-                f"ETA {_duration(self.eta_seconds())}"
+                f"ETA {format_duration(self.eta_seconds())}"
             )
 
     # -- events ----------------------------------------------------------------------

@@ -2,12 +2,17 @@
 
     python -m pipeline.report OUTPUT_DIR [--title T] [--max-audio-rows N] [--bench bench.json]
 
-Reads the run's output directory (`OUTPUT_DIR/data/**/*.parquet`, DESIGN.md §4, and
-`OUTPUT_DIR/summary.json` when present) and writes `OUTPUT_DIR/report.html` atomically:
+Reads the run's output directory (`OUTPUT_DIR/data/**/*.parquet`, the columns of
+actors/schema.py, and `OUTPUT_DIR/summary.json` when present) and writes
+`OUTPUT_DIR/report.html` atomically:
 summary figures, plots (throughput over time, latency / RTF / duration histograms, stop
 reasons), the most common errors, per-actor figures, and a table of sample rows with
 playable audio. Plots are inline SVG and audio is embedded as `data:` URIs (or linked by
 relative path when the run wrote files), so the page works offline as one file.
+
+The module is reading (the files, leniently: a torn file or a foreign column type is a note,
+not a failure), the figures (pipeline/metrics.py, shared with summary.json and the
+benchmark), and rendering: one small function per page section.
 
 Layering: the driver side never imports torch — this module uses pyarrow, numpy and
 matplotlib only (matplotlib through its object API, no pyplot, so no GUI backend is chosen
@@ -25,7 +30,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 import urllib.parse
 from collections import Counter
@@ -39,8 +43,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import schema as S
+from actors import schema as S
+from actors.files import write_atomically
+from pipeline import metrics
 from pipeline.output import SUMMARY_FILE as SUMMARY_NAME
+from pipeline.progress import format_duration
 
 REPORT_NAME = "report.html"
 MAX_EMBED_BYTES = 8 * 1024 * 1024  # a larger clip is linked or left out, not inlined
@@ -52,7 +59,6 @@ MAX_ERROR_CHARS = 500
 _HEAVY = (S.AUDIO, S.CODES)
 _FILE_COL = "__report_file"
 _ROW_COL = "__report_row"
-_TIMING_COLUMNS = (S.QUEUE_MS, S.PREFILL_MS, S.DECODE_MS, S.CODEC_MS, S.TOTAL_MS)
 _AUDIO_MIME = {
     ".flac": "audio/flac",
     ".wav": "audio/wav",
@@ -74,7 +80,8 @@ _STOP_COLORS = {"eos": "#2b9a5a", "budget": "#e08a1e", "error": _ERR_COLOR}
 class _Run:
     output_dir: Path
     files: list[Path]
-    table: pa.Table  # metadata columns of every row (+ file/row index)
+    table: pa.Table  # metadata columns of every row, normalised for the metrics (+ file/row index)
+    present: set[str]  # the columns the files have
     summary: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -83,37 +90,18 @@ class _Run:
         return self.table.num_rows
 
     def has(self, name: str) -> bool:
-        return name in self.table.column_names
+        return name in self.present
 
     def strings(self, name: str) -> list[Optional[str]]:
-        if not self.has(name):
-            return [None] * self.n
-        col = self.table.column(name)
-        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-            try:
-                col = pc.cast(col, pa.string())
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                return [None if v is None else str(v) for v in col.to_pylist()]
-        return col.to_pylist()
+        return self.table.column(name).to_pylist()
 
     def floats(self, name: str) -> np.ndarray:
-        """A float64 array (NaN for null or unreadable values)."""
-        if not self.has(name):
-            return np.full(self.n, np.nan)
-        col = self.table.column(name)
-        if pa.types.is_timestamp(col.type):
-            col = pc.divide(pc.cast(pc.cast(col, pa.timestamp("us")), pa.int64()), 1e6)
-        try:
-            col = pc.cast(col, pa.float64(), safe=False)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            values = []
-            for v in col.to_pylist():
-                try:
-                    values.append(float(v))
-                except (TypeError, ValueError):
-                    values.append(math.nan)
-            return np.asarray(values, dtype=np.float64)
-        return col.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+        """A float64 array per row (NaN for null or unreadable values), for plotting."""
+        return pc.cast(self.table.column(name), pa.float64()).to_numpy().astype(np.float64, copy=True)
+
+    @property
+    def ok(self) -> np.ndarray:
+        return self.table.column(metrics.OK).to_numpy()
 
 
 def _data_files(output_dir: Path) -> list[Path]:
@@ -169,6 +157,7 @@ def _read_run(output_dir: Path) -> _Run:
     else:
         table = pa.table({_FILE_COL: pa.array([], pa.int32()), _ROW_COL: pa.array([], pa.int64())})
         notes.append("no Parquet files under data/" if not files else "no readable Parquet files under data/")
+    present = set(table.column_names)
     summary: dict[str, Any] = {}
     summary_path = output_dir / SUMMARY_NAME
     if summary_path.is_file():
@@ -180,7 +169,7 @@ def _read_run(output_dir: Path) -> _Run:
                 notes.append(f"{SUMMARY_NAME} is not a JSON object; ignored")
         except (OSError, ValueError) as exc:
             notes.append(f"{SUMMARY_NAME} could not be read: {exc}")
-    return _Run(output_dir, files, table, summary, notes)
+    return _Run(output_dir, files, metrics.normalise(table), present, summary, notes)
 
 
 def _read_audio(run: _Run, picks: Sequence[int]) -> dict[int, dict]:
@@ -226,10 +215,6 @@ def _audio_value(v: Any) -> dict:
 # ---- numbers ----------------------------------------------------------------------------
 
 
-def _finite(a: np.ndarray) -> np.ndarray:
-    return a[np.isfinite(a)]
-
-
 def _fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "–"
@@ -248,16 +233,6 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _duration(seconds: Optional[float]) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "–"
-    if seconds < 60:
-        return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
-    m, s = divmod(int(round(seconds)), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
-
-
 def _num(summary: dict, *keys: str) -> Optional[float]:
     for k in keys:
         v = summary.get(k)
@@ -266,12 +241,9 @@ def _num(summary: dict, *keys: str) -> Optional[float]:
     return None
 
 
-def _pcts(a: np.ndarray) -> tuple[float, float, float]:
-    a = _finite(a)
-    if not a.size:
-        return (math.nan,) * 3
-    p50, p90, p99 = np.percentile(a, [50, 90, 99])
-    return float(p50), float(p90), float(p99)
+def _pcts(values) -> list[float]:
+    """p50, p90, p99 of the finite values (NaN when there are none), as the page shows them."""
+    return [math.nan if v is None else v for v in metrics.percentiles(values, (50, 90, 99))]
 
 
 # ---- plots (matplotlib object API -> inline SVG) ----------------------------------------
@@ -343,7 +315,7 @@ def _plot_throughput(p: _Plots, run: _Run, ok: np.ndarray) -> tuple[str, str]:
             label="error",
         )
         a1.set_ylabel("rows / s")
-        a1.set_title(f"Throughput over time (bins of {_duration(width)})")
+        a1.set_title(f"Throughput over time (bins of {format_duration(width)})")
         if err_counts.any():
             a1.legend(loc="upper right", fontsize=8)
         a2.bar(rel, audio / width, width=width, align="edge", color="#5a9a3a")
@@ -379,7 +351,7 @@ def _hist(
     ref: Optional[float] = None,
     ref_label: str = "",
 ) -> Optional[str]:
-    values = _finite(values)
+    values = values[np.isfinite(values)]
     if not values.size:
         return None
     fig, (ax,) = p.figure(1, 2.8)
@@ -580,37 +552,55 @@ footer { color: var(--muted); font-size: 12px; margin-top: 32px; }
 
 
 def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]) -> str:
-    n = run.n
-    status = run.strings(S.STATUS)
-    ok = np.array([s == S.STATUS_OK for s in status], dtype=bool)
-    n_ok, n_err = int(ok.sum()), int(n - ok.sum())
-    seconds = run.floats(S.AUDIO_SECONDS)
-    frames = run.floats(S.N_FRAMES)
-    total_ms = run.floats(S.TOTAL_MS)
-    rtf = run.floats(S.RTF)
-    finished = run.floats(S.FINISHED_AT)
-    summ = run.summary
+    sections = [
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="sub">{_e(run.output_dir)} — {len(run.files)} Parquet file(s), {run.n:,} row(s)</p>',
+        _notes_section(run),
+        _summary_section(run),
+        _provenance_section(run),
+        _summary_file_section(run.summary),
+        _plots_section(run),
+        _timing_section(run),
+        _errors_section(run),
+        _per_actor_section(run),
+        _samples(run, max_audio_rows),
+        _bench(bench) if bench else "",
+        f"<footer>chorus report — generated {_e(time.strftime('%Y-%m-%d %H:%M:%S %Z'))} "
+        f"from {_e(run.output_dir)}</footer>",
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head>"
+        f"<body><main>{''.join(sections)}</main></body></html>\n"
+    )
 
-    audio_s = float(np.nansum(seconds[ok])) if n else 0.0
+
+def _notes_section(run: _Run) -> str:
+    return '<div class="notes">' + "<br>".join(_e(x) for x in run.notes) + "</div>" if run.notes else ""
+
+
+def _summary_section(run: _Run) -> str:
+    """The headline cards: summary.json's figures where it has them, else the rows' own."""
+    summ, counted, ok = run.summary, metrics.counts(run.table), metrics.ok_rows(run.table)
+    n, n_ok, n_err = counted["rows"], counted["rows_ok"], counted["rows_error"]
+    audio_s = float(metrics.total(ok, S.AUDIO_SECONDS))
     audio_s = _num(summ, "audio_seconds") or (_num(summ, "audio_hours") or 0) * 3600 or audio_s
-    frames_total = float(np.nansum(frames[ok])) if n else 0.0
+    frames_total = float(metrics.total(ok, S.N_FRAMES))
     wall = _num(summ, "wall_s", "wall_seconds")
     wall_note = ""
-    if wall is None and np.isfinite(finished).any():
-        starts = finished - np.nan_to_num(total_ms) / 1000.0
-        wall = float(np.nanmax(finished) - np.nanmin(starts))
+    if wall is None and (wall := metrics.wall_from_rows(run.table)) is not None:
         wall_note = " (from row times)"
     rows_per_s = _num(summ, "rows_per_s") or (n / wall if wall else None)
     frames_per_s = _num(summ, "frames_per_s") or (frames_total / wall if wall and frames_total else None)
     run_rtf = _num(summ, "rtf") or (wall / audio_s if wall and audio_s else None)
-    row_rtf_p50 = _pcts(rtf[ok])[0]
-
+    latency_p50, latency_p90, _ = _pcts(ok.column(S.TOTAL_MS))
     cards = [
         ("rows ok", f"{n_ok:,}", "ok"),
         ("rows error", f"{n_err:,}", "err" if n_err else ""),
         ("error rate", f"{100 * n_err / n:.1f}%" if n else "–", "err" if n_err else ""),
-        ("audio", _duration(audio_s) + (f" ({audio_s / 3600:.2f} h)" if audio_s >= 3600 else ""), ""),
-        ("wall time" + wall_note, _duration(wall), ""),
+        ("audio", format_duration(audio_s) + (f" ({audio_s / 3600:.2f} h)" if audio_s >= 3600 else ""), ""),
+        ("wall time" + wall_note, format_duration(wall), ""),
         ("rows / s", _fmt(rows_per_s), ""),
         ("frames / s", _fmt(frames_per_s), ""),
         (
@@ -618,16 +608,10 @@ def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]
             _fmt(run_rtf),
             "",
         ),
-        ("per-row RTF p50", _fmt(row_rtf_p50), ""),
-        ("latency p50 / p90", " / ".join(_duration(v / 1000) for v in _pcts(total_ms[ok])[:2]), ""),
+        ("per-row RTF p50", _fmt(_pcts(ok.column(S.RTF))[0]), ""),
+        ("latency p50 / p90", f"{format_duration(latency_p50 / 1000)} / {format_duration(latency_p90 / 1000)}", ""),
     ]
-    parts = [
-        f"<h1>{_e(title)}</h1>",
-        f'<p class="sub">{_e(run.output_dir)} — {len(run.files)} Parquet file(s), {n:,} row(s)</p>',
-    ]
-    if run.notes:
-        parts.append('<div class="notes">' + "<br>".join(_e(x) for x in run.notes) + "</div>")
-    parts.append(
+    return (
         '<h2>Summary</h2><div class="cards">'
         + "".join(
             f'<div class="card {c}"><div class="v">{_e(v)}</div><div class="k">{_e(k)}</div></div>' for k, v, c in cards
@@ -635,180 +619,152 @@ def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]
         + "</div>"
     )
 
-    provenance = []
+
+def _provenance_section(run: _Run) -> str:
+    rows = []
     for col in (S.MODEL, S.DEVICE, S.NODE, S.ACTOR):
-        if run.has(col):
-            values = Counter(v for v in run.strings(col) if v)
-            if values:
-                shown = ", ".join(f"{k} ({c:,})" for k, c in values.most_common(6))
-                more = f", … {len(values) - 6} more" if len(values) > 6 else ""
-                provenance.append([f"<b>{_e(col)}</b>", _e(f"{len(values)}: {shown}{more}")])
-    if provenance:
-        parts.append(_table(["", "distinct values (rows)"], provenance, "prov"))
+        values = metrics.distinct_values(run.table, col) if run.has(col) else []
+        if values:
+            shown = ", ".join(f"{k} ({c:,})" for k, c in values[:6])
+            more = f", … {len(values) - 6} more" if len(values) > 6 else ""
+            rows.append([f"<b>{_e(col)}</b>", _e(f"{len(values)}: {shown}{more}")])
+    return _table(["", "distinct values (rows)"], rows, "prov") if rows else ""
 
+
+def _summary_file_section(summ: dict) -> str:
+    if not summ:
+        return ""
     scalars = [[f"<b>{_e(k)}</b>", ("num", _e(_fmt(v)))] for k, v in summ.items() if _is_scalar(v)]
-    if scalars or summ:
-        parts.append(f"<h2>{_e(SUMMARY_NAME)}</h2>")
-        if scalars:
-            parts.append(_table(["field", "value"], scalars, "kv"))
-        parts.append(_nested_summary(summ))
-
-    # plots
-    plots: list[tuple[str, Optional[str], str]] = []
-    if n:
-        p = _Plots()
-        with p.style():
-            svg, caption = _plot_throughput(p, run, ok)
-            plots.append(("Throughput", svg, caption))
-            lat = total_ms[ok]
-            scale, unit = (1.0, " ms")
-            if _finite(lat).size and float(np.median(_finite(lat))) >= 2000:
-                scale, unit = (1000.0, " s")
-            plots.append(
-                (
-                    "Latency",
-                    _hist(
-                        p,
-                        "latency",
-                        lat / scale,
-                        title="Per-row latency (total_ms, ok rows)",
-                        xlabel=f"total{unit}",
-                        unit=unit,
-                    ),
-                    "Time from admission to finished audio, per row.",
-                )
-            )
-            plots.append(
-                (
-                    "RTF",
-                    _hist(
-                        p,
-                        "rtf",
-                        rtf[ok],
-                        title="Per-row real-time factor (ok rows)",
-                        xlabel="compute seconds per second of audio",
-                        unit="",
-                        ref=1.0,
-                        ref_label="real time (1.0)",
-                    ),
-                    "Below 1.0 a row took less compute time than its audio lasts.",
-                )
-            )
-            plots.append(
-                (
-                    "Outcomes",
-                    _plot_outcomes(p, run, ok),
-                    "eos: the model ended the row; budget: it hit its frame budget (may be cut off).",
-                )
-            )
-            plots.append(
-                (
-                    "Duration",
-                    _hist(
-                        p,
-                        "duration",
-                        seconds[ok],
-                        title="Audio duration per row (ok rows)",
-                        xlabel="seconds",
-                        unit=" s",
-                    ),
-                    "A pile-up at the right edge usually means rows hitting their frame budget.",
-                )
-            )
-    parts.append("<h2>Plots</h2>")
-    if not plots:
-        parts.append('<p class="empty">No rows yet — nothing to plot.</p>')
-    else:
-        parts.append(
-            '<div class="plots">'
-            + "".join(
-                f"<figure>{svg}<figcaption>{_e(cap)}</figcaption></figure>"
-                if svg
-                else f'<figure><p class="empty">{_e(name)}: no data (no ok rows with this value)</p></figure>'
-                for name, svg, cap in plots
-            )
-            + "</div>"
-        )
-
-    # timing breakdown
-    timing = []
-    for col in _TIMING_COLUMNS:
-        if run.has(col):
-            v = run.floats(col)[ok]
-            if _finite(v).size:
-                p50, p90, p99 = _pcts(v)
-                timing.append(
-                    [f"<b>{_e(col)}</b>"] + [("num", _e(_fmt(x))) for x in (float(np.nanmean(v)), p50, p90, p99)]
-                )
-    if timing:
-        parts.append("<h2>Timing (ok rows, ms)</h2>" + _table(["", "mean", "p50", "p90", "p99"], timing, "kv"))
-
-    # errors
-    if n_err:
-        messages = run.strings(S.ERROR)
-        ids = run.strings(S.ID)
-        kinds: Counter = Counter()
-        example: dict[str, Optional[str]] = {}
-        for i in np.flatnonzero(~ok):
-            msg = messages[i] or f"(no message; status={status[i]!r})"
-            kinds[msg] += 1
-            example.setdefault(msg, ids[i])
-        rows = [
-            [("num", f"{c:,}"), ("id", _e(example[m])), ("msg", _e(_cut(m, MAX_ERROR_CHARS)))]
-            for m, c in kinds.most_common(MAX_ERROR_KINDS)
-        ]
-        more = len(kinds) - MAX_ERROR_KINDS
-        parts.append(f"<h2>Errors ({n_err:,} rows, {len(kinds):,} distinct messages)</h2>")
-        parts.append(_table(["rows", "example id", "message"], rows, "errors"))
-        if more > 0:
-            parts.append(f'<p class="sub">… and {more:,} more distinct messages.</p>')
-
-    # per actor
-    if run.has(S.ACTOR) and n:
-        actors = run.strings(S.ACTOR)
-        names = sorted({a for a in actors if a})
-        if len(names) > 1:
-            arr = np.array([a or "" for a in actors], dtype=object)
-            rows = []
-            for a in names[:50]:
-                m = arr == a
-                rows.append(
-                    [f"<b>{_e(a)}</b>"]
-                    + [
-                        ("num", _e(x))
-                        for x in (
-                            f"{int((m & ok).sum()):,}",
-                            f"{int((m & ~ok).sum()):,}",
-                            _duration(float(np.nansum(seconds[m & ok]))),
-                            _fmt(_pcts(total_ms[m & ok])[0]),
-                            _fmt(_pcts(rtf[m & ok])[0]),
-                        )
-                    ]
-                )
-            parts.append(
-                "<h2>Per actor</h2>"
-                + _table(["actor", "ok", "error", "audio", "latency p50 (ms)", "RTF p50"], rows, "kv")
-            )
-
-    # samples
-    parts.append(_samples(run, ok, status, max_audio_rows))
-
-    if bench:
-        parts.append(_bench(bench))
-
-    parts.append(
-        f"<footer>chorus report — generated {_e(time.strftime('%Y-%m-%d %H:%M:%S %Z'))} "
-        f"from {_e(run.output_dir)}</footer>"
-    )
     return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head>"
-        f"<body><main>{''.join(parts)}</main></body></html>\n"
+        f"<h2>{_e(SUMMARY_NAME)}</h2>"
+        + (_table(["field", "value"], scalars, "kv") if scalars else "")
+        + (_nested_summary(summ))
     )
 
 
-def _samples(run: _Run, ok: np.ndarray, status: list, max_audio_rows: int) -> str:
+def _plots_section(run: _Run) -> str:
+    if not run.n:
+        return '<h2>Plots</h2><p class="empty">No rows yet — nothing to plot.</p>'
+    ok = run.ok
+    plots: list[tuple[str, Optional[str], str]] = []
+    p = _Plots()
+    with p.style():
+        svg, caption = _plot_throughput(p, run, ok)
+        plots.append(("Throughput", svg, caption))
+        latency = run.floats(S.TOTAL_MS)[ok]
+        finite_latency = latency[np.isfinite(latency)]
+        scale, unit = (
+            (1000.0, " s") if finite_latency.size and float(np.median(finite_latency)) >= 2000 else (1.0, " ms")
+        )
+        plots.append(
+            (
+                "Latency",
+                _hist(
+                    p,
+                    "latency",
+                    latency / scale,
+                    title="Per-row latency (total_ms, ok rows)",
+                    xlabel=f"total{unit}",
+                    unit=unit,
+                ),
+                "Time from admission to finished audio, per row.",
+            )
+        )
+        plots.append(
+            (
+                "RTF",
+                _hist(
+                    p,
+                    "rtf",
+                    run.floats(S.RTF)[ok],
+                    title="Per-row real-time factor (ok rows)",
+                    xlabel="compute seconds per second of audio",
+                    unit="",
+                    ref=1.0,
+                    ref_label="real time (1.0)",
+                ),
+                "Below 1.0 a row took less compute time than its audio lasts.",
+            )
+        )
+        plots.append(
+            (
+                "Outcomes",
+                _plot_outcomes(p, run, ok),
+                "eos: the model ended the row; budget: it hit its frame budget (may be cut off).",
+            )
+        )
+        plots.append(
+            (
+                "Duration",
+                _hist(
+                    p,
+                    "duration",
+                    run.floats(S.AUDIO_SECONDS)[ok],
+                    title="Audio duration per row (ok rows)",
+                    xlabel="seconds",
+                    unit=" s",
+                ),
+                "A pile-up at the right edge usually means rows hitting their frame budget.",
+            )
+        )
+    return (
+        '<h2>Plots</h2><div class="plots">'
+        + "".join(
+            f"<figure>{svg}<figcaption>{_e(cap)}</figcaption></figure>"
+            if svg
+            else f'<figure><p class="empty">{_e(name)}: no data (no ok rows with this value)</p></figure>'
+            for name, svg, cap in plots
+        )
+        + "</div>"
+    )
+
+
+def _timing_section(run: _Run) -> str:
+    ok = metrics.ok_rows(run.table)
+    rows = []
+    for col in metrics.TIMING_COLUMNS:
+        if run.has(col) and len(metrics.finite(ok.column(col))):
+            figures = [metrics.mean(ok.column(col)), *_pcts(ok.column(col))]
+            rows.append([f"<b>{_e(col)}</b>"] + [("num", _e(_fmt(x))) for x in figures])
+    return "<h2>Timing (ok rows, ms)</h2>" + _table(["", "mean", "p50", "p90", "p99"], rows, "kv") if rows else ""
+
+
+def _errors_section(run: _Run) -> str:
+    n_err = metrics.counts(run.table)["rows_error"]
+    if not n_err:
+        return ""
+    kinds = metrics.error_kinds(run.table, name_missing=True)
+    rows = [
+        [("num", f"{k['rows']:,}"), ("id", _e(k["example_id"])), ("msg", _e(_cut(k["error"], MAX_ERROR_CHARS)))]
+        for k in kinds[:MAX_ERROR_KINDS]
+    ]
+    more = len(kinds) - MAX_ERROR_KINDS
+    return (
+        f"<h2>Errors ({n_err:,} rows, {len(kinds):,} distinct messages)</h2>"
+        + _table(["rows", "example id", "message"], rows, "errors")
+        + (f'<p class="sub">… and {more:,} more distinct messages.</p>' if more > 0 else "")
+    )
+
+
+def _per_actor_section(run: _Run) -> str:
+    actors = {a: f for a, f in metrics.per_actor(run.table).items() if a} if run.has(S.ACTOR) else {}
+    if len(actors) < 2:
+        return ""
+    rows = []
+    for actor, f in list(actors.items())[:50]:
+        cells = (
+            f"{f['rows_ok']:,}",
+            f"{f['rows_error']:,}",
+            format_duration(float(f["audio_s"])),
+            _fmt(f["latency_ms_p50"]),
+            _fmt(f["row_rtf_p50"]),
+        )
+        rows.append([f"<b>{_e(actor)}</b>"] + [("num", _e(x)) for x in cells])
+    return "<h2>Per actor</h2>" + _table(["actor", "ok", "error", "audio", "latency p50 (ms)", "RTF p50"], rows, "kv")
+
+
+def _samples(run: _Run, max_audio_rows: int) -> str:
+    ok, status = run.ok, run.strings(S.STATUS)
     # rows that hit their frame budget are the ones worth a listen (cut off mid-word?):
     # up to a quarter of the audio rows go to them, the rest spread over the other ok rows
     budget = ok & np.array([s == "budget" for s in run.strings(S.STOP_REASON)], dtype=bool)
@@ -839,7 +795,7 @@ def _samples(run: _Run, ok: np.ndarray, status: list, max_audio_rows: int) -> st
             cells.append(f'<td class="text"{tip}>{_e(_cut(t, MAX_TEXT_CHARS))}</td>')
         st = status[i] or "(none)"
         cells.append(f'<td class="status-{"ok" if ok[i] else "error"}">{_e(st)}</td>')
-        cells.append(f'<td class="num">{_e(_duration(float(seconds[i])) if ok[i] else "–")}</td>')
+        cells.append(f'<td class="num">{_e(format_duration(float(seconds[i])) if ok[i] else "–")}</td>')
         cells.append(f"<td>{_e(stops[i] or '–')}</td>")
         cells.append(f'<td class="num">{_e(_fmt(float(rtf[i])) if ok[i] else "–")}</td>')
         cells.append(f'<td class="num">{_e(_fmt(float(total[i])))}</td>')
@@ -896,22 +852,7 @@ def write_report(
     run = _read_run(out)
     page = _render(run, title=title, max_audio_rows=max(0, int(max_audio_rows)), bench=bench)
     target = out / REPORT_NAME
-    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html.tmp", dir=out)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is for sharing
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomically(target, page, prefix=".report-")
     return str(target)
 
 

@@ -8,8 +8,8 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from actors import schema as S
 from helpers import run_module
-from pipeline import schema as S
 
 FIGURES = [
     "rows_per_s",

@@ -554,3 +554,35 @@ def test_cli_round_trip_make_tiny_encode_decode(tmp_path):
     assert soundfile.info(tmp_path / "out.wav").subtype == "FLOAT"
     assert_close(flac, wav, atol=1.0 / 2**15 + 1e-6, what="flac vs wav")
     assert float(wav.std()) > 0.01
+
+
+def test_cli_bad_input_is_one_error_line(tmp_path):
+    # the CLI style every chorus tool shares (actors/cli.py): `error: ...` on stderr, status 2
+    model_dir = tmp_path / "codec"
+    _cli("make-tiny", "--out", str(model_dir))
+    np.save(tmp_path / "codes.npy", np.zeros((10, 3), dtype=np.int64))
+    cases = [
+        (
+            ["decode", "--checkpoint", str(model_dir), str(tmp_path / "codes.npy"), str(tmp_path / "out.mp3")],
+            ".wav or .flac",
+        ),
+        (
+            [
+                "decode",
+                "--checkpoint",
+                str(tmp_path / "none.pth"),
+                str(tmp_path / "codes.npy"),
+                str(tmp_path / "o.wav"),
+            ],
+            "not found",
+        ),
+        (["encode", "--checkpoint", str(model_dir), str(tmp_path / "codes.npy"), str(tmp_path / "c.npy")], "error: "),
+    ]
+    for args, message in cases:
+        result = subprocess.run(
+            [sys.executable, "-m", "actors.codec", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert not list(tmp_path.glob("*.mp3")) and not list(tmp_path.glob(".tmp-*"))

@@ -1,4 +1,4 @@
-"""The engine contracts (docs/architecture.md), each against a real tiny checkpoint."""
+"""The engine contracts (docs/architecture.md §4), each against a real tiny checkpoint."""
 
 import gc
 import json

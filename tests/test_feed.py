@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from actors import schema as S
 from actors.synth import SynthActor
-from pipeline import schema as S
 from pipeline.config import compose, to_plain
 from pipeline.plan import actor_arguments
 

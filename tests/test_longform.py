@@ -12,9 +12,9 @@ import pytest
 import soundfile as sf
 from conftest import DEMO_TABLE
 
+from actors import schema as S
 from actors.engine.segment import utf8_len
 from actors.synth import SynthActor
-from pipeline import schema as S
 from pipeline.config import compose, to_plain
 from pipeline.plan import actor_arguments, run
 

@@ -9,17 +9,20 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
+import yaml
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import MissingMandatoryValue
 
-from pipeline import schema as S
-from pipeline.config import compose, to_plain
+from actors import schema as S
+from actors.engine.settings import EngineConfig
+from pipeline.config import EngineSettings, compose, to_plain
 from pipeline.export import export
 from pipeline.inputs import InputError, scan_input
 from pipeline.output import (
@@ -67,6 +70,29 @@ def test_real_models_need_a_checkpoint_path():
         to_plain(compose(["model=s1_mini"]))
     plain = to_plain(compose(["model=s2_pro", "model.checkpoint=/ckpt/s2-pro"]))
     assert plain["model"]["checkpoint"] == "/ckpt/s2-pro" and plain["model"]["name"] == "s2-pro"
+
+
+def test_engine_groups_only_override_the_defaults():
+    # each engine default lives once, in the dataclasses; a group file states what differs
+    defaults = asdict(EngineSettings())
+    for group in sorted((REPO / "conf" / "engine").glob("*.yaml")):
+        values = yaml.safe_load(group.read_text())
+        assert values, group
+        for key, value in values.items():
+            assert key in defaults, f"{group.name}: {key} is not an engine setting"
+            assert value != defaults[key], f"{group.name}: {key}: {value} restates the default"
+    # every engine setting is a key of the run config (one object from Hydra to the engine)
+    assert set(asdict(EngineConfig())) <= set(to_plain(compose())["engine"])
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["engine.max_rows=0", "engine.prefill_chunk=0", "engine.codec_batch_rows=0", "engine.frames_per_char=-1"],
+)
+def test_out_of_range_engine_settings_are_named_before_any_work(tmp_path, override):
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        run(compose([override, f"output.dir={tmp_path}/out"]))
+    assert not (tmp_path / "out").exists()
 
 
 def test_hydra_run_dir_follows_the_output(tmp_path):
@@ -287,7 +313,10 @@ def test_export_writes_one_safe_file_per_ok_row(tmp_path):
 # ---- layering -------------------------------------------------------------------------
 def test_driver_never_imports_torch():
     code = (
-        "import sys, pipeline.plan, pipeline.export, pipeline.__main__, actors, actors.synth;"
+        "import sys, pipeline.plan, pipeline.export, pipeline.bench, pipeline.report, pipeline.__main__;"
+        # what the driver uses from the actors' side: the column contract, the engine's
+        # settings and types, the actor class (it loads torch in its constructor)
+        "import actors, actors.schema, actors.synth, actors.engine.settings, actors.engine.types;"
         "print('torch' in sys.modules)"
     )
     result = subprocess.run(

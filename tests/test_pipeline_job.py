@@ -27,7 +27,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import schema as S
+from actors import schema as S
 from pipeline.output import OutputLayout
 from tests.helpers import REPO
 

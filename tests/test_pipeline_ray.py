@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from pipeline import schema as S
+from actors import schema as S
 from pipeline.config import compose
 from pipeline.output import (
     CONFIG_FILE,

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import schema as S
+from actors import schema as S
 from pipeline.config import compose
 from pipeline.output import (
     IDENTITY_FILE,

@@ -52,7 +52,7 @@ def flac_tone(seconds: float, freq: float = 440.0) -> bytes:
 def make_rows(
     n: int = 30, *, n_err: int = 4, audio_as: str = "bytes", finished_at: bool = True, out: Path | None = None
 ) -> list[dict]:
-    """Rows shaped like DESIGN.md §4 output. Row 0 is ok and has a hostile id and text; the
+    """Rows shaped like chorus's output (docs/architecture.md §7). Row 0 is ok and has a hostile id and text; the
     last n_err rows are errors (three share one message, one is hostile)."""
     rows = []
     t0 = 1_700_000_000.0

@@ -13,8 +13,9 @@ import pytest
 import soundfile as sf
 from conftest import DEMO_TABLE
 
-from actors.synth import _LRU, SynthActor, row_seed
-from pipeline import schema as S
+from actors import schema as S
+from actors.lru import LRU
+from actors.synth import SynthActor, row_seed
 from pipeline.config import compose, to_plain
 from pipeline.plan import actor_arguments
 
@@ -113,7 +114,7 @@ def test_references_are_encoded_once_per_actor(actor, demo_table, demo_root, mon
     monkeypatch.setattr(
         actor.codec, "encode_batch", lambda waves, **kw: encoded.append(len(waves)) or real(waves, **kw)
     )
-    actor.references = _LRU(8)
+    actor.references = LRU(8)
     table = demo_table.slice(0, 10)
     first = by_id(actor(table))
     distinct = {r for r in table.column(S.SPEAKER).to_pylist() if r}
@@ -124,7 +125,7 @@ def test_references_are_encoded_once_per_actor(actor, demo_table, demo_root, mon
 
 
 def test_reference_cache_is_bounded():
-    cache = _LRU(2)
+    cache = LRU(2)
     for key in "abc":
         cache.put(key, np.zeros(1))
     assert cache.get("a") is None and cache.get("b") is not None

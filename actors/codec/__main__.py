@@ -20,6 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from actors.cli import dispatch, error
+from actors.files import atomic_open, write_atomically
+
 
 def _dtype(name: str) -> torch.dtype:
     choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -44,7 +47,8 @@ def _encode(args: argparse.Namespace) -> int:
         str(args.input), target_sample_rate=codec.sample_rate, max_seconds=float("inf"), min_rms=0.0
     )
     (codes,) = codec.encode_batch([wave])
-    np.save(args.output, codes.astype(np.int64))
+    with atomic_open(args.output) as f:
+        np.save(f, codes.astype(np.int64))
     print(f"{args.input}: {len(wave) / codec.sample_rate:.2f} s -> codes {list(codes.shape)} in {args.output}")
     return 0
 
@@ -56,13 +60,13 @@ def _decode(args: argparse.Namespace) -> int:
 
     suffix = Path(args.output).suffix.lower()
     if suffix not in (".wav", ".flac"):
-        raise SystemExit(f"output must end in .wav or .flac, got {args.output}")
+        return error(f"output must end in .wav or .flac, got {args.output}")
     codec = load_codec(args.checkpoint, device=args.device, dtype=args.dtype)
     codes = np.load(args.input)
     if codes.ndim == 3 and codes.shape[0] == 1:
         codes = codes[0]
     (wave,) = codec.decode_batch([codes])
-    Path(args.output).write_bytes(encode_audio(wave, codec.sample_rate, suffix[1:]))
+    write_atomically(args.output, encode_audio(wave, codec.sample_rate, suffix[1:]))
     print(f"{args.input}: codes {list(codes.shape)} -> {len(wave) / codec.sample_rate:.2f} s in {args.output}")
     return 0
 
@@ -94,7 +98,7 @@ def _bench(args: argparse.Namespace) -> int:
     )
     print(format_table(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        write_atomically(args.json, json.dumps(result, indent=2) + "\n")
     return 0
 
 
@@ -106,20 +110,20 @@ def main(argv: list[str] | None = None) -> int:
     _add_model_arguments(encode)
     encode.add_argument("input", type=Path)
     encode.add_argument("output", type=Path)
-    encode.set_defaults(run=_encode)
+    encode.set_defaults(func=_encode)
 
     decode = commands.add_parser("decode", help="codes .npy -> .wav (float32) or .flac (16-bit)")
     _add_model_arguments(decode)
     decode.add_argument("input", type=Path)
     decode.add_argument("output", type=Path)
-    decode.set_defaults(run=_decode)
+    decode.set_defaults(func=_decode)
 
     tiny = commands.add_parser("make-tiny", help="write a deterministic random tiny codec")
     tiny.add_argument("--out", required=True, type=Path)
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--semantic-codebook-size", type=int, default=128)
     tiny.add_argument("--codebook-size", type=int, default=128)
-    tiny.set_defaults(run=_make_tiny)
+    tiny.set_defaults(func=_make_tiny)
 
     bench = commands.add_parser("bench", help="decode/encode throughput on random weights")
     bench.add_argument("--size", choices=["tiny", "real"], default="tiny")
@@ -135,10 +139,15 @@ def main(argv: list[str] | None = None) -> int:
         help="bfloat16 is ~2x faster on CPUs with bf16 units, ~1.5%% error",
     )
     bench.add_argument("--json", type=Path, default=None)
-    bench.set_defaults(run=_bench)
+    bench.set_defaults(func=_bench)
 
     args = parser.parse_args(argv)
-    return args.run(args)
+    from actors.audio import ReferenceAudioError
+
+    from .config import CodecConfigError
+    from .loader import CodecCheckpointError
+
+    return dispatch(args, (FileNotFoundError, CodecCheckpointError, CodecConfigError, ReferenceAudioError))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import Union
 import torch
 from torch import nn
 
+from ..modules import RMSNorm
 from .config import CONFIG_FILE_NAME, CodecConfig
 from .layers import (
     WEIGHT_NORM_LEGACY,
@@ -33,7 +34,7 @@ from .layers import (
 )
 from .loader import CHECKPOINT_FILE_NAME, codec_from_state_dict
 from .model import Codec
-from .transformer import LayerScale, RMSNorm
+from .transformer import LayerScale
 
 # Per-module gains (weight row norms). Chosen by measuring activation spread
 # on random codes: residual branches are damped so three of them in a row do

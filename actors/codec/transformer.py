@@ -1,9 +1,9 @@
 """Window-limited causal transformer used inside the codec.
 
 Numerics follow upstream's WindowLimitedTransformer: pre-norm blocks with
-LayerScale, RMSNorm in float32, SwiGLU feed-forward, RoPE on interleaved pairs
-whose cos/sin table is rounded to bfloat16 (upstream stores it that way even
-for float32 runs; skipping the rounding moves outputs by ~1e-4..1e-3).
+LayerScale, and the building blocks the dual-AR model shares (actors/modules.py):
+RMSNorm in float32, SwiGLU feed-forward, RoPE on adjacent pairs whose cos/sin
+table is rounded to bfloat16.
 
 Unlike upstream we never allocate block_size x block_size masks: masks are
 built for the actual sequence, and long sequences attend block by block so
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..modules import FeedForward, RMSNorm, apply_rope, rope_table
 from .config import TransformerConfig
 
 # Sequences up to this length attend in one call; longer ones go through
@@ -43,34 +44,12 @@ class _RopeTables:
                 # Grow geometrically so a stream of slightly longer inputs does
                 # not rebuild the table each time.
                 size = max(length, 2 * (0 if table is None else table.shape[0]), 256)
-                table = _rope_table(size, head_dim, base, device)
+                table = rope_table(size, head_dim, base, device)
                 self._tables[key] = table
         return table[:length]
 
 
-def _rope_table(length: int, head_dim: int, base: float, device: torch.device) -> torch.Tensor:
-    """[length, head_dim // 2, 2] (cos, sin) rounded to bfloat16."""
-    with torch.inference_mode(False), torch.no_grad():
-        exponents = torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim
-        inverse_frequencies = 1.0 / (base**exponents)
-        positions = torch.arange(length, device=device)
-        angles = torch.outer(positions, inverse_frequencies)
-        rotations = torch.polar(torch.ones_like(angles), angles)
-        table = torch.stack([rotations.real, rotations.imag], dim=-1)
-        return table.to(torch.bfloat16)
-
-
 ROPE_TABLES = _RopeTables()
-
-
-def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs (x[2i], x[2i+1]) of x [B, T, H, D] in float32."""
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    table = table.view(1, pairs.shape[1], 1, pairs.shape[3], 2)
-    cos, sin = table[..., 0], table[..., 1]
-    even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
-    return rotated.flatten(3).type_as(x)
 
 
 def window_mask(
@@ -88,18 +67,6 @@ def window_mask(
     if window is not None:
         visible &= keys > queries - window
     return visible
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        wide = x.float()
-        normed = wide * torch.rsqrt(torch.mean(wide * wide, dim=-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
 
 
 class LayerScale(nn.Module):
@@ -168,23 +135,12 @@ def windowed_attention(
     return torch.cat(pieces, dim=2)
 
 
-class FeedForward(nn.Module):
-    def __init__(self, config: TransformerConfig):
-        super().__init__()
-        self.w1 = nn.Linear(config.dim, config.intermediate_size, bias=False)
-        self.w3 = nn.Linear(config.dim, config.intermediate_size, bias=False)
-        self.w2 = nn.Linear(config.intermediate_size, config.dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class TransformerBlock(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         # Registration order follows upstream so state dicts list keys alike.
         self.attention = Attention(config)
-        self.feed_forward = FeedForward(config)
+        self.feed_forward = FeedForward(config.dim, config.intermediate_size)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.attention_layer_scale = LayerScale(config.dim)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from actors.cli import dispatch, error
+
 
 def _dtype_arg(p: argparse.ArgumentParser, default: str = "float32") -> None:
     p.add_argument(
@@ -76,12 +78,10 @@ def cmd_score(args) -> int:
     tokens = np.load(args.tokens)
     c = lm.config
     if tokens.ndim != 2 or tokens.shape[0] != 1 + c.num_codebooks or not np.issubdtype(tokens.dtype, np.integer):
-        print(
-            f"error: {args.tokens}: expected an int64 [{1 + c.num_codebooks}, T] token matrix, "
-            f"got {tokens.dtype} {list(tokens.shape)}",
-            file=sys.stderr,
+        return error(
+            f"{args.tokens}: expected an int64 [{1 + c.num_codebooks}, T] token matrix, "
+            f"got {tokens.dtype} {list(tokens.shape)}"
         )
-        return 2
     slow, fast = lm.model.score(torch.from_numpy(tokens.astype(np.int64)).to(lm.device))
     np.savez(args.out, slow_logits=slow.float().cpu().numpy(), fast_logits=fast.float().cpu().numpy())
     print(f"wrote {args.out}: slow_logits {list(slow.shape)}, fast_logits {list(fast.shape)}")
@@ -120,8 +120,7 @@ def cmd_generate(args) -> int:
     engine = Engine(lm, config)
     result = engine.generate([Request("cli", prompt, args.max_frames, sampling, stop_on_eos=not args.no_eos)])[0]
     if result.error:
-        print(f"error: {result.error}", file=sys.stderr)
-        return 2
+        return error(result.error)
     np.save(args.out, result.codes)
     print(
         f"wrote {args.out}: codes {list(result.codes.shape)}, stop {result.stop_reason}, "
@@ -269,11 +268,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from .config import CheckpointError
 
-    try:
-        return args.func(args)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return dispatch(args, (CheckpointError,))
 
 
 if __name__ == "__main__":

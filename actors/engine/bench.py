@@ -162,7 +162,8 @@ def run_bench(args) -> int:
     def mode_row(dtype, max_rows):
         return next((r for r in rows if r["dtype"] == dtype and r["max_rows"] == max_rows), None)
 
-    batched, single = mode_row(dtypes[0], args.max_rows), mode_row(dtypes[0], 1)
+    batched = mode_row(dtypes[0], args.max_rows)
+    single = None if args.no_single else mode_row(dtypes[0], 1)
     # per dtype: does every run of every mode produce that dtype's first mode's codes?
     same = {}
     for d in dtypes:

@@ -31,8 +31,12 @@ PTH_FILE = "model.pth"
 SAFETENSORS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
-_S2_SLOW_PREFIX = "text_model.model."
-_S2_FAST_PREFIX = "audio_decoder."
+# S2-Pro stores the slow stack under one prefix and the fast stack (with the codebook
+# embeddings) under another; chorus's module names are S1's. The one place that spells them.
+S2_SLOW_PREFIX = "text_model.model."
+S2_FAST_PREFIX = "audio_decoder."
+_FAST = "fast_"  # chorus's (and S1's) prefix for the fast stack's modules
+_CODEBOOK_EMBEDDINGS = "codebook_embeddings."  # stored with the fast stack in S2, shared in chorus
 _SPLIT_QKV = re.compile(r"^(.*\.attention)\.(wq|wk|wv)\.(weight|bias)$")
 
 
@@ -112,18 +116,27 @@ def _iter_raw(files: list[Path]) -> Iterator[tuple[str, Callable[[], torch.Tenso
                 yield name, get, str(path)
 
 
+def s2_stored_name(name: str) -> str:
+    """chorus module name -> the name S2-Pro stores it under (what the tiny writer writes)."""
+    if name.startswith(_FAST):
+        return S2_FAST_PREFIX + name[len(_FAST) :]
+    if name.startswith(_CODEBOOK_EMBEDDINGS):
+        return S2_FAST_PREFIX + name
+    return S2_SLOW_PREFIX + name
+
+
 def _canonical_names(names: list[str]) -> dict[str, str]:
-    """stored name -> chorus/upstream module name."""
-    is_s2 = any(n.startswith((_S2_SLOW_PREFIX, _S2_FAST_PREFIX)) for n in names)
+    """stored name -> chorus/upstream module name (the inverse of s2_stored_name for S2)."""
+    is_s2 = any(n.startswith((S2_SLOW_PREFIX, S2_FAST_PREFIX)) for n in names)
     out = {}
     for n in names:
         m = n
         if is_s2:
-            if m.startswith(_S2_SLOW_PREFIX):
-                m = m[len(_S2_SLOW_PREFIX) :]
-            elif m.startswith(_S2_FAST_PREFIX):
-                rest = m[len(_S2_FAST_PREFIX) :]
-                m = rest if rest.startswith("codebook_embeddings.") else "fast_" + rest
+            if m.startswith(S2_SLOW_PREFIX):
+                m = m[len(S2_SLOW_PREFIX) :]
+            elif m.startswith(S2_FAST_PREFIX):
+                rest = m[len(S2_FAST_PREFIX) :]
+                m = rest if rest.startswith(_CODEBOOK_EMBEDDINGS) else _FAST + rest
         elif m.startswith("model."):
             m = m[len("model.") :]
         out[n] = m

@@ -1,5 +1,5 @@
 """The dual-AR transformer (slow + fast stack), gpt-fast style: plain modules, a functional
-KV cache handed in by the caller, numerics matching upstream fish-speech (DESIGN.md §2).
+KV cache handed in by the caller, numerics matching upstream fish-speech (docs/architecture.md §5).
 
 Shapes: B rows, T new columns, C = num_codebooks, S = cache capacity per slot.
 """
@@ -14,27 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..modules import uninitialised_embedding
+from ..modules import FeedForward, RMSNorm, apply_rope, rope_table, uninitialised_embedding
 from .config import ModelConfig
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Norms and RoPE run in float32 (upstream), or float64 when the whole engine does."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-class RMSNorm(nn.Module):
-    """Upstream's RMSNorm: normalise in float32, cast back, then times the weight."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.to(_compute_dtype(x.dtype))
-        normed = xf * torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + self.eps)
-        return normed.to(x.dtype) * self.weight
 
 
 class HeadRMSNorm(nn.Module):
@@ -47,27 +28,6 @@ class HeadRMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-def rope_table(n_positions: int, head_dim: int, base: float, device=None) -> Tensor:
-    """[n_positions, head_dim // 2, 2] (cos, sin), computed in float32 and rounded to
-    bfloat16 exactly as upstream stores it (the rounding is part of the numerics: ~1e-2 on
-    logits if skipped)."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim))
-    angles = torch.outer(torch.arange(n_positions, device=device), inv_freq)
-    table = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
-    return table.to(torch.bfloat16)
-
-
-def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
-    """Rotate ADJACENT pairs (x[2i], x[2i+1]). x: [B, T, H, D]; cos_sin: [B, T, D/2, 2]."""
-    cdt = _compute_dtype(x.dtype)
-    pairs = x.to(cdt).reshape(*x.shape[:-1], -1, 2)
-    cs = cos_sin.to(cdt).unsqueeze(2)  # [B, T, 1, D/2, 2]
-    cos, sin = cs[..., 0], cs[..., 1]
-    re, im = pairs[..., 0], pairs[..., 1]
-    out = torch.stack([re * cos - im * sin, im * cos + re * sin], dim=-1)
-    return out.flatten(3).to(x.dtype)
 
 
 @dataclass
@@ -169,17 +129,6 @@ class Attention(nn.Module):
             keys, values = k.transpose(1, 2), v.transpose(1, 2)
         y = _attend(q.transpose(1, 2), keys, values, mask)
         return self.wo(y.transpose(1, 2).reshape(b, t, q_size))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Module):
@@ -305,7 +254,7 @@ class DualARModel(nn.Module):
 
     # -- slow stack ---------------------------------------------------------------------
     def embed(self, tokens: Tensor) -> Tensor:
-        """tokens [B, 1+C, T] -> x [B, T, dim] (the inference embedding rule of DESIGN.md §2)."""
+        """tokens [B, 1+C, T] -> x [B, T, dim] (the inference embedding rule, docs/architecture.md §5.6)."""
         c = self.config
         main = tokens[:, 0]
         offsets = torch.arange(c.num_codebooks, device=tokens.device) * c.codebook_size

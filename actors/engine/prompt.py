@@ -1,4 +1,4 @@
-"""Request -> the exact token matrix an S1 or S2 checkpoint was trained on (DESIGN.md §2).
+"""Request -> the exact token matrix an S1 or S2 checkpoint was trained on (docs/architecture.md §5.10).
 
 Each text piece is tokenized on its own, as upstream encodes each part of its content
 sequence separately (with a merging BPE, joining first could change the tokens).

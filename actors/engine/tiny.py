@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from .checkpoint import INDEX_FILE, PTH_FILE, s2_stored_name
 from .config import (
     FAMILY_S1,
     FAMILY_S2,
@@ -75,20 +76,8 @@ SIZES = {
         codebook_size=4096,
         vocab_size=155776,
     ),
-    "s1-mini": dict(
-        n_layer=28,
-        dim=1024,
-        n_head=16,
-        n_local_heads=8,
-        head_dim=128,
-        intermediate_size=3072,
-        n_fast_layer=4,
-        fast_head_dim=64,
-        num_codebooks=10,
-        codebook_size=4096,
-        vocab_size=155776,
-    ),
 }
+SIZES["s1-mini"] = dict(SIZES["small"], n_layer=28)  # S1-mini's shapes: "small" with its 28 layers
 
 
 def special_tokens(codebook_size: int) -> dict[str, int]:
@@ -253,23 +242,15 @@ def randomise_(model: torch.nn.Module, seed: int) -> None:
             p.copy_(values.to(torch.bfloat16))  # stored like real checkpoints: bf16 values
 
 
-def _s2_name(name: str) -> str:
-    if name.startswith("fast_"):
-        return "audio_decoder." + name[len("fast_") :]
-    if name.startswith("codebook_embeddings."):
-        return "audio_decoder." + name
-    return "text_model.model." + name
-
-
 def write_weights(out_dir: Path, state_dict: dict, fmt: str, shards: int = 2) -> None:
     """S1: torch.save of a flat state dict to model.pth. S2: S2 key names, safetensors shards
     filled in order up to an even share of the bytes, plus the HF-style index."""
     if fmt == FAMILY_S1:
-        torch.save(state_dict, out_dir / "model.pth")
+        torch.save(state_dict, out_dir / PTH_FILE)
         return
     from safetensors.torch import save_file
 
-    named = {_s2_name(k): v.contiguous() for k, v in state_dict.items()}
+    named = {s2_stored_name(k): v.contiguous() for k, v in state_dict.items()}
     total = sum(v.numel() * v.element_size() for v in named.values())
     per_shard = math.ceil(total / shards)
     groups, current, size = [], {}, 0
@@ -285,7 +266,7 @@ def write_weights(out_dir: Path, state_dict: dict, fmt: str, shards: int = 2) ->
         fname = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
         save_file(group, str(out_dir / fname), metadata={"format": "pt"})
         weight_map.update({k: fname for k in group})
-    (out_dir / "model.safetensors.index.json").write_text(
+    (out_dir / INDEX_FILE).write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
     )
 

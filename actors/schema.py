@@ -1,4 +1,4 @@
-"""The one place that names the columns chorus reads and writes (DESIGN.md §4), and the
+"""The one place that names the columns chorus reads and writes (docs/architecture.md §7), and the
 checks a table must pass before any work starts.
 
 Input columns have canonical names here; `data.columns` maps each to the user's column name
