@@ -23,6 +23,9 @@ REF_AUDIO = "ref_audio"  # WAV/FLAC/OGG bytes
 REF_AUDIO_PATH = "ref_audio_path"  # local path (relative to data.audio_root) or URI
 REF_TEXT = "ref_text"
 REF_ID = "ref_id"  # rows sharing one reference clip
+# the reference already encoded, [num_codebooks][frames] codec codes (python -m pipeline.encode_refs
+# makes them): used instead of ref_audio / ref_audio_path, nothing is encoded
+REF_CODES = "ref_codes"
 SPEAKER = "speaker"  # a label, copied to the output (rows may still differ in clip)
 SEED = "seed"
 # per-row overrides of the run's settings
@@ -32,7 +35,19 @@ TOP_P = "top_p"
 TOP_K = "top_k"
 
 REQUIRED_INPUT = (ID, TEXT)
-OPTIONAL_INPUT = (REF_AUDIO, REF_AUDIO_PATH, REF_TEXT, REF_ID, SPEAKER, SEED, MAX_FRAMES, TEMPERATURE, TOP_P, TOP_K)
+OPTIONAL_INPUT = (
+    REF_AUDIO,
+    REF_AUDIO_PATH,
+    REF_TEXT,
+    REF_ID,
+    REF_CODES,
+    SPEAKER,
+    SEED,
+    MAX_FRAMES,
+    TEMPERATURE,
+    TOP_P,
+    TOP_K,
+)
 INPUT_COLUMNS = REQUIRED_INPUT + OPTIONAL_INPUT
 
 
@@ -47,6 +62,13 @@ def _is_bytes(t: pa.DataType) -> bool:
 def _is_int_or_text(t: pa.DataType) -> bool:
     # numbers stored as text are parsed per row, so one bad value fails one row, not the table
     return pa.types.is_integer(t) or _is_text(t)
+
+
+def _is_int_lists(t: pa.DataType) -> bool:
+    def is_list(x: pa.DataType) -> bool:
+        return pa.types.is_list(x) or pa.types.is_large_list(x) or pa.types.is_fixed_size_list(x)
+
+    return is_list(t) and is_list(t.value_type) and pa.types.is_integer(t.value_type.value_type)
 
 
 def _is_number_or_text(t: pa.DataType) -> bool:
@@ -66,6 +88,7 @@ _KINDS = {
     REF_AUDIO_PATH: _ColumnKind(_is_text, "string"),
     REF_TEXT: _ColumnKind(_is_text, "string"),
     REF_ID: _ColumnKind(_is_text, "string"),
+    REF_CODES: _ColumnKind(_is_int_lists, "list<list<integer>> ([num_codebooks][frames] codec codes)"),
     SPEAKER: _ColumnKind(_is_int_or_text, "string or integer"),
     SEED: _ColumnKind(_is_int_or_text, "integer"),
     MAX_FRAMES: _ColumnKind(_is_int_or_text, "integer"),
@@ -181,12 +204,21 @@ BATCH_ID = "id"
 BATCH_ROWS = "rows"
 BATCH_STARTED_AT = "started_at"  # unix time the actor call began
 BATCH_PREP_MS = "prep_ms"  # parsing, reference decode + encode, prompt building
-BATCH_ENGINE_MS = "engine_ms"  # the continuous-batching engine over the batch's rows
+BATCH_ENGINE_MS = "engine_ms"  # the batch's share of the engine's step time (see below)
 BATCH_CODEC_MS = "codec_ms"  # codes -> waveforms
 BATCH_ENCODE_MS = "encode_ms"  # FLAC encoding + building the output rows
 BATCH_ACTOR_INIT_MS = "actor_init_ms"  # the actor's construction: imports, model + codec load
 BATCH_PEAK_RSS_MB = "peak_rss_mb"  # the actor process's peak resident memory so far
 BATCH_KV_BYTES = "kv_bytes"  # the actor engine's KV cache (slow + fast)
+# the engine is shared by the blocks in flight on an actor: each engine step's time is split
+# among the blocks by their live rows in it, so these sum over blocks to the actor's totals
+BATCH_ENGINE_STEPS = "engine_steps"  # the batch's share of the actor's engine steps
+BATCH_SLOT_ROWS = "slot_rows"  # the batch's live rows summed over engine steps
+BATCH_SLOTS = "slots"  # the actor engine's slots (max_rows)
+# mean over the engine steps the batch had rows in of (live rows of every block / slots)
+BATCH_SLOT_OCCUPANCY = "slot_occupancy"
+# share of the batch's wall time (its call's start to its end) the actor's engine was stepping
+BATCH_ENGINE_BUSY = "engine_busy"
 REPETITION_PENALTY = "repetition_penalty"
 RAS_WINDOW = "ras_window"
 # long-form rows are generated as a chain of segments (1 for a row that fits one request)
@@ -213,6 +245,11 @@ BATCH_TYPE = pa.struct(
         pa.field(BATCH_ACTOR_INIT_MS, pa.float64()),
         pa.field(BATCH_PEAK_RSS_MB, pa.float64()),
         pa.field(BATCH_KV_BYTES, pa.int64()),
+        pa.field(BATCH_ENGINE_STEPS, pa.float64()),
+        pa.field(BATCH_SLOT_ROWS, pa.float64()),
+        pa.field(BATCH_SLOTS, pa.int32()),
+        pa.field(BATCH_SLOT_OCCUPANCY, pa.float64()),
+        pa.field(BATCH_ENGINE_BUSY, pa.float64()),
     ]
 )
 AUDIO_TYPE = pa.struct([pa.field(AUDIO_BYTES, pa.binary()), pa.field(AUDIO_PATH, pa.string())])

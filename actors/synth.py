@@ -2,12 +2,23 @@
 a reference cache; each call turns an Arrow batch of input rows into an Arrow batch of output
 rows (actors/schema.py), exactly one per input row, whatever happened to it.
 
-Per batch: parse each row's settings -> decode and encode references (cached per actor) ->
-cut each row's text into segments and stream them through the engine (a long row is a chain
-of requests, the next segment added the moment the previous one finishes) -> decode each
-row's codes to audio in batches -> FLAC. A row that fails at any step becomes a status=error
-row naming the step and the cause; nothing a row contains can raise out of the call and lose
-the batch.
+An actor is a continuously fed server. Several calls (blocks) run at once (SynthStage, the
+async face Ray Data drives, up to engine.max_concurrent_blocks), and three kinds of thread
+share the work:
+
+    caller (one per block): parse each row's settings -> decode and encode references
+        (cached per actor) -> cut the text into segments, build the first prompt -> hand the
+        rows to the engine loop (at most max_rows + feed_queue_rows in flight) -> wait
+    engine loop (one per actor, owns the engine): add segments to free slots from every
+        block's rows, step; a long row is a chain of requests, the next segment added the
+        moment the previous one finishes
+    finisher (one per actor): decode finished rows' codes to audio in batches of similar
+        length -> FLAC -> the row's output; the block's call returns when its last row is here
+
+so a slot freed at the end of one block is refilled from the next at once, and the engine
+never waits for references, the codec or FLAC. A row that fails at any step becomes a
+status=error row naming the step and the cause; nothing a row contains can raise out of the
+call and lose the batch.
 
 torch, the engine and the codec load inside __init__, so importing this module (the driver
 does, to name the class) stays light.
@@ -15,17 +26,22 @@ does, to name the class) stays light.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import hashlib
+import itertools
 import logging
 import math
 import os
+import queue
 import re
 import socket
 import sys
 import threading
 import time
 import traceback
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -147,6 +163,9 @@ class _Row:
     result: Any = None
     wave: Optional[np.ndarray] = None
     codec_ms: float = 0.0
+    decode_ms: float = 0.0  # the row's share of its codec decode call
+    block: Any = None  # the _Block the row came in
+    first_prompt: Any = None  # segment 0's prompt, built by the block's caller thread
     # long form: the row's text segments, their frame budgets and results so far
     segments: list = field(default_factory=list)
     segment_frames_budget: list = field(default_factory=list)
@@ -162,6 +181,71 @@ class _Row:
         if self.error is None:  # the first failure is the cause; later ones are consequences
             self.error = message
             self.retryable = retryable
+
+
+class _Block:
+    """One call's batch inside the actor: its rows' outputs as they finish, and what the
+    shared engine did for it. The engine loop adds its step shares, the finisher its outputs."""
+
+    def __init__(self, number: int, size: int, busy_s: float):
+        self.number = number
+        self.started, self.started_unix = time.perf_counter(), time.time()
+        self.outputs: list = [None] * size
+        self.remaining = size
+        self.done = threading.Event()
+        if size == 0:
+            self.done.set()
+        self._lock = threading.Lock()
+        self.busy_at_start = busy_s  # the actor's engine busy seconds when the block came in
+        self.prep_ms = self.codec_ms = self.encode_ms = 0.0
+        self.engine_ms = self.engine_steps = self.slot_rows = 0.0
+        self.occupancy_sum, self.steps_seen = 0.0, 0
+
+    def finish(self, row: _Row, out: dict, encode_ms: float) -> None:
+        with self._lock:
+            self.outputs[row.index] = out
+            self.codec_ms += row.decode_ms
+            self.encode_ms += encode_ms
+            self.remaining -= 1
+            if self.remaining == 0:
+                self.done.set()
+
+
+class _Gate:
+    """Blocks share the actor; a suspect block (one that killed actors before) runs alone, so
+    the crash ledger blames only its rows. Shared holders wait while an exclusive one waits."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def shared(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not self._exclusive and not self._shared)
+            self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
 
 
 class SynthActor:
@@ -259,6 +343,20 @@ class SynthActor:
         self.run_id = run_id
         self.crash_on_batch, self.crash_marker = int(crash_on_batch or 0), crash_marker
         self.batches = 0
+        self._batch_numbers = itertools.count(1)
+        self.max_concurrent_blocks = max(1, int(engine.get("max_concurrent_blocks", 2)))
+        self._gate = _Gate()
+        self._references_lock = threading.Lock()
+        # back-pressure: rows past their caller's preparation and not yet out of the engine
+        in_flight = self.engine.config.max_rows + max(0, int(engine.get("feed_queue_rows", 8)))
+        self._in_flight = threading.BoundedSemaphore(in_flight)
+        self._inbox: queue.Queue = queue.Queue()  # rows for the engine loop
+        self._finished: queue.Queue = queue.Queue()  # rows for the finisher
+        # on CUDA the finisher's codec work goes on a stream of its own, so it overlaps the
+        # engine's kernels instead of queueing behind them (CPU: threads are enough)
+        self._codec_stream = torch.cuda.Stream(device=self.lm.device) if self.lm.device.type == "cuda" else None
+        self.busy_s = 0.0  # seconds the engine loop spent in engine.step()
+        self.step_blocks: deque = deque(maxlen=4096)  # per engine step: the blocks whose rows were live (tests)
         self.init_ms = (time.perf_counter() - constructed) * 1000.0
         self.model_name = model.get("name") or self.lm.name
         self.device = str(self.lm.device)
@@ -267,6 +365,8 @@ class SynthActor:
         self._audio = audio
         self._Request, self._PromptError, self._STOP_ERROR = Request, PromptError, STOP_ERROR
         self._PreviousSegment, self._STOP_BUDGET = PreviousSegment, STOP_BUDGET
+        for target, name in ((self._engine_loop, "chorus-engine"), (self._finisher_loop, "chorus-finisher")):
+            threading.Thread(target=target, name=name, daemon=True).start()
         log.info(
             "SynthActor %s ready on %s in %.1fs: %s (%s), codec %s, kv %s",
             self.actor,
@@ -280,24 +380,36 @@ class SynthActor:
 
     # ---- the Ray Data call ----------------------------------------------------------
     def __call__(self, batch: pa.Table) -> pa.Table:
-        self.batches += 1
-        self._maybe_crash()
+        """One block, start to end; safe to call from several threads at once (SynthStage
+        does), the blocks then sharing the engine's slots."""
+        number = next(self._batch_numbers)
+        self.batches = max(self.batches, number)
+        self._maybe_crash(number)
         if self.ledger is None or batch.num_rows == 0:
-            return self._process(batch)
+            with self._gate.shared():
+                return self._process(batch, number)
         ids = [i if isinstance(i, str) else "" for i in batch.column(S.ID).to_pylist()]
         block_key = "block-" + _ids_key(ids)
-        crashes = self.ledger.begin(block_key)
-        if crashes < self.quarantine_after:
-            table = self._process(batch)
+        # a block is counted as running (begin) only once past the gate: one waiting for a
+        # suspect block to finish alone is not blamed if that one kills the actor
+        if self.ledger.count(block_key) < self.quarantine_after:
+            with self._gate.shared():
+                self.ledger.begin(block_key)
+                table = self._process(batch, number)
         else:
-            # this block killed the actor `crashes` times: run its rows alone, so the one that
-            # does it is found (it dies once more, alone) and quarantined on the next try
-            log.warning("block of %d rows killed the actor %d times; running its rows alone", len(ids), crashes)
-            table = pa.concat_tables([self._process_alone(batch.slice(i, 1), ids[i]) for i in range(len(ids))])
+            # this block killed the actor that often: run its rows alone -- no other block in
+            # the actor meanwhile -- so the one that does it is found (it dies once more,
+            # alone) and quarantined on the next try
+            log.warning("block of %d rows killed the actor before; running its rows alone", len(ids))
+            with self._gate.exclusive():
+                self.ledger.begin(block_key)
+                table = pa.concat_tables(
+                    [self._process_alone(batch.slice(i, 1), ids[i], number) for i in range(len(ids))]
+                )
         self.ledger.end(block_key)
         return table
 
-    def _process_alone(self, row_batch: pa.Table, row_id: str) -> pa.Table:
+    def _process_alone(self, row_batch: pa.Table, row_id: str, number: int) -> pa.Table:
         row_key = "row-" + _ids_key([row_id])
         if self.ledger.begin(row_key) >= 1:  # it was running alone when the actor died
             self.ledger.end(row_key)
@@ -308,21 +420,23 @@ class SynthActor:
             row = _Row(0, row_id, row_batch.to_pylist()[0])
             row.fail(message, retryable=False)
             return output_table_per_row([self._error_output(row, message, retryable=False)])
-        table = self._process(row_batch)
+        table = self._process(row_batch, number)
         self.ledger.end(row_key)
         return table
 
-    def _process(self, batch: pa.Table) -> pa.Table:
+    def _process(self, batch: pa.Table, number: int) -> pa.Table:
         if self.crash_on_id is not None and self.crash_on_id in batch.column(S.ID).to_pylist():
             log.warning("crash_on_id=%r: actor %s exits now", self.crash_on_id, self.actor)
             os._exit(71)  # test hook: a row that kills its process (segfault, OOM)
         if self.block_timeout_s is None:
-            return self._process_rows(batch)
+            return self._process_rows(batch, number)
+        # the block's clock includes its wait for slots behind the other blocks in flight:
+        # block_timeout_s must cover max_concurrent_blocks blocks' work
         watchdog = threading.Timer(self.block_timeout_s, self._watchdog_fires, args=(batch.num_rows,))
         watchdog.daemon = True
         watchdog.start()
         try:
-            return self._process_rows(batch)
+            return self._process_rows(batch, number)
         finally:
             watchdog.cancel()
 
@@ -341,49 +455,61 @@ class SynthActor:
             handler.flush()
         os._exit(72)
 
-    def _process_rows(self, batch: pa.Table) -> pa.Table:
-        started, started_unix = time.perf_counter(), time.time()
-        marks = [started]  # phase boundaries: prep | engine | codec | encode
-        rows = [_Row(i, values.get(S.ID), values) for i, values in enumerate(batch.to_pylist())]
+    def _process_rows(self, batch: pa.Table, number: int) -> pa.Table:
+        block = _Block(number, batch.num_rows, self.busy_s)
+        rows = [_Row(i, values.get(S.ID), values, block=block) for i, values in enumerate(batch.to_pylist())]
         try:
             for row in rows:
                 self._parse(row)
             self._prepare_references([r for r in rows if r.error is None and r.ref_key])
-            marks.append(time.perf_counter())
-            self._generate([r for r in rows if r.error is None])
-            marks.append(time.perf_counter())
-            self._decode([r for r in rows if r.error is None])
-        except Exception as e:  # a bug or a device failure: the rows still come back, as errors
+            for row in rows:
+                if row.error is None:
+                    self._plan_row(row)
+        except Exception as e:  # a bug: the rows still come back, as errors
             log.error("batch failed in %s:\n%s", self.actor, traceback.format_exc())
             for row in rows:
-                if row.wave is None:
-                    row.fail(f"internal error in actor {self.actor}: {e!r}", retryable=True)
-        marks += [time.perf_counter()] * (4 - len(marks))
-        out_rows = [self._output_row_or_error(r) for r in rows]
-        marks.append(time.perf_counter())
-        phase_ms = [(b - a) * 1000.0 for a, b in zip(marks[:-1], marks[1:])]
+                row.fail(f"internal error in actor {self.actor}: {e!r}", retryable=True)
+        block.prep_ms = (time.perf_counter() - block.started) * 1000.0
+        for row in rows:
+            if row.error is not None:
+                block.finish(row, self._output_row_or_error(row), 0.0)
+            else:
+                self._in_flight.acquire()  # released when the row leaves the engine
+                self._inbox.put(row)
+        block.done.wait()
+        wall_s = time.perf_counter() - block.started
+        slots = self.engine.config.max_rows
         batch_stats = {
-            S.BATCH_ID: f"{self.actor}:{self.batches}",
+            S.BATCH_ID: f"{self.actor}:{number}",
             S.BATCH_ROWS: len(rows),
-            S.BATCH_STARTED_AT: started_unix,
-            S.BATCH_PREP_MS: phase_ms[0],
-            S.BATCH_ENGINE_MS: phase_ms[1],
-            S.BATCH_CODEC_MS: phase_ms[2],
-            S.BATCH_ENCODE_MS: phase_ms[3],
+            S.BATCH_STARTED_AT: block.started_unix,
+            S.BATCH_PREP_MS: block.prep_ms,
+            S.BATCH_ENGINE_MS: block.engine_ms,
+            S.BATCH_CODEC_MS: block.codec_ms,
+            S.BATCH_ENCODE_MS: block.encode_ms,
             S.BATCH_ACTOR_INIT_MS: self.init_ms,
             S.BATCH_PEAK_RSS_MB: _peak_rss_mb(),
             S.BATCH_KV_BYTES: int(self.engine.kv_bytes()["total"]),
+            S.BATCH_ENGINE_STEPS: block.engine_steps,
+            S.BATCH_SLOT_ROWS: block.slot_rows,
+            S.BATCH_SLOTS: slots,
+            S.BATCH_SLOT_OCCUPANCY: block.occupancy_sum / block.steps_seen if block.steps_seen else None,
+            S.BATCH_ENGINE_BUSY: min(1.0, (self.busy_s - block.busy_at_start) / wall_s) if wall_s > 0 else None,
         }
+        out_rows = block.outputs
         for out in out_rows:
             out[S.BATCH] = batch_stats
         table = output_table_per_row(out_rows)
-        log.debug("batch %d: %d rows in %.2fs", self.batches, len(rows), time.perf_counter() - started)
+        # what each row's segments did, with the engine step each finished at (tests and
+        # debugging read it; the last block to finish wins)
+        self.last_segments = {row.id: list(zip(row.segment_steps, row.segment_results)) for row in rows}
+        log.debug("batch %d: %d rows in %.2fs", number, len(rows), wall_s)
         return table
 
-    def _maybe_crash(self) -> None:
+    def _maybe_crash(self, number: int) -> None:
         """Test hook for the fault-tolerance test: exit hard (no cleanup, as a killed process
         would) on the N-th batch; the marker file makes it happen once per run."""
-        if not self.crash_on_batch or self.batches != self.crash_on_batch:
+        if not self.crash_on_batch or number != self.crash_on_batch:
             return
         if self.crash_marker:
             try:
@@ -444,6 +570,11 @@ class SynthActor:
 
     def _parse_reference(self, row: _Row) -> None:
         v = row.values
+        if v.get(S.REF_CODES) is not None:  # already encoded: no clip is read, nothing is encoded
+            row.ref_codes = self._check_ref_codes(v[S.REF_CODES])
+            digest = hashlib.blake2b(str(row.ref_codes.shape).encode() + row.ref_codes.tobytes(), digest_size=16)
+            row.ref_key = "codes:" + digest.hexdigest()  # rows with the same codes share the prompt prefix
+            return
         audio_bytes, audio_path = v.get(S.REF_AUDIO), v.get(S.REF_AUDIO_PATH)
         if audio_bytes is not None:
             if len(audio_bytes) > self.max_reference_bytes:
@@ -471,14 +602,95 @@ class SynthActor:
         shared_id = v.get(S.REF_ID)
         row.ref_key = f"ref_id:{shared_id}" if shared_id else identity
 
+    def engine_only(self, batch: pa.Table) -> dict:
+        """The batch's rows through the engine alone, in this thread, nothing else running in
+        the actor: references, segments and first prompts are made first (untimed), then every
+        segment is generated as in a run (a freed slot refilled at once, a long row's next
+        segment first) and no audio is decoded. What a run's frames/s is compared to
+        (pipeline.bench's vs_engine_only). Call it on an actor with no block in flight."""
+        block = _Block(0, batch.num_rows, self.busy_s)
+        rows = [_Row(i, values.get(S.ID), values, block=block) for i, values in enumerate(batch.to_pylist())]
+        for row in rows:
+            self._parse(row)
+        self._prepare_references([r for r in rows if r.error is None and r.ref_key])
+        for row in rows:
+            if row.error is None:
+                self._plan_row(row)
+        ready: deque[_Row] = deque(r for r in rows if r.error is None)
+        running: dict[str, _Row] = {}
+        slots, steps = self.engine.config.max_rows, 0
+        began = time.perf_counter()
+        while ready or running:
+            while ready and len(running) < slots:
+                self._submit_next_segment(ready.popleft(), running)
+            if not running:
+                continue
+            finished = self.engine.step()
+            steps += 1
+            for result in finished:
+                row = running.pop(result.request_id)
+                self._segment_done(row, result)
+                if row.error is None and len(row.segment_results) < len(row.segments):
+                    ready.appendleft(row)
+        seconds = time.perf_counter() - began
+        return {
+            "rows": sum(1 for r in rows if r.error is None),
+            "frames": sum(result.frames for r in rows for result in r.segment_results),
+            "seconds": seconds,
+            "steps": steps,
+        }
+
+    def encode_references(self, batch: pa.Table) -> list[tuple[Optional[np.ndarray], Optional[str]]]:
+        """Per row of an input batch (canonical column names): (its reference's codes, None),
+        (None, None) when it has no reference, or (None, why it has none). The same checks,
+        loading and encoding as a synthesized row's reference, each distinct clip encoded once
+        (python -m pipeline.encode_refs)."""
+        rows = [_Row(i, values.get(S.ID), values) for i, values in enumerate(batch.to_pylist())]
+        for row in rows:
+            try:
+                self._parse_reference(row)
+            except RowError as e:
+                row.fail(str(e))
+        self._prepare_references([r for r in rows if r.error is None and r.ref_key])
+        return [(None, r.error) if r.error is not None else (r.ref_codes, None) for r in rows]
+
+    def _check_ref_codes(self, value: Any) -> np.ndarray:
+        """A ref_codes cell as the codec's codes array: [num_codebooks][frames] integers
+        within the codebooks, at most max_reference_seconds long; RowError naming what is off."""
+        mc = self.lm.config
+        expected = (
+            f"ref_codes must be [{mc.num_codebooks}][frames] integers (python -m pipeline.encode_refs makes them)"
+        )
+        try:
+            codes = np.asarray(value)
+        except ValueError:  # ragged lists
+            raise RowError(f"{expected}; its codebooks differ in length") from None
+        if codes.ndim != 2 or codes.shape[0] != mc.num_codebooks:
+            raise RowError(f"{expected}; got shape {list(codes.shape)}")
+        if codes.shape[1] == 0:
+            raise RowError("ref_codes has no frames")
+        if not np.issubdtype(codes.dtype, np.integer):
+            raise RowError(f"{expected}; got {codes.dtype} values")
+        if codes.min() < 0 or codes.max() >= mc.codebook_size:
+            raise RowError(f"ref_codes values must lie in [0, {mc.codebook_size}) (the model's codebook size)")
+        frames_limit = math.ceil(self.max_reference_seconds * self.codec.sample_rate / self.codec.frame_length)
+        if codes.shape[1] > frames_limit:
+            raise RowError(
+                f"ref_codes has {codes.shape[1]} frames, more than data.max_reference_seconds="
+                f"{self.max_reference_seconds:g} allows ({frames_limit})"
+            )
+        return codes.astype(np.int64)
+
     # ---- references -----------------------------------------------------------------
     def _prepare_references(self, rows: list[_Row]) -> None:
         by_key: dict[str, list[_Row]] = {}
         for row in rows:
-            by_key.setdefault(row.ref_key, []).append(row)
+            if row.ref_codes is None:  # rows given ref_codes have theirs
+                by_key.setdefault(row.ref_key, []).append(row)
         waves, keys = [], []
         for key, group in by_key.items():
-            cached = self.references.get(key)
+            with self._references_lock:  # the callers of concurrent blocks share the cache
+                cached = self.references.get(key)
             if cached is not None:
                 for row in group:
                     row.ref_codes = cached
@@ -509,7 +721,8 @@ class SynthActor:
         for key, key_codes in zip(keys, codes):
             if key_codes is None:
                 continue
-            self.references.put(key, key_codes)
+            with self._references_lock:
+                self.references.put(key, key_codes)
             for row in by_key[key]:
                 row.ref_codes = key_codes
                 row.codec_ms += share_ms / len(by_key[key])
@@ -594,67 +807,157 @@ class SynthActor:
         return candidate
 
     # ---- generation -----------------------------------------------------------------
-    def _generate(self, rows: list[_Row]) -> None:
-        """Every row's segments through the engine's streaming API. The actor hands the engine
-        at most one request per slot, so each request added runs from the next step on; when a
+    def _plan_row(self, row: _Row) -> None:
+        """In the block's caller thread: escape the text, cut it into segments and build the
+        first segment's prompt, so the engine loop only adds it."""
+        text = row.text if row.text is not None else row.values.get(S.TEXT)
+        ref_text = row.values.get(S.REF_TEXT)
+        if not self.allow_special_tokens:
+            text, ref_text = self.escape_special_tokens(text), self.escape_special_tokens(ref_text)
+            row.values = {**row.values, S.TEXT: text, S.REF_TEXT: ref_text}
+        try:
+            self._plan_segments(row)
+        except (self._PromptError, RowError, ValueError) as e:
+            row.fail(str(e))
+            return
+        row.first_prompt = self._segment_prompt(row)
+
+    # ---- the engine loop (one thread per actor, the engine's only user) -------------
+    def _engine_loop(self) -> None:
+        """Every block's rows through the engine's streaming API. The loop hands the engine at
+        most one request per slot, so each request added runs from the next step on; when a
         segment finishes, the row's next segment (with the codes of the segments before it in
         its prompt) goes in first, ahead of rows not started yet. So a long row keeps one slot
-        busy from start to end and short rows flow through the other slots meanwhile."""
+        busy from start to end, short rows flow through the other slots meanwhile, and a slot
+        freed by the last row of one block is taken by the next block's first."""
         ready: deque[_Row] = deque()  # rows whose next segment can be added
-        for row in rows:
-            text = row.text if row.text is not None else row.values.get(S.TEXT)
-            ref_text = row.values.get(S.REF_TEXT)
-            if not self.allow_special_tokens:
-                text, ref_text = self.escape_special_tokens(text), self.escape_special_tokens(ref_text)
-                row.values = {**row.values, S.TEXT: text, S.REF_TEXT: ref_text}
-            try:
-                self._plan_segments(row)
-            except (self._PromptError, RowError, ValueError) as e:
-                row.fail(str(e))
-                continue
-            ready.append(row)
         running: dict[str, _Row] = {}  # request id -> the row whose segment it is
-        slots = self.engine.config.max_rows
-        while ready or running:
-            while ready and len(running) < slots:
-                self._submit_next_segment(ready.popleft(), running)
-            if not running:  # every submission failed (a row error each): go on with the rest
-                continue
-            if not self.engine.has_unfinished():
-                break
+        # rows that were in the engine when it raised: they run one at a time, so a row that
+        # breaks the engine fails only itself; full slots again once they are through
+        suspects: set[int] = set()
+        while True:
             try:
-                finished = self.engine.step()
-            except Exception as e:
-                # the engine itself broke: take the running segments back and go on one request
-                # at a time, so a row that breaks the engine fails only itself
-                for request_id, row in list(running.items()):
-                    self.engine.abort(request_id)
-                    if slots == 1:
-                        log.error("row %r failed the engine alone:\n%s", row.id, traceback.format_exc())
-                        row.fail(f"internal error in the engine: {e!r}", retryable=True)
-                    else:
-                        ready.appendleft(row)  # its current segment starts again
-                running.clear()
-                if slots > 1:
-                    log.warning("engine failed with %d rows in flight (%r); running each row alone", len(rows), e)
-                    slots = 1
-                continue
-            self.engine_steps += 1
-            for result in finished:
-                row = running.pop(result.request_id, None)
-                if row is None:  # not ours (another caller's request): cannot happen in an actor
+                self._take_rows(ready, wait=not ready and not running)
+                limit = 1 if suspects else self.engine.config.max_rows
+                while ready and len(running) < limit:
+                    row = ready.popleft()
+                    self._submit_next_segment(row, running)
+                    if row.error is not None:  # its prompt could not be built: a row error
+                        self._generation_done(row, suspects)
+                if not running:
                     continue
-                self._segment_done(row, result)
-                if row.error is None and len(row.segment_results) < len(row.segments):
-                    ready.appendleft(row)
-                else:
-                    # a failed row reports the failing segment's result, as a one-segment row does
-                    row.result = _joined_result(row.segment_results) if row.error is None else result
-        for row in [*running.values(), *ready]:  # the engine stopped without answering: never silently ok
-            row.fail(f"generation: the engine finished without a result for segment {len(row.segment_results) + 1}")
-        # what each row's segments did in this call, with the step each finished at (tests and
-        # debugging read it; rows are small and it is replaced every call)
-        self.last_segments = {row.id: list(zip(row.segment_steps, row.segment_results)) for row in rows}
+                if not self.engine.has_unfinished():  # the engine stopped without answering: never silently ok
+                    for row in running.values():
+                        row.fail(
+                            f"generation: the engine finished without a result for segment "
+                            f"{len(row.segment_results) + 1}"
+                        )
+                        self._generation_done(row, suspects)
+                    running.clear()
+                    continue
+                live = list(running.values())
+                began = time.perf_counter()
+                try:
+                    finished = self.engine.step()
+                except Exception as e:
+                    self._engine_failed(e, running, ready, suspects)
+                    continue
+                self._account_step(live, time.perf_counter() - began)
+                for result in finished:
+                    row = running.pop(result.request_id, None)
+                    if row is None:  # not ours (another caller's request): cannot happen in an actor
+                        continue
+                    self._segment_done(row, result)
+                    if row.error is None and len(row.segment_results) < len(row.segments):
+                        ready.appendleft(row)
+                    else:
+                        # a failed row reports the failing segment's result, as a one-segment row does
+                        row.result = _joined_result(row.segment_results) if row.error is None else result
+                        self._generation_done(row, suspects)
+            except Exception as e:  # a bug in this loop: fail what it holds, keep serving
+                log.error("engine loop failed in %s:\n%s", self.actor, traceback.format_exc())
+                for request_id in list(running):
+                    self.engine.abort(request_id)
+                for row in [*running.values(), *ready]:
+                    row.fail(f"internal error in actor {self.actor}: {e!r}", retryable=True)
+                    self._generation_done(row, suspects)
+                running.clear()
+                ready.clear()
+
+    def _take_rows(self, ready: deque, wait: bool) -> None:
+        if wait:
+            ready.append(self._inbox.get())
+        while True:
+            try:
+                ready.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _engine_failed(self, error: Exception, running: dict, ready: deque, suspects: set) -> None:
+        """The engine itself raised: take the running segments back (each starts again) and
+        run them one at a time; one that fails alone is that row's error."""
+        alone = bool(suspects)
+        for request_id, row in list(running.items()):
+            self.engine.abort(request_id)
+            if alone:
+                log.error("row %r failed the engine alone:\n%s", row.id, traceback.format_exc())
+                row.fail(f"internal error in the engine: {error!r}", retryable=True)
+                self._generation_done(row, suspects)
+            else:
+                suspects.add(id(row))
+                ready.appendleft(row)
+        if not alone:
+            log.warning("engine failed with %d rows in flight (%r); running each of them alone", len(running), error)
+        running.clear()
+
+    def _account_step(self, live: list[_Row], seconds: float) -> None:
+        """One engine step's time and slots, shared among the blocks whose rows were live."""
+        self.engine_steps += 1
+        self.busy_s += seconds
+        per_block = Counter(row.block for row in live)
+        occupancy = len(live) / self.engine.config.max_rows
+        for block, rows in per_block.items():
+            share = rows / len(live)
+            block.engine_ms += seconds * 1000.0 * share
+            block.engine_steps += share
+            block.slot_rows += rows
+            block.occupancy_sum += occupancy
+            block.steps_seen += 1
+        self.step_blocks.append((self.engine_steps, frozenset(b.number for b in per_block)))
+
+    def _generation_done(self, row: _Row, suspects: set) -> None:
+        """The row is out of the engine (done or failed): its slot in the bound frees, and the
+        finisher takes it."""
+        suspects.discard(id(row))
+        self._in_flight.release()
+        self._finished.put(row)
+
+    # ---- the finisher (one thread per actor): codec decode, FLAC, output rows -------
+    def _finisher_loop(self) -> None:
+        if self._codec_stream is not None:
+            import torch
+
+            torch.cuda.set_stream(self._codec_stream)  # this thread's current stream from now on
+        while True:
+            rows = [self._finished.get()]
+            while len(rows) < self.codec_batch_rows:
+                try:
+                    rows.append(self._finished.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                # similar lengths decode together: a batch pads to its longest row
+                self._decode(sorted((r for r in rows if r.error is None), key=lambda r: r.result.frames))
+            except Exception as e:  # a bug or a device failure: the rows still come back, as errors
+                log.error("decode failed in %s:\n%s", self.actor, traceback.format_exc())
+                for row in rows:
+                    if row.wave is None:
+                        row.fail(f"internal error in actor {self.actor}: {e!r}", retryable=True)
+            for row in rows:
+                began = time.perf_counter()
+                out = self._output_row_or_error(row)
+                row.wave = None  # the FLAC holds it now; an actor keeps no decoded audio longer
+                row.block.finish(row, out, (time.perf_counter() - began) * 1000.0)
 
     def _plan_segments(self, row: _Row) -> None:
         """The row's segments and each one's frame budget. A text that fits one segment stays
@@ -710,22 +1013,32 @@ class SynthActor:
             raise RowError("text is empty")
         return text
 
-    def _submit_next_segment(self, row: _Row, running: dict) -> None:
+    def _segment_prompt(self, row: _Row):
+        """The prompt of the row's next segment (None and a row error if it cannot be built)."""
         k = len(row.segment_results)
-        frames = row.segment_frames_budget[k]
         previous = [self._PreviousSegment(s, r.codes) for s, r in zip(row.segments, row.segment_results)]
         try:
-            prompt = self.builder.build_segment(
+            return self.builder.build_segment(
                 row.segments[k],
                 previous,
                 ref_text=row.values.get(S.REF_TEXT),
                 ref_codes=row.ref_codes,
-                max_columns=self._row_positions - frames,
+                max_columns=self._row_positions - row.segment_frames_budget[k],
             )
         except self._PromptError as e:
             row.fail(self._segment_label(row, k) + str(e))
+            return None
+
+    def _submit_next_segment(self, row: _Row, running: dict) -> None:
+        k = len(row.segment_results)
+        frames = row.segment_frames_budget[k]
+        prompt, row.first_prompt = (row.first_prompt if k == 0 else None), None
+        if prompt is None:
+            prompt = self._segment_prompt(row)
+        if prompt is None:
             return
-        request_id = f"{row.index}#{k}"  # unique in the batch whatever the ids are
+        # unique in the actor whatever the ids are: block number, row in the block, segment
+        request_id = f"{row.block.number}.{row.index}#{k}"
         # segment 0 samples with the row's seed (a one-segment row is what it always was); each
         # later segment draws its own stream, derived from the row's seed, rather than replaying it
         sampling = row.sampling if k == 0 else row.sampling.with_seed(row_seed(f"segment {k}", row.seed))
@@ -786,7 +1099,8 @@ class SynthActor:
             for row, wave in zip(group, waves):
                 if wave is None:
                     continue
-                row.codec_ms += elapsed_ms * row.result.frames / frames
+                row.decode_ms = elapsed_ms * row.result.frames / frames
+                row.codec_ms += row.decode_ms
                 if not np.all(np.isfinite(wave)):
                     row.fail("codec decode produced non-finite samples")
                     continue
@@ -893,6 +1207,23 @@ class SynthActor:
         return out
 
 
+class SynthStage(SynthActor):
+    """The face Ray Data drives (pipeline/plan.py): an async callable class, so one actor
+    takes up to engine.max_concurrent_blocks blocks at once (the actor's concurrency limit is
+    set to that); each runs SynthActor's call in a thread of its own, and they share the
+    engine loop."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._callers = concurrent.futures.ThreadPoolExecutor(
+            self.max_concurrent_blocks, thread_name_prefix="chorus-block"
+        )
+
+    async def __call__(self, batch: pa.Table) -> pa.Table:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._callers, SynthActor.__call__, self, batch)
+
+
 def _joined_result(results: list) -> Any:
     """A long row's segments as one result: codes concatenated in order, times summed (segment
     k+1 is submitted when k finishes, so the sums span the row's time in the engine)."""
@@ -956,13 +1287,17 @@ class _AttemptLedger:
         self.directory = directory
         os.makedirs(directory, exist_ok=True)
 
+    def count(self, key: str) -> int:
+        """How many actors died while `key` was running."""
+        try:
+            with open(os.path.join(self.directory, key), encoding="ascii") as f:
+                return int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
     def begin(self, key: str) -> int:
         path = os.path.join(self.directory, key)
-        try:
-            with open(path, encoding="ascii") as f:
-                before = int(f.read().strip() or 0)
-        except (OSError, ValueError):
-            before = 0
+        before = self.count(key)
         write_atomically(path, str(before + 1))
         return before
 

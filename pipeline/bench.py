@@ -4,9 +4,13 @@ the `bench` group, plus the one-row-at-a-time engine loop (1 actor, 1 slot) on t
 in the same run; writes bench.json, bench.md and report.html under output.dir.
 
 Per configuration: rows/s, frames/s, audio seconds per wall second, p50/p95/p99 per-row
-latency, time to first output row, actor utilisation (engine busy time / wall time), peak
-memory per actor, KV bytes, and the wall time split into prep (reading references, prompts),
-engine, codec, write (FLAC + Parquet) and the rest (Ray scheduling, transfers, actor start).
+latency, time to first output row, engine busy fraction (engine step time / wall time; also
+under its older name actor_utilisation), slot occupancy (mean over engine steps of live rows /
+slots), peak memory per actor, KV bytes, the busy time by phase: prep (reading references,
+prompts), engine, codec, write (FLAC + Parquet) -- they overlap now, so `other` is what none
+of them covers -- and vs_engine_only: the run's frames/s over the frames/s of the same rows
+through the engine alone (an engine-only pass in an actor of the same size after the run, no
+Ray Data, codec or output; times the number of actors, whose engines run side by side).
 Wall time runs from the run's start (Ray already up: one cluster serves every configuration)
 to its last row written and summarised; the report page written after that is timed apart.
 Nothing here imports torch: the actors do the work.
@@ -34,7 +38,7 @@ from actors.files import write_atomically
 
 from . import metrics
 from .config import CONF_DIR, REPO_ROOT
-from .output import is_local, local_path
+from .output import engine_figures, is_local, local_path
 from .plan import connect, run
 
 log = logging.getLogger("chorus")
@@ -106,6 +110,7 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
     audio = metrics.total(ok, S.AUDIO_SECONDS)
     p50, p95, p99 = metrics.percentiles(ok.column(S.TOTAL_MS), [50, 95, 99])
     calls = metrics.batches(meta)
+    call_rows = calls.to_pylist()
     actors = metrics.actor_batches(calls).to_pylist()
     n_actors = max(1, len(actors))
 
@@ -125,6 +130,7 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
         a["actor"]: {
             "engine_busy_s": a[f"{S.BATCH_ENGINE_MS}_sum"] / 1000.0,
             "utilisation": a[f"{S.BATCH_ENGINE_MS}_sum"] / 1000.0 / wall_s,
+            "slot_occupancy": engine_figures(c for c in call_rows if c["actor"] == a["actor"])["slot_occupancy"],
             "peak_rss_mb": a[f"{S.BATCH_PEAK_RSS_MB}_max"],
             "rows": a[f"{S.BATCH_ROWS}_sum"],
         }
@@ -146,7 +152,9 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
         "time_to_first_row_s": (finished - started_unix) if finished is not None else None,
         "actors": len(actors),
         "per_actor": per_actor,
+        "engine_busy": float(np.mean([a["utilisation"] for a in per_actor.values()])) if per_actor else None,
         "actor_utilisation": float(np.mean([a["utilisation"] for a in per_actor.values()])) if per_actor else None,
+        "slot_occupancy": engine_figures(call_rows)["slot_occupancy"],
         "peak_rss_mb_per_actor": max((a["peak_rss_mb"] for a in per_actor.values()), default=None),
         "kv_bytes": pc.max(calls.column(S.BATCH_KV_BYTES)).as_py(),
         # per-actor average busy seconds by phase; `other` is what is left of the wall time
@@ -185,21 +193,51 @@ def _settings(cfg: DictConfig, actors: int, slots: int, cpus: float, data_path: 
     return run_cfg
 
 
+def engine_only_pass(run_cfg: DictConfig, workload: Path) -> dict:
+    """The workload's rows through one engine alone (SynthActor.engine_only), in a fresh actor
+    with the run's per-actor CPUs, threads and settings: {rows, frames, seconds, steps}."""
+    import ray
+
+    from actors.synth import SynthActor
+
+    from .config import to_plain
+    from .plan import actor_arguments
+
+    plain = to_plain(run_cfg)
+    cluster = plain["cluster"]
+    arguments = actor_arguments(plain, str(workload.parent), run_id="engine-only")
+    actor = (
+        ray.remote(SynthActor)
+        .options(num_cpus=cluster["cpus_per_actor"], num_gpus=cluster["gpus_per_actor"])
+        .remote(**arguments)
+    )
+    try:
+        return ray.get(actor.engine_only.remote(pq.read_table(workload)))
+    finally:
+        ray.kill(actor)
+
+
 def markdown(report: dict) -> str:
     lines = [
-        "| actors | slots | rows/s | frames/s | audio s / wall s | vs 1-row loop | p50 / p95 / p99 latency ms "
-        "| first row s | utilisation | peak RSS MiB/actor | KV MiB | prep / engine / codec / write / other s "
-        "| overhead (after start-up) | Ray + Parquet + FLAC | report page s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| actors | slots | rows/s | frames/s | audio s / wall s | vs 1-row loop | vs engine only "
+        "| p50 / p95 / p99 latency ms | first row s | slot occupancy | engine busy | peak RSS MiB/actor | KV MiB "
+        "| prep / engine / codec / write / other s | overhead (after start-up) | Ray + Parquet + FLAC | report page s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def share(value):
+        return "-" if value is None else f"{value:.0%}"
+
     for c in report["configs"]:
         m, s = c, c["split_s"]
         ratio = "-" if c["vs_one_row_loop"] is None else f"{c['vs_one_row_loop']:.2f}x"
+        vs_engine = "-" if c["vs_engine_only"] is None else f"{c['vs_engine_only']:.2f}"
         lines.append(
             f"| {c['num_actors']} | {c['slots']} | {m['rows_per_s']:.2f} | {m['frames_per_s']:.1f} | "
-            f"{m['audio_s_per_wall_s']:.2f} | {ratio} | {m['latency_ms_p50']:.0f} / "
+            f"{m['audio_s_per_wall_s']:.2f} | {ratio} | {vs_engine} | {m['latency_ms_p50']:.0f} / "
             f"{m['latency_ms_p95']:.0f} / {m['latency_ms_p99']:.0f} | {m['time_to_first_row_s']:.1f} | "
-            f"{m['actor_utilisation']:.0%} | {m['peak_rss_mb_per_actor']:.0f} | {m['kv_bytes'] / 2**20:.1f} | "
+            f"{share(m['slot_occupancy'])} | {share(m['engine_busy'])} | "
+            f"{m['peak_rss_mb_per_actor']:.0f} | {m['kv_bytes'] / 2**20:.1f} | "
             f"{s['prep']:.1f} / {s['engine']:.1f} / {s['codec']:.1f} / {s['write']:.1f} / {s['other']:.1f} | "
             f"{m['overhead_fraction']:.1%} ({m['overhead_fraction_after_startup']:.1%}) | "
             f"{m['pipeline_overhead_fraction']:.1%} | {m['report_s']:.1f} |"
@@ -243,6 +281,12 @@ def run_bench(cfg: DictConfig) -> dict:
                 **measure(str(out), wall, unix0, stream),
                 "report_s": finished.report_s,
             }
+            log.info("bench: the same rows through the engine alone (%d slots)", slots)
+            alone = engine_only_pass(run_cfg, workload)
+            # each actor's engine runs side by side with the others on its own CPU share
+            alone_rate = actors * alone["frames"] / alone["seconds"] if alone["seconds"] > 0 else None
+            entry["engine_only"] = {**alone, "frames_per_s": alone_rate}
+            entry["vs_engine_only"] = entry["frames_per_s"] / alone_rate if alone_rate else None
             results.append(entry)
     finally:
         if started_ray:

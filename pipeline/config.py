@@ -59,6 +59,7 @@ class InputColumns:
     ref_audio_path: str = schema.REF_AUDIO_PATH
     ref_text: str = schema.REF_TEXT
     ref_id: str = schema.REF_ID
+    ref_codes: str = schema.REF_CODES
     speaker: str = schema.SPEAKER
     seed: str = schema.SEED
     max_frames: str = schema.MAX_FRAMES
@@ -109,6 +110,12 @@ class EngineSettings(EngineConfig):
     codec_batch_rows: int = 8
     # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
     reference_cache: int = 256
+    # Ray Data blocks one actor holds at once: its engine loop takes rows from all of them, so
+    # a slot freed at the end of one block is refilled from the next at once
+    max_concurrent_blocks: int = 2
+    # rows an actor holds beyond its slots, prepared and waiting for one (back-pressure: a
+    # block's rows enter the engine's queue only while fewer than max_rows + this are in flight)
+    feed_queue_rows: int = 8
 
     def validate(self) -> None:
         """EngineConfig's range checks and the per-row settings'; raises ConfigError."""

@@ -35,6 +35,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Optional
 
 import pyarrow as pa
@@ -73,6 +74,8 @@ STATS_SCHEMA = pa.schema(
         ("frames", pa.int64()),
         ("part", pa.string()),
         ("write_ms", pa.float64()),
+        ("slot_rows", pa.float64()),
+        ("slot_steps", pa.float64()),
     ]
 )
 
@@ -468,8 +471,26 @@ def part_name(ids: pa.Array) -> str:
     return f"{PART_PREFIX}{digest.hexdigest()}{PART_SUFFIX}"
 
 
+def engine_figures(batches: Iterable[Optional[dict]]) -> dict:
+    """What the engines did for these batches (the `batch` structs of output rows, each batch
+    counted once): `slot_rows` (live rows summed over engine steps), `slot_steps` (steps x
+    slots), `slot_occupancy` (their ratio: the mean share of slots holding a row while the
+    engine stepped) and `engine_busy_s` (engine step time). Each batch holds its share of its
+    actor's steps, so sums over batches are the actors' totals."""
+    unique = {b[S.BATCH_ID]: b for b in batches if b}
+    slot_rows = sum(b.get(S.BATCH_SLOT_ROWS) or 0.0 for b in unique.values())
+    slot_steps = sum((b.get(S.BATCH_ENGINE_STEPS) or 0.0) * (b.get(S.BATCH_SLOTS) or 0) for b in unique.values())
+    return {
+        "slot_rows": slot_rows,
+        "slot_steps": slot_steps,
+        "slot_occupancy": slot_rows / slot_steps if slot_steps else None,
+        "engine_busy_s": sum(b.get(S.BATCH_ENGINE_MS) or 0.0 for b in unique.values()) / 1000.0,
+    }
+
+
 def block_stats(table: pa.Table, part: str) -> dict:
     ok = table.column(S.STATUS).to_pylist().count(S.STATUS_OK)
+    figures = engine_figures(table.column(S.BATCH).to_pylist())
     return {
         "rows": table.num_rows,
         "ok": ok,
@@ -477,6 +498,8 @@ def block_stats(table: pa.Table, part: str) -> dict:
         "audio_seconds": float(pc.sum(table.column(S.AUDIO_SECONDS)).as_py() or 0.0),
         "frames": int(pc.sum(table.column(S.N_FRAMES)).as_py() or 0),
         "part": part,
+        "slot_rows": figures["slot_rows"],
+        "slot_steps": figures["slot_steps"],
     }
 
 
@@ -507,6 +530,15 @@ def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> 
         actor: {k: figures[k] for k in per_actor_keys + ("rows_per_s", "frames_per_s")}
         for actor, figures in metrics.per_actor(this_run, wall_seconds).items()
     }
+    # this run's engines: figures from the batches' shares of their actor's steps
+    batches = this_run.column(S.BATCH).to_pylist() if S.BATCH in this_run.column_names else []
+    actors = this_run.column(S.ACTOR).to_pylist() if S.ACTOR in this_run.column_names else []
+    for actor, figures in per_actor.items():
+        mine = engine_figures(b for a, b in zip(actors, batches) if a == actor)
+        figures["slot_occupancy"] = mine["slot_occupancy"]
+        figures["engine_busy"] = metrics.rate(mine["engine_busy_s"], wall_seconds)
+    run_figures = engine_figures(batches)
+    busy = [a["engine_busy"] for a in per_actor.values() if a["engine_busy"] is not None]
     return {
         **extra,
         "run_id": run_id,
@@ -523,6 +555,9 @@ def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> 
         "rows_per_s": metrics.rate(run["rows"], wall_seconds),
         "frames_per_s": metrics.rate(metrics.total(run_ok, S.N_FRAMES), wall_seconds),
         "rtf": metrics.rate(wall_seconds, run_audio),
+        # this run's engines: mean share of slots holding a row per step, and of wall time stepping
+        "slot_occupancy": run_figures["slot_occupancy"],
+        "engine_busy": sum(busy) / len(busy) if busy else None,
         "top_errors": [{"error": k["error"], "rows": k["rows"]} for k in metrics.error_kinds(table, 10, max_chars=160)],
         "per_actor": per_actor,
     }

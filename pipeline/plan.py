@@ -63,6 +63,8 @@ def _check_settings(plain: dict) -> None:
         raise ConfigError("cluster.cpus_per_actor and cluster.gpus_per_actor must be >= 0")
     if cluster["rows_per_block"] < 1:
         raise ConfigError("cluster.rows_per_block must be >= 1")
+    if plain["engine"]["max_concurrent_blocks"] < 1 or plain["engine"]["feed_queue_rows"] < 0:
+        raise ConfigError("engine.max_concurrent_blocks must be >= 1 and engine.feed_queue_rows >= 0")
     if output["on_change"] not in ("redo", "refuse"):
         raise ConfigError(f"output.on_change must be redo or refuse, got {output['on_change']!r}")
     if not 0 < output["lease_heartbeat_s"] < output["lease_stale_s"]:
@@ -361,13 +363,19 @@ def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, state_ref, ru
 def _synth_stage(ds, plain: dict, scan: InputScan, layout: OutputLayout, run_id: str):
     from ray.data import ActorPoolStrategy
 
-    from actors.synth import SynthActor
+    from actors.synth import SynthStage
 
     cluster = plain["cluster"]
+    blocks = plain["engine"]["max_concurrent_blocks"]
     return ds.map_batches(
-        SynthActor,
+        SynthStage,
         fn_constructor_kwargs=actor_arguments(plain, scan.root, run_id, attempts_dir(layout.location, run_id)),
-        compute=ActorPoolStrategy(size=cluster["num_actors"]),
+        # an async callable class: up to `blocks` calls run in one actor at once (Ray Data sets
+        # the actor's max_concurrency to max_concurrent_calls_per_actor), and no more are sent
+        # to it than that, so a waiting block never sits in one actor's queue while another idles
+        compute=ActorPoolStrategy(
+            size=cluster["num_actors"], max_concurrent_calls_per_actor=blocks, max_tasks_in_flight_per_actor=blocks
+        ),
         # bounded: a row that kills its actor must end as an error row, not loop forever
         max_restarts=cluster["max_actor_restarts"],
         max_task_retries=cluster["max_task_retries"],
@@ -405,7 +413,9 @@ def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, state: dict, 
                 if stream["first_block_s"] is None:
                     stream["first_block_s"] = time.monotonic() - began
                 stream["write_s"] += (stats["write_ms"] or 0.0) / 1000.0
-                progress.update(stats["rows"], stats["errors"], stats["audio_seconds"])
+                progress.update(
+                    stats["rows"], stats["errors"], stats["audio_seconds"], stats["slot_rows"], stats["slot_steps"]
+                )
         finally:
             progress.close()
     finally:

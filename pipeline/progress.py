@@ -34,6 +34,7 @@ class Progress:
         self.total, self.already_done = total, already_done
         self.rows = self.errors = 0
         self.audio_seconds = 0.0
+        self.slot_rows = self.slot_steps = 0.0  # the engines' live rows and slots over their steps
         self.started = time.monotonic()
         self.interval_s = interval_s
         self._lock = threading.Lock()
@@ -64,23 +65,37 @@ class Progress:
         rate = self.rate()
         return (self.total - self.done) / rate if rate > 0 else None
 
+    def occupancy(self) -> Optional[float]:
+        """Mean share of the engines' slots holding a row per step, over the blocks so far."""
+        return self.slot_rows / self.slot_steps if self.slot_steps else None
+
+    def _slots_text(self) -> str:
+        occupancy = self.occupancy()
+        return "" if occupancy is None else f", slots {occupancy:.0%} full"
+
     def line(self) -> str:
         with self._lock:
             percent = 100.0 * self.done / self.total if self.total else 100.0
             return (
                 f"{self.done}/{self.total} rows ({percent:.0f}%), {self.rate():.2f} rows/s, "
-                f"{self.audio_seconds / 3600:.3f} h audio, {self.errors} errors, "
+                f"{self.audio_seconds / 3600:.3f} h audio, {self.errors} errors{self._slots_text()}, "
                 f"ETA {format_duration(self.eta_seconds())}"
             )
 
     # -- events ----------------------------------------------------------------------
-    def update(self, rows: int, errors: int, audio_seconds: float) -> None:
+    def update(
+        self, rows: int, errors: int, audio_seconds: float, slot_rows: float = 0.0, slot_steps: float = 0.0
+    ) -> None:
         with self._lock:
             self.rows += rows
             self.errors += errors
             self.audio_seconds += audio_seconds
+            self.slot_rows += slot_rows
+            self.slot_steps += slot_steps
         if self._bar is not None:
-            self._bar.set_postfix_str(f"{self.audio_seconds / 3600:.3f} h audio, {self.errors} errors", refresh=False)
+            self._bar.set_postfix_str(
+                f"{self.audio_seconds / 3600:.3f} h audio, {self.errors} errors{self._slots_text()}", refresh=False
+            )
             self._bar.update(rows)
 
     def _tick(self) -> None:

@@ -20,6 +20,9 @@ FIGURES = [
     "latency_ms_p99",
     "time_to_first_row_s",
     "actor_utilisation",
+    "engine_busy",
+    "slot_occupancy",
+    "vs_engine_only",
     "peak_rss_mb_per_actor",
     "kv_bytes",
     "vs_one_row_loop",
@@ -64,6 +67,11 @@ def test_bench_smoke_end_to_end(tmp_path):
         assert math.isclose(c["audio_s_per_wall_s"], c["audio_seconds"] / c["wall_s"], rel_tol=1e-9)
         assert c["latency_ms_p50"] <= c["latency_ms_p95"] <= c["latency_ms_p99"] <= max(r[S.TOTAL_MS] for r in ok)
         assert 0 < c["actor_utilisation"] <= 1 and 0 <= c["overhead_fraction"] < 1
+        assert 0 < c["slot_occupancy"] <= 1 and c["engine_busy"] == c["actor_utilisation"]
+        # the engine-only pass generates the very same rows: the same frames, in less time
+        assert c["engine_only"]["frames"] == c["frames"] and c["engine_only"]["rows"] == c["rows_ok"]
+        assert math.isclose(c["vs_engine_only"], c["frames_per_s"] / c["engine_only"]["frames_per_s"])
+        assert 0 < c["vs_engine_only"] < 1
         assert math.isclose(sum(c["split_s"].values()), c["wall_s"], rel_tol=1e-6) or c["split_s"]["other"] == 0
         assert c["split_s"]["engine"] > 0 and c["split_s"]["codec"] > 0
         assert 0 < c["actor_init_s"] < c["actor_startup_s"] < c["time_to_first_row_s"] < c["wall_s"]
@@ -74,6 +82,6 @@ def test_bench_smoke_end_to_end(tmp_path):
     assert math.isclose(configs[1]["vs_one_row_loop"], configs[1]["frames_per_s"] / configs[0]["frames_per_s"])
     assert configs[1]["kv_bytes"] == 8 * configs[0]["kv_bytes"]
     table = (out / "bench.md").read_text()
-    assert table.count("\n") == 4 and "| 1 | 8 |" in table
+    assert table.count("\n") == 4 and "| 1 | 8 |" in table and "vs engine only" in table
     page = (out / "report.html").read_text()
     assert "<svg" in page and "<audio" in page and "chorus bench" in page

@@ -226,7 +226,16 @@ def test_parts_are_atomic_and_idempotent(tmp_path):
     write_ms = stats[0].pop("write_ms")
     assert write_ms > 0
     assert stats == [
-        {"rows": 3, "ok": 2, "errors": 1, "audio_seconds": 0.5, "frames": 10, "part": part_name(table.column(S.ID))}
+        {
+            "rows": 3,
+            "ok": 2,
+            "errors": 1,
+            "audio_seconds": 0.5,
+            "frames": 10,
+            "part": part_name(table.column(S.ID)),
+            "slot_rows": 0.0,  # these rows carry no batch figures
+            "slot_steps": 0.0,
+        }
     ]
     write_block(table, layout.location)  # a retried write replaces its own file
     assert [os.path.basename(p) for p in layout.parts()] == [stats[0]["part"]]
@@ -268,7 +277,10 @@ def test_progress_line():
     progress.update(rows=3, errors=1, audio_seconds=1800.0)
     line = progress.line()
     assert line.startswith("5/10 rows (50%)") and "0.500 h audio" in line and "1 errors" in line
-    assert "ETA" in line
+    assert "ETA" in line and "slots" not in line  # no engine steps reported yet
+    progress.update(rows=1, errors=0, audio_seconds=0.0, slot_rows=30.0, slot_steps=40.0)
+    progress.update(rows=1, errors=0, audio_seconds=0.0, slot_rows=10.0, slot_steps=40.0)
+    assert "slots 50% full" in progress.line()
     progress.close()
 
 

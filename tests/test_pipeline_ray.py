@@ -102,6 +102,14 @@ def test_demo_end_to_end(demo_output, read_rows):
     assert summary["audio_hours"] == pytest.approx(sum(r[S.AUDIO_SECONDS] for r in ok) / 3600)
     assert summary["rows_per_s"] > 0 and summary["frames_per_s"] > 0 and summary["rtf"] > 0
     assert len(summary["per_actor"]) == 2
+    # the engines' figures, summed from the batches' shares of their actor's steps
+    assert 0.0 < summary["slot_occupancy"] <= 1.0 and 0.0 < summary["engine_busy"] <= 1.0
+    for actor in summary["per_actor"].values():
+        assert 0.0 < actor["slot_occupancy"] <= 1.0 and 0.0 < actor["engine_busy"] <= 1.0
+    batches = {r[S.BATCH][S.BATCH_ID]: r[S.BATCH] for r in rows}
+    slot_rows = sum(b[S.BATCH_SLOT_ROWS] for b in batches.values())
+    slot_steps = sum(b[S.BATCH_ENGINE_STEPS] * b[S.BATCH_SLOTS] for b in batches.values())
+    assert summary["slot_occupancy"] == pytest.approx(slot_rows / slot_steps)
     assert "num_actors: 2" in (demo_output / CONFIG_FILE).read_text()
 
 
@@ -167,13 +175,15 @@ def test_actor_killed_mid_batch(ray_cluster, tmp_path, small_settings, read_rows
         small_settings,
         f"output.dir={tmp_path}/out",
         "cluster.rows_per_block=4",
-        "cluster.crash_on_batch=2",
+        # the third: an actor holds two blocks at once (engine.max_concurrent_blocks), so the
+        # first is done, written by the first actor, before the third starts
+        "cluster.crash_on_batch=3",
         f"cluster.crash_marker={marker}",
     )
-    assert marker.exists()  # the actor did die on its second batch
+    assert marker.exists()  # the actor did die on its third batch
     rows = read_rows(tmp_path / "out")
     assert_each_once(rows, DEMO_IDS)
-    assert all(r[S.STATUS] == S.STATUS_OK for r in rows)
+    assert all(r[S.STATUS] == S.STATUS_OK for r in rows), [(r[S.ID], r[S.ERROR]) for r in rows if r[S.ERROR]]
     assert len({r[S.ACTOR] for r in rows}) >= 2  # a restarted actor (a new process) finished the job
 
 
@@ -312,8 +322,11 @@ def test_a_row_that_kills_its_actor_is_quarantined(ray_cluster, demo_table, tmp_
     by_id = {r[S.ID]: r for r in rows}
     assert by_id[poison][S.STATUS] == S.STATUS_ERROR and "quarantined" in by_id[poison][S.ERROR]
     assert all(by_id[i][S.STATUS] == S.STATUS_OK for i in ids if i != poison)
-    # 2 deaths of the block, 1 of the row alone: the actors that wrote rows are new processes
-    assert len({r[S.ACTOR] for r in rows}) >= 2
+    # 2 deaths of the block, 1 of the row alone (the "quarantined" message above counts them).
+    # Both blocks are in one actor at once (engine.max_concurrent_blocks=2), so the innocent
+    # block dies with the poisoned one and runs row by row too; the poisoned block's row-by-row
+    # run holds the actor alone, so only the poisoned row is blamed (one restarted actor may
+    # then write every row: no assertion on how many actors wrote)
     assert not (tmp_path / "out" / "_attempts").exists() or not any((tmp_path / "out" / "_attempts").iterdir())
 
 

@@ -1,0 +1,213 @@
+"""The actor as a continuously fed server: blocks in flight together share the engine's slots,
+each block comes back when its own last row is done, and how blocks interleave never changes a
+row's codes."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from actors import schema as S
+from actors.synth import SynthActor
+from pipeline.config import compose, to_plain
+from pipeline.plan import actor_arguments
+
+WAIT_S = 120.0  # a safety net for a broken actor, never reached when it works
+
+
+def table(rows: list[dict]) -> pa.Table:
+    columns = {S.ID: pa.string(), S.TEXT: pa.string(), S.SEED: pa.int64(), S.MAX_FRAMES: pa.int64()}
+    return pa.Table.from_pylist(rows, schema=pa.schema(list(columns.items())))
+
+
+def rows(prefix: str, n: int, frames: int = 6) -> list[dict]:
+    return [
+        {S.ID: f"{prefix}-{i}", S.TEXT: f"Row {i} of {prefix}.", S.SEED: 7 + i, S.MAX_FRAMES: frames} for i in range(n)
+    ]
+
+
+def by_id(out: pa.Table) -> dict:
+    return {r[S.ID]: r for r in out.to_pylist()}
+
+
+@pytest.fixture(scope="module")
+def actor(small_settings) -> SynthActor:
+    plain = to_plain(compose(small_settings + ["engine.max_rows=4", "engine.max_concurrent_blocks=2"]))
+    return SynthActor(**actor_arguments(plain, None, run_id="feed"))
+
+
+def hold_engine_until(actor: SynthActor, monkeypatch, rows_in: int) -> threading.Event:
+    """The engine's next step waits until `rows_in` rows have reached the engine loop's inbox
+    (so rows of every block submitted are there together); returns the event it waits on."""
+    arrived = threading.Event()
+    count = [0]
+    real_put = actor._inbox.put
+
+    def put(row):
+        real_put(row)
+        count[0] += 1
+        if count[0] >= rows_in:
+            arrived.set()
+
+    monkeypatch.setattr(actor._inbox, "put", put)
+    real_step = actor.engine.step
+
+    def step():
+        assert arrived.wait(WAIT_S), "the blocks' rows never all arrived"
+        return real_step()
+
+    monkeypatch.setattr(actor.engine, "step", step)
+    return arrived
+
+
+def test_rows_of_two_blocks_decode_in_the_same_engine_step(actor, monkeypatch):
+    hold_engine_until(actor, monkeypatch, rows_in=4)
+    first, second = table(rows("a", 2)), table(rows("b", 2))
+    before = actor.engine_steps
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.submit(actor, first), pool.submit(actor, second)
+        out_a, out_b = a.result(WAIT_S), b.result(WAIT_S)
+    assert [r[S.STATUS] for r in out_a.to_pylist() + out_b.to_pylist()] == [S.STATUS_OK] * 4
+    steps = [blocks for step, blocks in actor.step_blocks if step > before]
+    assert any(len(blocks) == 2 for blocks in steps), steps
+    # one output row per input row, in the block's order, each in its own block's output
+    assert out_a.column(S.ID).to_pylist() == ["a-0", "a-1"] and out_b.column(S.ID).to_pylist() == ["b-0", "b-1"]
+    batch_a = out_a.to_pylist()[0][S.BATCH]
+    assert batch_a[S.BATCH_SLOTS] == 4 and 0.0 < batch_a[S.BATCH_SLOT_OCCUPANCY] <= 1.0
+    assert batch_a[S.BATCH_SLOT_ROWS] >= 2 * 6  # two rows live for at least their 6 frames each
+    assert 0.0 < batch_a[S.BATCH_ENGINE_BUSY] <= 1.0
+
+
+def test_a_block_done_first_is_returned_while_a_later_one_still_runs(actor, monkeypatch):
+    """The long block goes in first; the short block, submitted after it, finishes first and
+    its call returns while the long block's row is still in the engine: the engine is held
+    after the short row's last step until the short call has returned (which it could not if
+    calls waited for each other), so the long block cannot be done by then."""
+    hold_engine_until(actor, monkeypatch, rows_in=2)
+    short_returned = threading.Event()
+    long_id = "long-0"
+    real_step = actor.engine.step  # already the holding wrapper
+    waited = []
+
+    short_done = threading.Event()
+
+    def step():
+        if short_done.is_set() and not waited:  # the short row left the engine at the last step
+            waited.append(short_returned.wait(WAIT_S))
+        finished = real_step()
+        if any(r.frames == 4 for r in finished):
+            short_done.set()
+        return finished
+
+    monkeypatch.setattr(actor.engine, "step", step)
+    with ThreadPoolExecutor(2) as pool:
+        long_call = pool.submit(actor, table([{S.ID: long_id, S.TEXT: "A long one.", S.SEED: 1, S.MAX_FRAMES: 40}]))
+        short_call = pool.submit(actor, table(rows("short", 1, frames=4)))
+        out_short = short_call.result(WAIT_S)
+        short_returned.set()
+        long_running_when_short_returned = not long_call.done()
+        out_long = long_call.result(WAIT_S)
+    assert waited == [True]  # the short block came back with the engine held: it did not wait for the long one
+    assert long_running_when_short_returned
+    assert out_short.to_pylist()[0][S.STATUS] == S.STATUS_OK and out_short.to_pylist()[0][S.N_FRAMES] == 4
+    assert out_long.to_pylist()[0][S.STATUS] == S.STATUS_OK and out_long.to_pylist()[0][S.N_FRAMES] == 40
+
+
+def test_codes_do_not_depend_on_how_blocks_interleave(actor):
+    """The same rows as one block, and as two different splits run as concurrent blocks: the
+    same codes for every row, whichever rows shared the engine's steps."""
+    all_rows = rows("mix", 6, frames=8) + [
+        {S.ID: "longer", S.TEXT: "A somewhat longer sentence to speak.", S.SEED: 99, S.MAX_FRAMES: 20}
+    ]
+    alone = by_id(actor(table(all_rows)))
+    for split in (2, 5):
+        with ThreadPoolExecutor(2) as pool:
+            parts = [pool.submit(actor, table(all_rows[:split])), pool.submit(actor, table(all_rows[split:]))]
+            together = {**by_id(parts[0].result(WAIT_S)), **by_id(parts[1].result(WAIT_S))}
+        assert together.keys() == alone.keys()
+        for row_id, row in alone.items():
+            assert row[S.STATUS] == S.STATUS_OK, row[S.ERROR]
+            assert together[row_id][S.CODES] == row[S.CODES], (split, row_id)
+
+
+def test_ref_codes_give_the_codes_of_the_audio_they_encode(small_settings, tmp_path):
+    """encode_refs turns the demo table's references into a ref_codes column; rows given those
+    codes (and no audio) come out with exactly the codes of the same rows given the audio."""
+    from conftest import DEMO_TABLE
+
+    from pipeline.encode_refs import encode_refs
+
+    out = tmp_path / "with_codes.parquet"
+    settings = [*small_settings, f"data.path={DEMO_TABLE}"]
+    counts = encode_refs(str(out), settings)
+    with_codes = pq.read_table(out)
+    assert counts["rows"] == with_codes.num_rows == pq.read_metadata(DEMO_TABLE).num_rows
+    has_audio = [
+        r[S.REF_AUDIO] is not None or r[S.REF_AUDIO_PATH] is not None for r in pq.read_table(DEMO_TABLE).to_pylist()
+    ]
+    assert [c is not None for c in with_codes.column(S.REF_CODES).to_pylist()] == has_audio
+    assert counts["encoded"] == sum(has_audio) and counts["failed"] == 0
+
+    actor = SynthActor(**actor_arguments(to_plain(compose(settings)), str(DEMO_TABLE.parent), run_id="codes"))
+    picked = [i for i, audio in enumerate(has_audio) if audio][:4] + [has_audio.index(False)]
+    rows_in = with_codes.take(picked)
+    from_audio = by_id(actor(rows_in.drop_columns([S.REF_CODES])))
+    from_codes = by_id(actor(rows_in.drop_columns([S.REF_AUDIO, S.REF_AUDIO_PATH])))
+    assert from_codes.keys() == from_audio.keys() and len(from_codes) == 5
+    for row_id, row in from_audio.items():
+        assert row[S.STATUS] == S.STATUS_OK, row[S.ERROR]
+        assert from_codes[row_id][S.STATUS] == S.STATUS_OK and from_codes[row_id][S.CODES] == row[S.CODES], row_id
+
+    codebooks = len(rows_in.column(S.REF_CODES)[0].as_py())
+    bad = pa.table(
+        {
+            S.ID: ["ragged", "shape", "range"],
+            S.TEXT: ["Hello."] * 3,
+            S.REF_CODES: pa.array(
+                [[[1, 2], [3]] * (codebooks // 2) + [[1]] * (codebooks % 2), [[1, 2]], [[10**6]] * codebooks],
+                type=pa.list_(pa.list_(pa.int64())),
+            ),
+        }
+    )
+    errors = {r[S.ID]: r[S.ERROR] for r in actor(bad).to_pylist()}
+    assert "codebooks differ in length" in errors["ragged"]
+    assert f"ref_codes must be [{codebooks}][frames]" in errors["shape"]
+    assert "ref_codes values must lie in" in errors["range"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine: with stop_on_eos a request's codes depend on the request batched with it (demo-023 "
+    "diverges at frame 12 beside demo-016, whichever step demo-016 joins at; not with stop_on_eos=false); "
+    "block interleaving exposes it in test_same_seed_same_output_across_actors_and_block_sizes",
+)
+def test_engine_codes_do_not_depend_on_the_request_beside_them(small_settings):
+    """What the determinism of interleaved blocks rests on: the engine gives a request the
+    codes it gets alone, whatever request shares its steps. Found failing for one pair of the
+    demo's rows (both with references); kept here, strict, until the engine is fixed."""
+    import numpy as np
+    from conftest import DEMO_TABLE
+
+    from actors.engine.types import Request
+    from actors.synth import _Block, _Row
+
+    settings = [*small_settings, "engine.stop_on_eos=true", f"data.path={DEMO_TABLE}"]
+    actor = SynthActor(**actor_arguments(to_plain(compose(settings)), str(DEMO_TABLE.parent), run_id="pair"))
+    demo = pq.read_table(DEMO_TABLE)
+    block = _Block(0, demo.num_rows, 0.0)
+    requests = {}
+    for index in (16, 23):
+        row = _Row(index, demo.column(S.ID)[index].as_py(), demo.slice(index, 1).to_pylist()[0], block=block)
+        actor._parse(row)
+        actor._prepare_references([row])
+        actor._plan_row(row)
+        assert row.error is None, row.error
+        prompt = row.first_prompt.tokens
+        requests[index] = Request(f"r{index}", prompt, row.segment_frames_budget[0], sampling=row.sampling)
+    alone = actor.engine.generate([requests[23]])[0].codes
+    beside = actor.engine.generate([requests[16], requests[23]])[1].codes
+    np.testing.assert_array_equal(beside, alone)
