@@ -455,16 +455,24 @@ class SynthActor:
             handler.flush()
         os._exit(72)
 
-    def _process_rows(self, batch: pa.Table, number: int) -> pa.Table:
+    def _rows(self, batch: pa.Table, number: int) -> tuple[_Block, list[_Row]]:
         block = _Block(number, batch.num_rows, self.busy_s)
-        rows = [_Row(i, values.get(S.ID), values, block=block) for i, values in enumerate(batch.to_pylist())]
+        return block, [_Row(i, values.get(S.ID), values, block=block) for i, values in enumerate(batch.to_pylist())]
+
+    def _prepare(self, rows: list[_Row]) -> None:
+        """Parse the rows, read and encode their references, plan their segments and first
+        prompts; a row that cannot run gets its error here."""
+        for row in rows:
+            self._parse(row)
+        self._prepare_references([r for r in rows if r.error is None and r.ref_key])
+        for row in rows:
+            if row.error is None:
+                self._plan_row(row)
+
+    def _process_rows(self, batch: pa.Table, number: int) -> pa.Table:
+        block, rows = self._rows(batch, number)
         try:
-            for row in rows:
-                self._parse(row)
-            self._prepare_references([r for r in rows if r.error is None and r.ref_key])
-            for row in rows:
-                if row.error is None:
-                    self._plan_row(row)
+            self._prepare(rows)
         except Exception as e:  # a bug: the rows still come back, as errors
             log.error("batch failed in %s:\n%s", self.actor, traceback.format_exc())
             for row in rows:
@@ -608,14 +616,8 @@ class SynthActor:
         segment is generated as in a run (a freed slot refilled at once, a long row's next
         segment first) and no audio is decoded. What a run's frames/s is compared to
         (pipeline.bench's vs_engine_only). Call it on an actor with no block in flight."""
-        block = _Block(0, batch.num_rows, self.busy_s)
-        rows = [_Row(i, values.get(S.ID), values, block=block) for i, values in enumerate(batch.to_pylist())]
-        for row in rows:
-            self._parse(row)
-        self._prepare_references([r for r in rows if r.error is None and r.ref_key])
-        for row in rows:
-            if row.error is None:
-                self._plan_row(row)
+        _, rows = self._rows(batch, 0)
+        self._prepare(rows)
         ready: deque[_Row] = deque(r for r in rows if r.error is None)
         running: dict[str, _Row] = {}
         slots, steps = self.engine.config.max_rows, 0
