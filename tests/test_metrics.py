@@ -146,6 +146,8 @@ def test_summary_figures(table):
         "row_rtf_p50",
         "rows_per_s",
         "frames_per_s",
+        "slot_occupancy",
+        "engine_busy",
     }
     run_ok = [r for r in rows() if r[S.RUN] == "one" and r[S.STATUS] == S.STATUS_OK]
     assert summary["frames_per_s"] == sum(r[S.N_FRAMES] for r in run_ok) / 2.0
