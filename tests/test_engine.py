@@ -20,27 +20,9 @@ from actors.engine import (
     reference_generate,
 )
 from actors.engine.cache import CacheMismatchError
-from actors.engine.tiny import make_tiny
 from helpers import TEST_DEVICE, run_module, vector_set
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_tiny(
-        tmp_path_factory.mktemp("engine") / "s2", fmt="s2", seed=11, num_codebooks=4, codebook_size=64, max_seq_len=512
-    )
-
-
-@pytest.fixture(scope="module")
-def lm64(ckpt):
-    return load_model(ckpt, device=TEST_DEVICE, dtype="float64")
-
-
-@pytest.fixture(scope="module")
-def lm32(ckpt):
-    return load_model(ckpt, device=TEST_DEVICE, dtype="float32")
 
 
 def prompt_for(lm, text: str, ref_frames: int = 0, seed: int = 0):

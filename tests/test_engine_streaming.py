@@ -5,30 +5,11 @@ compiled with torch.compile(fullgraph=True) against the eager frame."""
 import numpy as np
 import pytest
 
-from actors.engine import STOP_BUDGET, STOP_ERROR, Engine, EngineConfig, Request, SamplingParams, load_model
-from actors.engine.tiny import make_tiny
-from helpers import TEST_DEVICE
+from actors.engine import STOP_BUDGET, STOP_ERROR, Engine, EngineConfig, Request, SamplingParams
 
 HOT = SamplingParams(temperature=0.9, top_p=0.9, top_k=20, ras_window=10)
 # every sampling feature on at once: temperature, top-p, top-k, RAS and the S1 penalty
 ALL_ON = SamplingParams(temperature=0.9, top_p=0.85, top_k=20, ras_window=10, repetition_penalty=1.2)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_tiny(
-        tmp_path_factory.mktemp("stream") / "s2", fmt="s2", seed=5, num_codebooks=4, codebook_size=64, max_seq_len=512
-    )
-
-
-@pytest.fixture(scope="module")
-def lm64(ckpt):
-    return load_model(ckpt, device=TEST_DEVICE, dtype="float64")
-
-
-@pytest.fixture(scope="module")
-def lm32(ckpt):
-    return load_model(ckpt, device=TEST_DEVICE, dtype="float32")
 
 
 def text_prompt(length: int, seed: int, codebooks: int = 4) -> np.ndarray:
