@@ -91,30 +91,33 @@ def apply_repetition_penalty(logits: Tensor, history: Tensor, penalty: Tensor) -
     return torch.where(seen[:, :v], penalised, logits)
 
 
-def filtered_probs(logits: Tensor, s: RowSampling, width: Optional[int] = None) -> Tensor:
-    """The distribution each non-greedy row samples from: [B, V] float32, zeros outside the
-    kept set, renormalised over it. `width` (a host-side int, >= every row's top_k, or V when
-    a row has top_k off) bounds how many best ids are ranked; None ranks all V."""
+def ranked_probs(logits: Tensor, s: RowSampling, width: Optional[int] = None) -> tuple[Tensor, Tensor]:
+    """What each non-greedy row samples from, in rank order: (probs [B, width] float32, zeros
+    outside the kept set and renormalised over it; the ids they belong to [B, width]). Top-p
+    on the softmax of all V raw logits, then top-k, then temperature. `width` (a host-side
+    int, >= every row's top_k, or V when a row has top_k off) bounds how many best ids are
+    ranked, so the tensors are [B, width], not [B, V]; None ranks all V."""
     logits = logits.float()
     v = logits.shape[-1]
     width = v if width is None else min(int(width), v)
-    k = torch.where(s.top_k > 0, s.top_k, torch.full_like(s.top_k, v)).clamp(max=width)
-    # only the `width` best ids can survive top-k: rank those instead of sorting all V (the
-    # cumulative softmax still normalises over every id, as top-p on the raw softmax must)
     if width < v:
-        sorted_logits, order = torch.topk(logits, width, dim=-1, sorted=True)
+        ranked, order = torch.topk(logits, width, dim=-1, sorted=True)
     else:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+        ranked, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    k = torch.where(s.top_k > 0, s.top_k, torch.full_like(s.top_k, v)).clamp(max=width)
     # the same arithmetic whatever the width, so a row's numbers never depend on its batch
-    probs = torch.exp(sorted_logits - torch.logsumexp(logits, dim=-1, keepdim=True))
-    cum = torch.cumsum(probs, dim=-1)
+    cum = torch.cumsum(torch.exp(ranked - torch.logsumexp(logits, dim=-1, keepdim=True)), dim=-1)
     rank = torch.arange(width, device=logits.device).unsqueeze(0)
-    remove_sorted = (cum > s.top_p.unsqueeze(1)) | (rank >= k.unsqueeze(1))
-    remove_sorted[:, 0] = False  # always keep the best candidate
-    remove = torch.ones_like(logits, dtype=torch.bool).scatter_(1, order, remove_sorted)
+    # the best id always stays, even when it alone exceeds top_p
+    remove = ((cum > s.top_p.unsqueeze(1)) | (rank >= k.unsqueeze(1))) & (rank > 0)
     temperature = torch.clamp(s.temperature, min=1e-5).unsqueeze(1)
-    scaled = torch.where(remove, torch.full_like(logits, float("-inf")), logits) / temperature
-    return torch.softmax(scaled, dim=-1)
+    return torch.softmax(torch.where(remove, float("-inf"), ranked) / temperature, dim=-1), order
+
+
+def filtered_probs(logits: Tensor, s: RowSampling, width: Optional[int] = None) -> Tensor:
+    """`ranked_probs` put back in id order: [B, V], zeros outside the kept set."""
+    probs, order = ranked_probs(logits, s, width)
+    return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(1, order, probs)
 
 
 def draw(probs: Tensor, uniforms: Tensor) -> Tensor:
@@ -132,21 +135,8 @@ def sample(logits: Tensor, s: RowSampling, uniforms: Tensor, width: Optional[int
 
     The draw works in the ranked space of the `width` best ids (top-k keeps no more): top-p
     on the softmax of all V raw logits, top-k, temperature, a softmax over the kept ids, and
-    the inverse CDF over them in rank order, so its tensors are [B, width], not [B, V]. The
-    distribution is exactly `filtered_probs` (the tests check it against that definition)."""
-    logits = logits.float()
-    v = logits.shape[-1]
-    width = v if width is None else min(int(width), v)
-    if width < v:
-        ranked, order = torch.topk(logits, width, dim=-1, sorted=True)
-    else:
-        ranked, order = torch.sort(logits, dim=-1, descending=True, stable=True)
-    k = torch.where(s.top_k > 0, s.top_k, torch.full_like(s.top_k, v)).clamp(max=width)
-    cum = torch.cumsum(torch.exp(ranked - torch.logsumexp(logits, dim=-1, keepdim=True)), dim=-1)
-    rank = torch.arange(width, device=logits.device).unsqueeze(0)
-    # the best id always stays, even when it alone exceeds top_p
-    remove = ((cum > s.top_p.unsqueeze(1)) | (rank >= k.unsqueeze(1))) & (rank > 0)
-    temperature = torch.clamp(s.temperature, min=1e-5).unsqueeze(1)
-    probs = torch.softmax(torch.where(remove, float("-inf"), ranked) / temperature, dim=-1)
+    the inverse CDF over them in rank order (`ranked_probs`), so its tensors are [B, width],
+    not [B, V]."""
+    probs, order = ranked_probs(logits, s, width)
     drawn = order.gather(1, draw(probs, uniforms).unsqueeze(1)).squeeze(1)
     return torch.where(s.greedy, torch.argmax(logits, dim=-1), drawn)
