@@ -63,6 +63,15 @@ REPORT_FILE = "report.html"
 # starts, and a lease is taken before the marker is written
 _PRE_CLAIM_ENTRIES = {RUNS_DIR, LEASE_FILE}
 
+
+def _is_pre_claim_entry(name: str) -> bool:
+    """An entry a starting run makes before its marker exists: the lease, the runs folder, or
+    the temporary file of a lease heartbeat caught mid-rename (`.tmp-<pid>-<hex>-_chorus.lock`)."""
+    if name in _PRE_CLAIM_ENTRIES:
+        return True
+    return name.startswith(TEMP_PREFIX) and any(name.endswith(f"-{entry}") for entry in _PRE_CLAIM_ENTRIES)
+
+
 log = logging.getLogger("chorus")
 
 STATS_SCHEMA = pa.schema(
@@ -276,7 +285,7 @@ class OutputLayout:
         if self.is_chorus_output():
             return []
         selector = pafs.FileSelector(self.base, allow_not_found=True, recursive=False)
-        return sorted(f.base_name for f in self.fs.get_file_info(selector) if f.base_name not in _PRE_CLAIM_ENTRIES)
+        return sorted(f.base_name for f in self.fs.get_file_info(selector) if not _is_pre_claim_entry(f.base_name))
 
     def check_ours(self) -> None:
         foreign = self.foreign_entries()

@@ -58,6 +58,21 @@ def test_a_second_driver_is_refused_while_the_first_holds_the_lease(tmp_path):
     second.release()
 
 
+def test_a_lease_heartbeat_caught_mid_rename_is_not_a_foreign_file(tmp_path):
+    # the first driver's heartbeat writes `.tmp-<pid>-<hex>-_chorus.lock` then renames it; a
+    # second driver listing the directory in between must still say "in use", not "not ours"
+    layout = OutputLayout(str(tmp_path / "out"))
+    os.makedirs(layout.base)
+    (tmp_path / "out" / LEASE_FILE).write_text("{}")
+    (tmp_path / "out" / f"{TEMP_PREFIX}123-abcd1234-{LEASE_FILE}").write_text("{}")
+    assert layout.foreign_entries() == []
+    (tmp_path / "out" / f"{TEMP_PREFIX}123-abcd1234-notes.txt").write_text("x")
+    (tmp_path / "out" / "thesis.txt").write_text("x")
+    assert layout.foreign_entries() == [f"{TEMP_PREFIX}123-abcd1234-notes.txt", "thesis.txt"]
+    with pytest.raises(OutputMismatch, match="thesis.txt"):
+        layout.check_ours()
+
+
 def test_a_dead_drivers_lease_is_taken_over(tmp_path):
     layout = OutputLayout(str(tmp_path / "out"))
     # a driver on this host that died without releasing: its pid no longer exists
