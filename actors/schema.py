@@ -219,6 +219,10 @@ BATCH_SLOTS = "slots"  # the actor engine's slots (max_rows)
 BATCH_SLOT_OCCUPANCY = "slot_occupancy"
 # share of the batch's wall time (its call's start to its end) the actor's engine was stepping
 BATCH_ENGINE_BUSY = "engine_busy"
+# the actor's seconds so far (cumulative, at the batch's end) during which its engine or its
+# codec was running: the union of the two, so work that overlaps counts once; the bench takes
+# each actor's last value as its model-busy time
+BATCH_ACTOR_MODEL_BUSY_MS = "actor_model_busy_ms"
 REPETITION_PENALTY = "repetition_penalty"
 RAS_WINDOW = "ras_window"
 # long-form rows are generated as a chain of segments (1 for a row that fits one request)
@@ -250,6 +254,7 @@ BATCH_TYPE = pa.struct(
         pa.field(BATCH_SLOTS, pa.int32()),
         pa.field(BATCH_SLOT_OCCUPANCY, pa.float64()),
         pa.field(BATCH_ENGINE_BUSY, pa.float64()),
+        pa.field(BATCH_ACTOR_MODEL_BUSY_MS, pa.float64()),
     ]
 )
 AUDIO_TYPE = pa.struct([pa.field(AUDIO_BYTES, pa.binary()), pa.field(AUDIO_PATH, pa.string())])

@@ -211,6 +211,35 @@ class _Block:
                 self.done.set()
 
 
+class _BusyClock:
+    """Seconds during which at least one piece of model work (an engine step, a codec call)
+    was running: the union of their intervals, so work that overlaps counts once."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._active = 0
+        self._since = 0.0
+        self._total = 0.0
+
+    @contextlib.contextmanager
+    def busy(self):
+        with self._lock:
+            if self._active == 0:
+                self._since = time.perf_counter()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= 1
+                if self._active == 0:
+                    self._total += time.perf_counter() - self._since
+
+    def seconds(self) -> float:
+        with self._lock:
+            return self._total + (time.perf_counter() - self._since if self._active else 0.0)
+
+
 class _Gate:
     """Blocks share the actor; a suspect block (one that killed actors before) runs alone, so
     the crash ledger blames only its rows. Shared holders wait while an exclusive one waits."""
@@ -317,6 +346,8 @@ class SynthActor:
         self.min_frames = int(engine.get("min_frames", 0))
         self.stop_on_eos = bool(engine.get("stop_on_eos", True))
         self.codec_batch_rows = max(1, int(engine.get("codec_batch_rows", 8)))
+        self.codec_wait_s = max(0.0, float(engine.get("codec_wait_ms", 200))) / 1000.0
+        self._engine_rows = 0  # rows the engine loop holds (ready or running); read by the finisher
         self.references: LRU[np.ndarray] = LRU(int(engine.get("reference_cache", 256)))
         # every clip path and URI is confined to the root: data.audio_root, else the input's
         # directory (see _confine)
@@ -344,7 +375,7 @@ class SynthActor:
         self.crash_on_batch, self.crash_marker = int(crash_on_batch or 0), crash_marker
         self.batches = 0
         self._batch_numbers = itertools.count(1)
-        self.max_concurrent_blocks = max(1, int(engine.get("max_concurrent_blocks", 2)))
+        self.max_concurrent_blocks = max(1, int(engine.get("max_concurrent_blocks") or 2))
         self._gate = _Gate()
         self._references_lock = threading.Lock()
         # back-pressure: rows past their caller's preparation and not yet out of the engine
@@ -356,6 +387,7 @@ class SynthActor:
         # engine's kernels instead of queueing behind them (CPU: threads are enough)
         self._codec_stream = torch.cuda.Stream(device=self.lm.device) if self.lm.device.type == "cuda" else None
         self.busy_s = 0.0  # seconds the engine loop spent in engine.step()
+        self.model_clock = _BusyClock()  # engine steps and codec calls, overlap counted once
         self.step_blocks: deque = deque(maxlen=4096)  # per engine step: the blocks whose rows were live (tests)
         self.init_ms = (time.perf_counter() - constructed) * 1000.0
         self.model_name = model.get("name") or self.lm.name
@@ -503,6 +535,7 @@ class SynthActor:
             S.BATCH_SLOTS: slots,
             S.BATCH_SLOT_OCCUPANCY: block.occupancy_sum / block.steps_seen if block.steps_seen else None,
             S.BATCH_ENGINE_BUSY: min(1.0, (self.busy_s - block.busy_at_start) / wall_s) if wall_s > 0 else None,
+            S.BATCH_ACTOR_MODEL_BUSY_MS: self.model_clock.seconds() * 1000.0,
         }
         out_rows = block.outputs
         for out in out_rows:
@@ -839,7 +872,9 @@ class SynthActor:
         suspects: set[int] = set()
         while True:
             try:
+                self._engine_rows = len(ready) + len(running)
                 self._take_rows(ready, wait=not ready and not running)
+                self._engine_rows = len(ready) + len(running)
                 limit = 1 if suspects else self.engine.config.max_rows
                 while ready and len(running) < limit:
                     row = ready.popleft()
@@ -860,7 +895,8 @@ class SynthActor:
                 live = list(running.values())
                 began = time.perf_counter()
                 try:
-                    finished = self.engine.step()
+                    with self.model_clock.busy():
+                        finished = self.engine.step()
                 except Exception as e:
                     self._engine_failed(e, running, ready, suspects)
                     continue
@@ -941,15 +977,11 @@ class SynthActor:
 
             torch.cuda.set_stream(self._codec_stream)  # this thread's current stream from now on
         while True:
-            rows = [self._finished.get()]
-            while len(rows) < self.codec_batch_rows:
-                try:
-                    rows.append(self._finished.get_nowait())
-                except queue.Empty:
-                    break
+            rows = self._next_codec_batch()
             try:
                 # similar lengths decode together: a batch pads to its longest row
-                self._decode(sorted((r for r in rows if r.error is None), key=lambda r: r.result.frames))
+                with self.model_clock.busy():
+                    self._decode(sorted((r for r in rows if r.error is None), key=lambda r: r.result.frames))
             except Exception as e:  # a bug or a device failure: the rows still come back, as errors
                 log.error("decode failed in %s:\n%s", self.actor, traceback.format_exc())
                 for row in rows:
@@ -960,6 +992,29 @@ class SynthActor:
                 out = self._output_row_or_error(row)
                 row.wave = None  # the FLAC holds it now; an actor keeps no decoded audio longer
                 row.block.finish(row, out, (time.perf_counter() - began) * 1000.0)
+
+    def _next_codec_batch(self) -> list[_Row]:
+        """Up to codec_batch_rows finished rows. Rows leave the engine one or two at a time, and
+        a codec call costs nearly the same for one row as for eight (launch and dispatch bound
+        at these sizes), so while the engine still has rows live the finisher waits up to
+        codec_wait_ms for a fuller batch; with nothing live no more are coming, and it decodes
+        what it has at once (the last rows of a run are not held back)."""
+        rows = [self._finished.get()]
+        deadline = time.perf_counter() + self.codec_wait_s
+        while len(rows) < self.codec_batch_rows:
+            try:
+                rows.append(self._finished.get_nowait())
+                continue
+            except queue.Empty:
+                pass
+            left = deadline - time.perf_counter()
+            if left <= 0 or self._engine_rows == 0:
+                break
+            try:
+                rows.append(self._finished.get(timeout=min(left, 0.01)))
+            except queue.Empty:
+                pass
+        return rows
 
     def _plan_segments(self, row: _Row) -> None:
         """The row's segments and each one's frame budget. A text that fits one segment stays

@@ -106,13 +106,16 @@ class EngineSettings(EngineConfig):
     frames_per_char: Optional[float] = None
     min_frames: int = 8
     stop_on_eos: bool = True
-    # rows per codec decode call
+    # rows per codec decode call, and how long the finisher waits for that many while the
+    # engine still has rows live (one call for several rows costs about what one row's does)
     codec_batch_rows: int = 8
+    codec_wait_ms: float = 200.0
     # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
     reference_cache: int = 256
     # Ray Data blocks one actor holds at once: its engine loop takes rows from all of them, so
-    # a slot freed at the end of one block is refilled from the next at once
-    max_concurrent_blocks: int = 2
+    # a slot freed at the end of one block is refilled from the next at once. null = enough
+    # blocks of cluster.rows_per_block rows to cover max_rows + feed_queue_rows, plus two
+    max_concurrent_blocks: Optional[int] = None
     # rows an actor holds beyond its slots, prepared and waiting for one (back-pressure: a
     # block's rows enter the engine's queue only while fewer than max_rows + this are in flight)
     feed_queue_rows: int = 8
@@ -123,7 +126,7 @@ class EngineSettings(EngineConfig):
             super().validate()
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        for key in ("max_frames", "min_frames", "reference_cache"):
+        for key in ("max_frames", "min_frames", "reference_cache", "codec_wait_ms"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"engine.{key} must be >= 0, got {getattr(self, key)}")
         if self.codec_batch_rows < 1:

@@ -244,6 +244,7 @@ def actor_batches(calls: pa.Table) -> pa.Table:
             (S.BATCH_PEAK_RSS_MB, "max"),
             (S.BATCH_STARTED_AT, "min"),
             (S.BATCH_ACTOR_INIT_MS, "first", _FIRST),
+            (S.BATCH_ACTOR_MODEL_BUSY_MS, "max"),
         ]
     )
     return grouped.sort_by("actor")

@@ -175,6 +175,7 @@ def test_actor_killed_mid_batch(ray_cluster, tmp_path, small_settings, read_rows
         small_settings,
         f"output.dir={tmp_path}/out",
         "cluster.rows_per_block=4",
+        "engine.max_concurrent_blocks=2",
         # the third: an actor holds two blocks at once (engine.max_concurrent_blocks), so the
         # first is done, written by the first actor, before the third starts
         "cluster.crash_on_batch=3",
@@ -313,6 +314,7 @@ def test_a_row_that_kills_its_actor_is_quarantined(ray_cluster, demo_table, tmp_
         f"data.path={source}",
         f"output.dir={tmp_path}/out",
         "cluster.rows_per_block=3",
+        "engine.max_concurrent_blocks=2",
         f"cluster.crash_on_id={poison}",
         "cluster.crash_quarantine_after=2",
         "cluster.max_task_retries=3",
