@@ -200,15 +200,12 @@ def engine_only_pass(run_cfg: DictConfig, workload: Path) -> dict:
 
     from actors.synth import SynthActor
 
-    from .config import to_plain
     from .plan import actor_arguments
 
-    plain = to_plain(run_cfg)
-    cluster = plain["cluster"]
-    arguments = actor_arguments(plain, str(workload.parent), run_id="engine-only")
+    arguments = actor_arguments(run_cfg, str(workload.parent), run_id="engine-only")
     actor = (
         ray.remote(SynthActor)
-        .options(num_cpus=cluster["cpus_per_actor"], num_gpus=cluster["gpus_per_actor"])
+        .options(num_cpus=run_cfg.cluster.cpus_per_actor, num_gpus=run_cfg.cluster.gpus_per_actor)
         .remote(**arguments)
     )
     try:
