@@ -18,6 +18,7 @@ Nothing here imports torch: the actors do the work.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -177,7 +178,7 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
 
 
 def _settings(cfg: DictConfig, actors: int, slots: int, cpus: float, data_path: str, out: str) -> DictConfig:
-    run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    run_cfg = copy.deepcopy(cfg)  # keeps the schema: its types check what is set here too
     OmegaConf.set_struct(run_cfg, True)
     run_cfg.data.path = data_path
     run_cfg.data.name = "bench"

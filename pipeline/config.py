@@ -151,11 +151,19 @@ class ChorusConfig:
 CHECKED_GROUPS = ("model", "data", "engine", "long_form", "sampling", "output", "cluster")
 
 
+def settings(cfg: DictConfig, group: str):
+    """One group of the run config as its dataclass, resolved. A config built without the
+    schema (OmegaConf.create of a plain dict) is typed by it first, checked as Hydra would."""
+    if OmegaConf.get_type(cfg) is not ChorusConfig:
+        cfg = OmegaConf.merge(OmegaConf.structured(ChorusConfig), cfg)
+    return OmegaConf.to_object(cfg[group])
+
+
 def validate(cfg: DictConfig) -> None:
     """Every group's range checks (its dataclass's `validate()`), before anything starts;
     raises ConfigError naming the key."""
     for group in CHECKED_GROUPS:
-        OmegaConf.to_object(cfg[group]).validate()
+        settings(cfg, group).validate()
 
 
 def in_ray_job() -> bool:

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from actors import schema as S
 
-from .config import ConfigError, in_ray_job, to_plain, validate
+from .config import ConfigError, in_ray_job, settings, to_plain, validate
 from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, scan_input, scan_rows
 from .output import (
     ATTEMPTS_DIR,
@@ -262,13 +262,13 @@ def actor_arguments(cfg: DictConfig, input_dir: str | None, run_id: str, attempt
     """SynthActor's constructor arguments: the actor's groups as typed dataclasses
     (`OmegaConf.to_object`: resolved, each default from its dataclass), small, picklable and
     the same on every actor."""
-    settings = {group: OmegaConf.to_object(cfg[group]) for group in ACTOR_GROUPS}
-    data = settings["data"]
+    groups = {group: settings(cfg, group) for group in ACTOR_GROUPS}
+    data = groups["data"]
     if data.audio_root is not None and is_local(data.audio_root):
-        settings["data"] = replace(data, audio_root=local_path(data.audio_root))
-    cluster = OmegaConf.to_object(cfg.cluster)
+        groups["data"] = replace(data, audio_root=local_path(data.audio_root))
+    cluster = settings(cfg, "cluster")
     return {
-        **settings,
+        **groups,
         "input_dir": input_dir,
         "keep_codes": bool(cfg.output.keep_codes),
         "run_id": run_id,

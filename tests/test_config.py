@@ -131,3 +131,16 @@ def test_the_actor_refuses_dicts_and_bad_values_before_loading_anything(monkeypa
         SynthActor(**typed, long_form=LongFormSettings(segment_bytes=10))
     with pytest.raises(ConfigError, match="engine.codec_batch_rows must be >= 1"):
         SynthActor(**{**typed, "engine": EngineSettings(codec_batch_rows=0)})
+
+
+def test_a_config_built_without_the_schema_is_typed_by_it():
+    """A run config made with OmegaConf.create (a notebook, a script) gets the same
+    dataclasses and the same checks as a composed one."""
+    from omegaconf import OmegaConf
+
+    untyped = OmegaConf.create(OmegaConf.to_container(compose(["long_form.max_turns=3"]), resolve=False))
+    args = actor_arguments(untyped, None, run_id="untyped")
+    assert type(args["long_form"]) is LongFormSettings and args["long_form"].max_turns == 3
+    untyped.long_form.segment_bytes = 10
+    with pytest.raises(ConfigError, match="long_form.segment_bytes must be >= 16, got 10"):
+        validate(untyped)
