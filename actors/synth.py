@@ -42,8 +42,7 @@ import threading
 import time
 import traceback
 from collections import Counter, deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -51,35 +50,24 @@ import numpy as np
 import pyarrow as pa
 
 from actors import schema as S
-from actors.engine.segment import (
-    DEFAULT_MAX_TURNS,
-    DEFAULT_SEGMENT_BYTES,
-    MIN_SEGMENT_BYTES,
-    segment_budget,
-    segment_text,
-    utf8_len,
-)
+from actors.engine.segment import segment_budget, segment_text, utf8_len
 from actors.files import write_atomically
 from actors.lru import LRU
+from actors.settings import (
+    INT32_MAX,
+    DataConfig,
+    EngineSettings,
+    LongFormSettings,
+    ModelConfig,
+    SamplingSettings,
+    sampling_problem,
+)
 
 log = logging.getLogger(__name__)
 
 SEED_MASK = (1 << 63) - 1  # seeds are stored as int64
-# per-row limits (data.* settings override them): text is refused before it is tokenized, a
-# clip before it is read, and a clip fetch/decode that takes longer fails its rows
-DEFAULT_MAX_TEXT_BYTES = 64 * 1024
-DEFAULT_MAX_REFERENCE_BYTES = 50 * 1024 * 1024
-DEFAULT_REFERENCE_TIMEOUT_S = 60.0
 WORD_JOINER = "\u2060"  # zero width, no sound, not a control character: breaks `<|` for the tokenizer
 _SPECIAL_SPELLING = re.compile(r"<\|[^<>|\s]{1,64}\|>")
-DEFAULT_URI_SCHEMES = ("s3", "gs", "gcs", "hdfs", "abfs", "abfss")
-INT32_MAX = (1 << 31) - 1  # top_k, max_frames: int32 output columns
-# The engine samples in float32 (bfloat16 on GPU: the same exponent range): a temperature of
-# 1e39 is finite as a Python float but inf in float32, and logits / 1e-40 overflow. Values
-# outside these bounds are refused per row; 0 means greedy.
-TEMPERATURE_MIN = 1e-6
-TEMPERATURE_MAX = 1e6
-TOP_P_MIN = 1e-6
 
 
 def row_seed(row_id: str, global_seed: int) -> int:
@@ -91,21 +79,6 @@ def row_seed(row_id: str, global_seed: int) -> int:
 
 class RowError(Exception):
     """A problem with one row's content; its message becomes the row's `error`."""
-
-
-def sampling_problem(temperature: float, top_p: float, top_k: int) -> Optional[str]:
-    """Why these sampling values cannot run on the engine or be stored in the output (None if
-    they can). The engine's own validate() checks signs; this checks magnitudes."""
-    if temperature != 0.0 and not TEMPERATURE_MIN <= temperature <= TEMPERATURE_MAX:
-        return (
-            f"temperature {temperature:g} is outside [{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}] "
-            f"(0 = greedy); the engine samples in float32"
-        )
-    if not TOP_P_MIN <= top_p <= 1.0:
-        return f"top_p {top_p:g} is outside [{TOP_P_MIN:g}, 1]"
-    if not 0 <= top_k <= INT32_MAX:
-        return f"top_k {top_k} is outside [0, {INT32_MAX}] (0 = off)"
-    return None
 
 
 def _parse_int(value: Any, column: str, low: int, high: int) -> int:
@@ -277,17 +250,31 @@ class _Gate:
                 self._cond.notify_all()
 
 
+def _settings(value: Any, kind: type, name: str) -> Any:
+    """A settings argument, checked: the dataclass it must be (not a dict: each default lives
+    once, in actors/settings.py) and within its ranges."""
+    if not isinstance(value, kind):
+        raise TypeError(
+            f"SynthActor's {name} must be a {kind.__name__} (actors/settings.py; "
+            f"pipeline/plan.py::actor_arguments builds them from the run config), got {type(value).__name__}"
+        )
+    value.validate()
+    return value
+
+
 class SynthActor:
-    """Arguments are the plain dicts of the run config's groups (pipeline/config.py): small,
-    picklable, and the same on every actor."""
+    """Arguments: the run config's groups as their dataclasses (actors/settings.py), small,
+    picklable and the same on every actor; `input_dir`, the input's directory, is where clips
+    are confined when data.audio_root is not set."""
 
     def __init__(
         self,
-        model: Mapping,
-        engine: Mapping,
-        sampling: Mapping,
-        data: Mapping | None = None,
-        long_form: Mapping | None = None,
+        model: ModelConfig,
+        engine: EngineSettings,
+        sampling: SamplingSettings,
+        data: Optional[DataConfig] = None,
+        long_form: Optional[LongFormSettings] = None,
+        input_dir: Optional[str] = None,
         keep_codes: bool = True,
         run_id: str = "",
         threads: Optional[int] = None,
@@ -299,72 +286,70 @@ class SynthActor:
         block_timeout_s: Optional[float] = None,
     ):
         constructed = time.perf_counter()  # the actor's own start-up: imports, model + codec load
+        model = _settings(model, ModelConfig, "model")
+        engine = _settings(engine, EngineSettings, "engine")
+        sampling = _settings(sampling, SamplingSettings, "sampling")
+        data = _settings(DataConfig() if data is None else data, DataConfig, "data")
+        long_form = _settings(LongFormSettings() if long_form is None else long_form, LongFormSettings, "long_form")
         import torch
 
         from actors import audio
         from actors.codec import load_codec
-        from actors.engine import Engine, EngineConfig, PromptBuilder, PromptError, load_model, upstream_sampling
+        from actors.engine import Engine, PromptBuilder, PromptError, load_model, upstream_sampling
+        from actors.engine.loader import resolve_dtype
         from actors.engine.prompt import PreviousSegment
         from actors.engine.types import STOP_BUDGET, STOP_ERROR, Request
 
-        data = dict(data or {})
         if threads:
             # one actor per fraction of a CPU: more threads than granted cores thrash (80x
             # slower measured with two 2-thread actors on two cores)
             torch.set_num_threads(int(threads))
         started = time.perf_counter()
         checkpoint, codec_path = _model_paths(model)
-        device = model.get("device", "auto")
+        device = model.device
         if device == "auto":
             # Ray hides the GPUs an actor was not granted (CUDA_VISIBLE_DEVICES), so this is
             # "cuda when granted"
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.lm = load_model(checkpoint, device=device, dtype=model.get("dtype", "auto"))
-        self.codec = load_codec(codec_path, device=device, dtype=getattr(torch, model.get("codec_dtype", "float32")))
+        self.lm = load_model(checkpoint, device=device, dtype=model.dtype)
+        self.codec = load_codec(codec_path, device=device, dtype=resolve_dtype(model.codec_dtype))
         mc = self.lm.config
         if self.codec.num_codebooks != mc.num_codebooks:
             raise ValueError(
                 f"codec {codec_path} has {self.codec.num_codebooks} codebooks, model "
                 f"{checkpoint} {mc.num_codebooks}: they do not belong together"
             )
-        # the engine group holds every EngineConfig field (the run config's schema extends it);
-        # a key left out takes EngineConfig's default, the one place engine defaults live
-        self.engine = Engine(
-            self.lm, EngineConfig(**{f.name: engine[f.name] for f in fields(EngineConfig) if f.name in engine})
-        )
+        # the engine group extends EngineConfig; the engine gets those fields alone
+        self.engine = Engine(self.lm, engine.engine_config())
         self.builder = PromptBuilder.for_model(self.lm)
         # positions one request may take (prompt + frames): the engine's slot, within the model's context
         self._row_positions = min(self.engine.config.max_tokens, mc.max_seq_len)
         self.special_tokens = frozenset(self.lm.tokenizer.special)
-        self.allow_special_tokens = bool(data.get("allow_special_tokens", False))
-        overrides = {k: v for k, v in sampling.items() if k != "seed" and v is not None}
-        self.base_sampling = upstream_sampling(mc.family, **overrides)
+        self.allow_special_tokens = data.allow_special_tokens
+        self.base_sampling = upstream_sampling(mc.family, **sampling.overrides())
         self.base_sampling.validate()
-        self.global_seed = int(sampling.get("seed", 0))
-        self.max_frames = int(engine["max_frames"])
-        self.frames_per_char = engine.get("frames_per_char")
-        self.min_frames = int(engine.get("min_frames", 0))
-        self.stop_on_eos = bool(engine.get("stop_on_eos", True))
-        self.codec_batch_rows = max(1, int(engine.get("codec_batch_rows", 8)))
-        self.codec_wait_s = max(0.0, float(engine.get("codec_wait_ms", 200))) / 1000.0
+        self.global_seed = sampling.seed
+        self.max_frames = engine.max_frames
+        self.frames_per_char = engine.frames_per_char
+        self.min_frames = engine.min_frames
+        self.stop_on_eos = engine.stop_on_eos
+        self.codec_batch_rows = engine.codec_batch_rows
+        self.codec_wait_s = engine.codec_wait_ms / 1000.0
         self._engine_rows = 0  # rows the engine loop holds (ready or running); read by the finisher
-        self.references: LRU[np.ndarray] = LRU(int(engine.get("reference_cache", 256)))
+        self.references: LRU[np.ndarray] = LRU(engine.reference_cache)
         # every clip path and URI is confined to the root: data.audio_root, else the input's
         # directory (see _confine)
-        self.root = data.get("audio_root") or data.get("input_dir")
-        self.max_reference_seconds = float(data.get("max_reference_seconds", 30.0))
-        self.max_text_chars = int(data.get("max_text_chars", 50_000))
-        long_form = dict(long_form or {})
-        self.segment_bytes = int(long_form.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
-        self.max_turns = int(long_form.get("max_turns", DEFAULT_MAX_TURNS))
-        if self.segment_bytes < MIN_SEGMENT_BYTES:
-            raise ValueError(f"long_form.segment_bytes must be >= {MIN_SEGMENT_BYTES}, got {self.segment_bytes}")
+        self.root = data.audio_root or input_dir
+        self.max_reference_seconds = data.max_reference_seconds
+        self.max_text_chars = data.max_text_chars
+        self.segment_bytes = long_form.segment_bytes
+        self.max_turns = long_form.max_turns
         self.engine_steps = 0  # engine.step() calls over the actor's life (segments record when they finished)
         self.last_segments: dict = {}
-        self.max_reference_bytes = int(data.get("max_reference_bytes") or DEFAULT_MAX_REFERENCE_BYTES)
-        self.max_text_bytes = int(data.get("max_text_bytes") or DEFAULT_MAX_TEXT_BYTES)
-        self.reference_timeout_s = float(data.get("reference_timeout_s") or DEFAULT_REFERENCE_TIMEOUT_S)
-        self.uri_schemes = tuple(data.get("uri_schemes") or DEFAULT_URI_SCHEMES)
+        self.max_reference_bytes = data.max_reference_bytes
+        self.max_text_bytes = data.max_text_bytes
+        self.reference_timeout_s = data.reference_timeout_s
+        self.uri_schemes = tuple(data.uri_schemes)
         # blocks that killed this actor's predecessors (see _AttemptLedger)
         self.ledger = _AttemptLedger(attempts_dir) if attempts_dir else None
         self.quarantine_after = max(1, int(quarantine_after))
@@ -375,11 +360,12 @@ class SynthActor:
         self.crash_on_batch, self.crash_marker = int(crash_on_batch or 0), crash_marker
         self.batches = 0
         self._batch_numbers = itertools.count(1)
-        self.max_concurrent_blocks = max(1, int(engine.get("max_concurrent_blocks") or 2))
+        # null when the actor is built directly (tests, encode_refs); the driver resolves it
+        self.max_concurrent_blocks = engine.max_concurrent_blocks or 2
         self._gate = _Gate()
         self._references_lock = threading.Lock()
         # back-pressure: rows past their caller's preparation and not yet out of the engine
-        in_flight = self.engine.config.max_rows + max(0, int(engine.get("feed_queue_rows", 8)))
+        in_flight = self.engine.config.max_rows + engine.feed_queue_rows
         self._in_flight = threading.BoundedSemaphore(in_flight)
         self._inbox: queue.Queue = queue.Queue()  # rows for the engine loop
         self._finished: queue.Queue = queue.Queue()  # rows for the finisher
@@ -390,7 +376,7 @@ class SynthActor:
         self.model_clock = _BusyClock()  # engine steps and codec calls, overlap counted once
         self.step_blocks: deque = deque(maxlen=4096)  # per engine step: the blocks whose rows were live (tests)
         self.init_ms = (time.perf_counter() - constructed) * 1000.0
-        self.model_name = model.get("name") or self.lm.name
+        self.model_name = model.name or self.lm.name
         self.device = str(self.lm.device)
         self.actor, self.node = _provenance()
         # bound here so the per-batch code does not re-import
@@ -1390,14 +1376,14 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
 
-def _model_paths(model: Mapping) -> tuple[Path, Path]:
+def _model_paths(model: ModelConfig) -> tuple[Path, Path]:
     """(checkpoint dir, codec file or dir): the configured ones, or the demo's (built here on
     first use) when no checkpoint is configured."""
-    checkpoint, codec_path = model.get("checkpoint"), model.get("codec")
+    checkpoint, codec_path = model.checkpoint, model.codec
     if checkpoint is None:
         from actors.demo import demo_assets
 
-        cache_dir = model.get("cache_dir")
+        cache_dir = model.cache_dir
         checkpoint, demo_codec = demo_assets(Path(cache_dir).expanduser() if cache_dir else None)
         codec_path = codec_path or demo_codec
     checkpoint = Path(checkpoint)

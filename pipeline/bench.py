@@ -21,6 +21,7 @@ Nothing here imports torch: the actors do the work.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -187,7 +188,7 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
 
 
 def _settings(cfg: DictConfig, actors: int, slots: int, cpus: float, data_path: str, out: str) -> DictConfig:
-    run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    run_cfg = copy.deepcopy(cfg)  # keeps the schema: its types check what is set here too
     OmegaConf.set_struct(run_cfg, True)
     run_cfg.data.path = data_path
     run_cfg.data.name = "bench"
@@ -210,15 +211,12 @@ def engine_only_pass(run_cfg: DictConfig, workload: Path) -> dict:
 
     from actors.synth import SynthActor
 
-    from .config import to_plain
     from .plan import actor_arguments
 
-    plain = to_plain(run_cfg)
-    cluster = plain["cluster"]
-    arguments = actor_arguments(plain, str(workload.parent), run_id="engine-only")
+    arguments = actor_arguments(run_cfg, str(workload.parent), run_id="engine-only")
     actor = (
         ray.remote(SynthActor)
-        .options(num_cpus=cluster["cpus_per_actor"], num_gpus=cluster["gpus_per_actor"])
+        .options(num_cpus=run_cfg.cluster.cpus_per_actor, num_gpus=run_cfg.cluster.gpus_per_actor)
         .remote(**arguments)
     )
     try:

@@ -3,7 +3,11 @@ YAML groups under conf/ fill in. Because the schema is the base of the primary c
 in a key or a value of the wrong type is rejected when Hydra composes, before anything runs.
 
 Groups: model/ (checkpoint + codec), data/ (input table), engine/ (batching and frame
-budget), sampling/, output/, cluster/ (Ray resources), bench/.
+budget), long_form (keys only), sampling/, output/, cluster/ (Ray resources), bench/. The
+groups the actor receives (model, data, engine, long_form, sampling) are defined in
+actors/settings.py, torch- and Hydra-free, and reach it as those dataclasses
+(`OmegaConf.to_object`); the driver's own groups are here. Each group's range checks are its
+dataclass's `validate()`; `validate(cfg)` runs them all.
 """
 
 from __future__ import annotations
@@ -14,150 +18,22 @@ from pathlib import Path
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from actors import schema
-from actors.engine.settings import EngineConfig
+from actors.settings import (
+    ConfigError,
+    DataConfig,
+    EngineSettings,
+    LongFormSettings,
+    ModelConfig,
+    SamplingSettings,
+)
 
 from .output import is_local, local_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a job's driver process
-
-
-class ConfigError(ValueError):
-    """Settings that cannot work (alone or together); found before any work starts."""
-
-
-@dataclass
-class ModelConfig:
-    # recorded in every output row's `model` column
-    name: str = "demo-s1-tiny"
-    # checkpoint directory (config.json + weights + tokenizer), required; null = the built-in
-    # demo, a tiny random checkpoint built on first use into the cache dir (model=demo)
-    checkpoint: Optional[str] = MISSING
-    # codec.pth or a directory holding it; null = codec.pth inside `checkpoint` (or the demo's)
-    codec: Optional[str] = None
-    # auto = cuda when the actor was granted a GPU, else cpu
-    device: str = "auto"
-    # auto = bfloat16 on GPU, float32 on CPU
-    dtype: str = "auto"
-    codec_dtype: str = "float32"
-    # where the demo checkpoint is built on each actor's node (null = ~/.cache/chorus there);
-    # the driver's $CHORUS_CACHE, when set, is passed on
-    cache_dir: Optional[str] = "${oc.env:CHORUS_CACHE,null}"
-
-
-@dataclass
-class InputColumns:
-    """The table's name for each input column (actors/schema.py); defaults are the canonical ones."""
-
-    id: str = schema.ID
-    text: str = schema.TEXT
-    ref_audio: str = schema.REF_AUDIO
-    ref_audio_path: str = schema.REF_AUDIO_PATH
-    ref_text: str = schema.REF_TEXT
-    ref_id: str = schema.REF_ID
-    ref_codes: str = schema.REF_CODES
-    speaker: str = schema.SPEAKER
-    seed: str = schema.SEED
-    max_frames: str = schema.MAX_FRAMES
-    temperature: str = schema.TEMPERATURE
-    top_p: str = schema.TOP_P
-    top_k: str = schema.TOP_K
-
-
-@dataclass
-class DataConfig:
-    # a Parquet file, a directory of them or a glob; local or any URI pyarrow reads (s3://, gs://, ...)
-    path: str = MISSING
-    # short name of the input, used in the default output directory
-    name: str = "${chorus_stem:${.path}}"
-    columns: InputColumns = field(default_factory=InputColumns)
-    # the directory (or URI prefix) every ref_audio_path must lie in, relative paths start
-    # there; null = the input's directory
-    audio_root: Optional[str] = None
-    # longest reference clip accepted, seconds
-    max_reference_seconds: float = 30.0
-    # longest row text synthesised (characters); a longer row is an error row, the run goes on
-    max_text_chars: int = 50_000
-    # per-row limits: a clip's size (checked before it is read), the time to fetch and decode
-    # it, a text's size (checked before it is tokenized)
-    max_reference_bytes: int = 50 * 1024 * 1024
-    reference_timeout_s: float = 60.0
-    max_text_bytes: int = 64 * 1024
-    # false: spellings of the tokenizer's special tokens in text (`<|im_end|>`, ...) are
-    # escaped and read as plain characters; true: they act as control tokens (power users)
-    allow_special_tokens: bool = False
-    # URI schemes a ref_audio_path may use (local paths and file:// always work)
-    uri_schemes: list[str] = field(default_factory=lambda: ["s3", "gs", "gcs", "hdfs", "abfs", "abfss"])
-
-
-@dataclass
-class EngineSettings(EngineConfig):
-    """The engine group: the engine's own settings, each default once in `EngineConfig`
-    (actors/engine/settings.py: slots, KV positions, prefill chunk, prefix cache, compile,
-    ...), plus what the actor decides around the engine for each row."""
-
-    # frame budget per row (21.5 frames = 1 s of audio); a `max_frames` column overrides it
-    max_frames: int = 1024
-    # when set, a row's budget is min(max_frames, min_frames + frames_per_char * len(text))
-    frames_per_char: Optional[float] = None
-    min_frames: int = 8
-    stop_on_eos: bool = True
-    # rows per codec decode call, and how long the finisher waits for that many while the
-    # engine still has rows live (one call for several rows costs about what one row's does)
-    codec_batch_rows: int = 8
-    codec_wait_ms: float = 200.0
-    # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
-    reference_cache: int = 256
-    # Ray Data blocks one actor holds at once: its engine loop takes rows from all of them, so
-    # a slot freed at the end of one block is refilled from the next at once. null = enough
-    # blocks of cluster.rows_per_block rows to cover max_rows + feed_queue_rows, plus two
-    max_concurrent_blocks: Optional[int] = None
-    # rows an actor holds beyond its slots, prepared and waiting for one (back-pressure: a
-    # block's rows enter the engine's queue only while fewer than max_rows + this are in flight)
-    feed_queue_rows: int = 8
-
-    def validate(self) -> None:
-        """EngineConfig's range checks and the per-row settings'; raises ConfigError."""
-        try:
-            super().validate()
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        for key in ("max_frames", "min_frames", "reference_cache", "codec_wait_ms"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"engine.{key} must be >= 0, got {getattr(self, key)}")
-        if self.codec_batch_rows < 1:
-            raise ConfigError(f"engine.codec_batch_rows must be >= 1, got {self.codec_batch_rows}")
-        if self.frames_per_char is not None and self.frames_per_char < 0:
-            raise ConfigError(f"engine.frames_per_char must be >= 0 or null, got {self.frames_per_char}")
-
-
-@dataclass
-class LongFormSettings:
-    """Rows longer than one engine request are generated as a chain of segments (README,
-    "Long text"): cut at speaker turns, sentence ends, clause marks, whitespace."""
-
-    # most UTF-8 bytes of text per segment (upstream's chunk_length default); the engine's
-    # max_tokens, the reference's length and the frame budget may make segments smaller
-    segment_bytes: int = 300
-    # most speaker turns grouped into one segment (upstream: 5)
-    max_turns: int = 5
-
-
-@dataclass
-class SamplingSettings:
-    # null = upstream's default for the model family (S1: 0.8/0.8/30 + repetition penalty 1.1;
-    # S2: 0.8/0.8/30 + repetition-aware sampling over 10 frames). temperature 0 = greedy.
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    repetition_penalty: Optional[float] = None
-    ras_window: Optional[int] = None
-    # a row's seed is its `seed` column, else a stable hash of (this seed, row id)
-    seed: int = 0
 
 
 @dataclass
@@ -181,6 +57,14 @@ class OutputSettings:
     on_change: str = "redo"
     # a rerun redoes error rows whose cause may be gone (I/O, timeout, internal); true: all
     retry_errors: bool = False
+
+    def validate(self) -> None:
+        if self.on_change not in ("redo", "refuse"):
+            raise ConfigError(f"output.on_change must be redo or refuse, got {self.on_change!r}")
+        if not 0 < self.lease_heartbeat_s < self.lease_stale_s:
+            raise ConfigError("output.lease_heartbeat_s must be > 0 and below output.lease_stale_s")
+        if self.progress_bar not in ("auto", "on", "off"):
+            raise ConfigError(f"output.progress_bar must be auto, on or off, got {self.progress_bar!r}")
 
 
 @dataclass
@@ -213,6 +97,23 @@ class ClusterSettings:
     crash_marker: Optional[str] = None
     crash_on_id: Optional[str] = None
 
+    def validate(self) -> None:
+        if self.num_actors < 1:
+            raise ConfigError("cluster.num_actors must be >= 1")
+        if self.cpus_per_actor < 0 or self.gpus_per_actor < 0:
+            raise ConfigError("cluster.cpus_per_actor and cluster.gpus_per_actor must be >= 0")
+        if self.rows_per_block < 1:
+            raise ConfigError("cluster.rows_per_block must be >= 1")
+        if self.crash_quarantine_after < 1 or self.max_task_retries <= self.crash_quarantine_after:
+            raise ConfigError(
+                "cluster.max_task_retries must exceed cluster.crash_quarantine_after (>= 1): a block is retried "
+                "crash_quarantine_after times, then once more row by row to find the row that kills its actor"
+            )
+        if self.max_actor_restarts < 0:
+            raise ConfigError("cluster.max_actor_restarts must be >= 0")
+        if self.crash_on_batch and not self.crash_marker:
+            raise ConfigError("cluster.crash_on_batch needs cluster.crash_marker (it makes the crash happen once)")
+
 
 @dataclass
 class BenchSettings:
@@ -244,6 +145,25 @@ class ChorusConfig:
     output: OutputSettings = field(default_factory=OutputSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     bench: BenchSettings = field(default_factory=BenchSettings)
+
+
+# the groups with range checks, in the order they are checked
+CHECKED_GROUPS = ("model", "data", "engine", "long_form", "sampling", "output", "cluster")
+
+
+def settings(cfg: DictConfig, group: str):
+    """One group of the run config as its dataclass, resolved. A config built without the
+    schema (OmegaConf.create of a plain dict) is typed by it first, checked as Hydra would."""
+    if OmegaConf.get_type(cfg) is not ChorusConfig:
+        cfg = OmegaConf.merge(OmegaConf.structured(ChorusConfig), cfg)
+    return OmegaConf.to_object(cfg[group])
+
+
+def validate(cfg: DictConfig) -> None:
+    """Every group's range checks (its dataclass's `validate()`), before anything starts;
+    raises ConfigError naming the key."""
+    for group in CHECKED_GROUPS:
+        settings(cfg, group).validate()
 
 
 def in_ray_job() -> bool:
@@ -300,5 +220,6 @@ def compose(overrides: Optional[list[str]] = None) -> DictConfig:
 
 
 def to_plain(cfg: DictConfig) -> dict:
-    """Resolved plain containers: what actors get and what the snapshot records."""
+    """Resolved plain containers: what the driver reads and the snapshot and identity record
+    (the actors get typed dataclasses: pipeline/plan.py::actor_arguments)."""
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)

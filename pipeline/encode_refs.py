@@ -37,10 +37,11 @@ def encode_refs(out_path: str, overrides: list[str]) -> dict:
 
     from .plan import actor_arguments
 
-    plain = to_plain(compose(overrides))
+    cfg = compose(overrides)
+    plain = to_plain(cfg)
     columns = plain["data"]["columns"]
     scan = scan_input(plain["data"]["path"], columns)
-    actor = SynthActor(**actor_arguments(plain, scan.root, run_id="encode-refs"))
+    actor = SynthActor(**actor_arguments(cfg, scan.root, run_id="encode-refs"))
     codes_name = columns.get(S.REF_CODES, S.REF_CODES)
     tables, failures, encoded = [], [], 0
     for path in scan.files:

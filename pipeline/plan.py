@@ -19,15 +19,14 @@ import shutil
 import time
 import uuid
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
 
 from actors import schema as S
-from actors.engine.segment import MIN_SEGMENT_BYTES
 
-from .config import ConfigError, EngineSettings, in_ray_job, to_plain
+from .config import ConfigError, in_ray_job, settings, to_plain, validate
 from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, scan_input, scan_rows
 from .output import (
     ATTEMPTS_DIR,
@@ -54,46 +53,16 @@ class RunReport:
     report_s: float = 0.0  # writing report.html, after the data is complete (not in summary wall_s)
 
 
-def _check_settings(plain: dict) -> None:
-    EngineSettings(**plain["engine"]).validate()  # the engine's range checks, before Ray starts
-    cluster, output = plain["cluster"], plain["output"]
-    if cluster["num_actors"] < 1:
-        raise ConfigError("cluster.num_actors must be >= 1")
-    if cluster["cpus_per_actor"] < 0 or cluster["gpus_per_actor"] < 0:
-        raise ConfigError("cluster.cpus_per_actor and cluster.gpus_per_actor must be >= 0")
-    if cluster["rows_per_block"] < 1:
-        raise ConfigError("cluster.rows_per_block must be >= 1")
-    blocks = plain["engine"]["max_concurrent_blocks"]
-    if (blocks is not None and blocks < 1) or plain["engine"]["feed_queue_rows"] < 0:
-        raise ConfigError("engine.max_concurrent_blocks must be >= 1 (or null) and engine.feed_queue_rows >= 0")
-    if output["on_change"] not in ("redo", "refuse"):
-        raise ConfigError(f"output.on_change must be redo or refuse, got {output['on_change']!r}")
-    if not 0 < output["lease_heartbeat_s"] < output["lease_stale_s"]:
-        raise ConfigError("output.lease_heartbeat_s must be > 0 and below output.lease_stale_s")
-    if output["progress_bar"] not in ("auto", "on", "off"):
-        raise ConfigError(f"output.progress_bar must be auto, on or off, got {output['progress_bar']!r}")
-    long_form = plain["long_form"]
-    if long_form["segment_bytes"] < MIN_SEGMENT_BYTES:
-        raise ConfigError(f"long_form.segment_bytes must be >= {MIN_SEGMENT_BYTES}, got {long_form['segment_bytes']}")
-    if long_form["max_turns"] < 1:
-        raise ConfigError(f"long_form.max_turns must be >= 1, got {long_form['max_turns']}")
-    if plain["data"]["max_text_chars"] < 1:
-        raise ConfigError(f"data.max_text_chars must be >= 1, got {plain['data']['max_text_chars']}")
-    if cluster["crash_quarantine_after"] < 1 or cluster["max_task_retries"] <= cluster["crash_quarantine_after"]:
-        raise ConfigError(
-            "cluster.max_task_retries must exceed cluster.crash_quarantine_after (>= 1): a block is retried "
-            "crash_quarantine_after times, then once more row by row to find the row that kills its actor"
-        )
-    if cluster["max_actor_restarts"] < 0:
-        raise ConfigError("cluster.max_actor_restarts must be >= 0")
-    if cluster["crash_on_batch"] and not cluster["crash_marker"]:
-        raise ConfigError("cluster.crash_on_batch needs cluster.crash_marker (it makes the crash happen once)")
+def _check_settings(cfg: DictConfig, plain: dict) -> None:
+    """Everything about the settings that can be checked before Ray starts: each group's range
+    checks (pipeline/config.py::validate), then what depends on where the run is."""
+    validate(cfg)
+    output = plain["output"]
     if in_ray_job() and is_local(output["dir"]) and not os.path.isabs(os.path.expanduser(output["dir"])):
         raise ConfigError(
             f"output.dir={output['dir']!r} is relative: inside a Ray Job that is the job's "
             f"temporary working directory, deleted afterwards; pass an absolute path or a URI"
         )
-    _check_sampling(plain["sampling"])
     model = plain["model"]
     checkpoint = model["checkpoint"]
     if checkpoint is not None and is_local(checkpoint):
@@ -102,18 +71,6 @@ def _check_settings(plain: dict) -> None:
         codec = model["codec"] or os.path.join(checkpoint, "codec.pth")
         if is_local(codec) and not os.path.exists(local_path(codec)):
             raise ConfigError(f"codec {codec!r} does not exist (set model.codec)")
-
-
-def _check_sampling(sampling: dict) -> None:
-    """The run's sampling settings against what the engine can hold (the same bounds every
-    row's own values meet in the actor): a bad global value would fail every row."""
-    from actors.synth import sampling_problem
-
-    values = {"temperature": 0.8, "top_p": 0.8, "top_k": 30}  # upstream's defaults stand in for null
-    values.update({k: sampling[k] for k in values if sampling.get(k) is not None})
-    problem = sampling_problem(float(values["temperature"]), float(values["top_p"]), int(values["top_k"]))
-    if problem:
-        raise ConfigError(f"sampling: {problem}")
 
 
 # files up to this size are hashed whole; a larger one (weights) by its size and its first
@@ -297,61 +254,48 @@ def attempts_dir(output_location: str, run_id: str) -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "chorus", ATTEMPTS_DIR, run_id)
 
 
-def concurrent_blocks(plain: dict) -> int:
+def concurrent_blocks(engine, rows_per_block: int) -> int:
     """Blocks one actor holds at once: engine.max_concurrent_blocks, or (null) enough that the
     rows in flight cover the slots and the feed queue, plus two: one whose last rows are
     finishing and one being prepared. With fewer, a slot freed near a block's end waits for
     Ray to hand over the next block and for its references (measured on the demo, 16 slots,
     16-row blocks: 2 blocks 71% slot occupancy, 4 blocks 89%)."""
-    engine, cluster = plain["engine"], plain["cluster"]
-    if engine["max_concurrent_blocks"] is not None:
-        return int(engine["max_concurrent_blocks"])
-    rows = engine["max_rows"] + engine["feed_queue_rows"]
-    return -(-rows // cluster["rows_per_block"]) + 2
+    if engine.max_concurrent_blocks is not None:
+        return int(engine.max_concurrent_blocks)
+    return -(-(engine.max_rows + engine.feed_queue_rows) // rows_per_block) + 2
 
 
-def actor_arguments(plain: dict, input_dir: str | None, run_id: str, attempts: str | None = None) -> dict:
-    """SynthActor's constructor arguments: plain, small, the same on every actor."""
-    cluster = plain["cluster"]
-    threads = cluster["threads_per_actor"] or max(1, math.floor(cluster["cpus_per_actor"]))
-    data = plain["data"]
-    audio_root = data["audio_root"]
-    if audio_root is not None and is_local(audio_root):
-        audio_root = local_path(audio_root)
+# the run config's groups SynthActor receives, as their dataclasses (actors/settings.py)
+ACTOR_GROUPS = ("model", "data", "engine", "long_form", "sampling")
+
+
+def actor_arguments(cfg: DictConfig, input_dir: str | None, run_id: str, attempts: str | None = None) -> dict:
+    """SynthActor's constructor arguments: the actor's groups as typed dataclasses
+    (`OmegaConf.to_object`: resolved, each default from its dataclass), small, picklable and
+    the same on every actor."""
+    groups = {group: settings(cfg, group) for group in ACTOR_GROUPS}
+    data = groups["data"]
+    if data.audio_root is not None and is_local(data.audio_root):
+        groups["data"] = replace(data, audio_root=local_path(data.audio_root))
+    cluster = settings(cfg, "cluster")
+    engine = groups["engine"]
+    groups["engine"] = replace(engine, max_concurrent_blocks=concurrent_blocks(engine, cluster.rows_per_block))
     return {
-        "model": plain["model"],
-        "engine": {**plain["engine"], "max_concurrent_blocks": concurrent_blocks(plain)},
-        "sampling": plain["sampling"],
-        "data": {
-            "audio_root": audio_root,
-            "input_dir": input_dir,
-            **{
-                key: data[key]
-                for key in (
-                    "max_reference_seconds",
-                    "max_reference_bytes",
-                    "reference_timeout_s",
-                    "max_text_bytes",
-                    "uri_schemes",
-                    "allow_special_tokens",
-                    "max_text_chars",
-                )
-            },
-        },
-        "long_form": plain["long_form"],
-        "keep_codes": plain["output"]["keep_codes"],
+        **groups,
+        "input_dir": input_dir,
+        "keep_codes": bool(cfg.output.keep_codes),
         "run_id": run_id,
-        "threads": threads,
-        "crash_on_batch": cluster["crash_on_batch"],
-        "crash_marker": cluster["crash_marker"],
+        "threads": cluster.threads_per_actor or max(1, math.floor(cluster.cpus_per_actor)),
+        "crash_on_batch": cluster.crash_on_batch,
+        "crash_marker": cluster.crash_marker,
         "attempts_dir": attempts,
-        "quarantine_after": cluster["crash_quarantine_after"],
-        "crash_on_id": cluster["crash_on_id"],
-        "block_timeout_s": cluster["block_timeout_s"],
+        "quarantine_after": cluster.crash_quarantine_after,
+        "crash_on_id": cluster.crash_on_id,
+        "block_timeout_s": cluster.block_timeout_s,
     }
 
 
-def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, state_ref, run_id: str):
+def build_plan(plain: dict, scan: InputScan, arguments: dict, layout: OutputLayout, state_ref, run_id: str):
     ds = read_dataset(scan, plain["cluster"]["rows_per_block"])
     ds = ds.map_batches(
         prepare_block,
@@ -364,7 +308,7 @@ def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, state_ref, ru
         # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
         # "use the named remote parameters" warning has nothing to point to); pinned <2.61
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        ds = _synth_stage(ds, plain, scan, layout, run_id)
+        ds = _synth_stage(ds, plain, arguments)
     return ds.map_batches(
         write_block,
         fn_kwargs={"location": layout.location, "run_id": run_id},
@@ -374,16 +318,16 @@ def build_plan(plain: dict, scan: InputScan, layout: OutputLayout, state_ref, ru
     )
 
 
-def _synth_stage(ds, plain: dict, scan: InputScan, layout: OutputLayout, run_id: str):
+def _synth_stage(ds, plain: dict, arguments: dict):
     from ray.data import ActorPoolStrategy
 
     from actors.synth import SynthStage
 
     cluster = plain["cluster"]
-    blocks = concurrent_blocks(plain)
+    blocks = arguments["engine"].max_concurrent_blocks  # resolved by actor_arguments
     return ds.map_batches(
         SynthStage,
-        fn_constructor_kwargs=actor_arguments(plain, scan.root, run_id, attempts_dir(layout.location, run_id)),
+        fn_constructor_kwargs=arguments,
         # an async callable class: up to `blocks` calls run in one actor at once (Ray Data sets
         # the actor's max_concurrency to max_concurrent_calls_per_actor), and no more are sent
         # to it than that, so a waiting block never sits in one actor's queue while another idles
@@ -400,10 +344,13 @@ def _synth_stage(ds, plain: dict, scan: InputScan, layout: OutputLayout, run_id:
     )
 
 
-def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, state: dict, pending: int, run_id: str) -> dict:
-    """Stream the rows still to do through the actors into part files, showing progress.
-    Returns what only the stream sees: total part-file write time and when the first
-    finished block reached the driver (seconds after the plan started)."""
+def synthesize(
+    plain: dict, scan: InputScan, arguments: dict, layout: OutputLayout, state: dict, pending: int, run_id: str
+) -> dict:
+    """Stream the rows still to do through the actors (constructed with `arguments`:
+    actor_arguments) into part files, showing progress. Returns what only the stream sees:
+    total part-file write time and when the first finished block reached the driver (seconds
+    after the plan started)."""
     import ray
 
     stream = {"write_s": 0.0, "first_block_s": None}
@@ -416,7 +363,7 @@ def synthesize(plain: dict, scan: InputScan, layout: OutputLayout, state: dict, 
         # configurable in 2.60): with actors on every node it never schedules and the run
         # hangs. The V1 read honours the read's own (fractional) resources.
         context.use_datasource_v2 = False
-        plan = build_plan(plain, scan, layout, ray.put(state), run_id)
+        plan = build_plan(plain, scan, arguments, layout, ray.put(state), run_id)
         output = plain["output"]
         progress = Progress(
             scan.total_rows, scan.total_rows - pending, output["progress_interval_s"], output["progress_bar"]
@@ -442,7 +389,7 @@ def run(cfg: DictConfig) -> RunReport:
     """One run: everything that can be checked is checked before Ray starts; rows already in
     the output are skipped; summary.json is rewritten at the end."""
     plain = to_plain(cfg)
-    _check_settings(plain)
+    _check_settings(cfg, plain)
     started = time.monotonic()
     started_unix = time.time()
     run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
@@ -470,7 +417,8 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
     layout.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
     output = plain["output"]
     digest = settings_digest(plain, model_fingerprint(plain["model"]))
-    rows = scan_rows(scan, digest, actor_arguments(plain, scan.root, run_id)["data"]["audio_root"])
+    arguments = actor_arguments(cfg, scan.root, run_id, attempts_dir(layout.location, run_id))
+    rows = scan_rows(scan, digest, arguments["data"].audio_root)
     hashes = rows.hashes
     if rows.conflicts:  # refused like a bad id: answered here, never sent to an actor
         scan.accepted_ids = [i for i in scan.accepted_ids if i not in rows.conflicts]
@@ -521,7 +469,7 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
             "hash_ids": pa.array(list(hashes), type=pa.string()),
             "hashes": pa.array(list(hashes.values()), type=pa.string()),
         }
-        stream = synthesize(plain, scan, layout, state, pending, run_id)
+        stream = synthesize(plain, scan, arguments, layout, state, pending, run_id)
     shutil.rmtree(attempts_dir(layout.location, run_id), ignore_errors=True)
     if lease.lost:
         raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")

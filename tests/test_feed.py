@@ -13,7 +13,7 @@ import pytest
 
 from actors import schema as S
 from actors.synth import SynthActor
-from pipeline.config import compose, to_plain
+from pipeline.config import compose
 from pipeline.plan import actor_arguments
 
 WAIT_S = 120.0  # a safety net for a broken actor, never reached when it works
@@ -36,8 +36,8 @@ def by_id(out: pa.Table) -> dict:
 
 @pytest.fixture(scope="module")
 def actor(small_settings) -> SynthActor:
-    plain = to_plain(compose(small_settings + ["engine.max_rows=4", "engine.max_concurrent_blocks=2"]))
-    return SynthActor(**actor_arguments(plain, None, run_id="feed"))
+    cfg = compose(small_settings + ["engine.max_rows=4", "engine.max_concurrent_blocks=2"])
+    return SynthActor(**actor_arguments(cfg, None, run_id="feed"))
 
 
 def hold_engine_until(actor: SynthActor, monkeypatch, rows_in: int) -> threading.Event:
@@ -152,7 +152,7 @@ def test_ref_codes_give_the_codes_of_the_audio_they_encode(small_settings, tmp_p
     assert [c is not None for c in with_codes.column(S.REF_CODES).to_pylist()] == has_audio
     assert counts["encoded"] == sum(has_audio) and counts["failed"] == 0
 
-    actor = SynthActor(**actor_arguments(to_plain(compose(settings)), str(DEMO_TABLE.parent), run_id="codes"))
+    actor = SynthActor(**actor_arguments(compose(settings), str(DEMO_TABLE.parent), run_id="codes"))
     picked = [i for i, audio in enumerate(has_audio) if audio][:4] + [has_audio.index(False)]
     rows_in = with_codes.take(picked)
     from_audio = by_id(actor(rows_in.drop_columns([S.REF_CODES])))
@@ -191,7 +191,7 @@ def test_engine_codes_do_not_depend_on_the_request_beside_them(small_settings):
     from actors.synth import _Block, _Row
 
     settings = [*small_settings, "engine.stop_on_eos=true", f"data.path={DEMO_TABLE}"]
-    actor = SynthActor(**actor_arguments(to_plain(compose(settings)), str(DEMO_TABLE.parent), run_id="pair"))
+    actor = SynthActor(**actor_arguments(compose(settings), str(DEMO_TABLE.parent), run_id="pair"))
     demo = pq.read_table(DEMO_TABLE)
     block = _Block(0, demo.num_rows, 0.0)
     requests = {}

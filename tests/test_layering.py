@@ -69,5 +69,13 @@ def test_engine_and_codec_are_plain_torch(folder):
     assert offending(folder, ORCHESTRATION) == {}
 
 
+def test_actor_settings_are_plain_python():
+    # the driver's Hydra schema nests them and the actor receives them: neither side's
+    # machinery belongs in them (required values are OmegaConf's "???" spelled out)
+    path = REPO / "actors" / "settings.py"
+    hits = {m for m in imported_modules(path.read_text(), "actors") if m.split(".")[0] in ORCHESTRATION + ("torch",)}
+    assert hits == set()
+
+
 def test_driver_never_names_torch():
     assert offending("pipeline", ("torch",)) == {}

@@ -15,7 +15,7 @@ from conftest import DEMO_TABLE
 from actors import schema as S
 from actors.engine.segment import utf8_len
 from actors.synth import SynthActor
-from pipeline.config import compose, to_plain
+from pipeline.config import compose
 from pipeline.plan import actor_arguments, run
 
 SENTENCES = [
@@ -53,9 +53,9 @@ def table(rows: list[dict]) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def actor(small_settings, demo_table) -> SynthActor:
-    plain = to_plain(compose(small_settings + FEWER_FRAMES + ["engine.max_tokens=512", "engine.max_rows=8"]))
+    cfg = compose(small_settings + FEWER_FRAMES + ["engine.max_tokens=512", "engine.max_rows=8"])
     # the demo clips are confined to their own folder (data.audio_root defaults to the input's)
-    return SynthActor(**actor_arguments(plain, str(DEMO_TABLE.parent), run_id="longform"))
+    return SynthActor(**actor_arguments(cfg, str(DEMO_TABLE.parent), run_id="longform"))
 
 
 def test_long_row_and_40_short_rows_share_the_slots(actor, demo_table):
@@ -96,9 +96,9 @@ def test_long_row_and_40_short_rows_share_the_slots(actor, demo_table):
 
 
 def test_row_over_max_text_chars_is_an_error_row(actor, monkeypatch, small_settings):
-    plain = to_plain(compose(small_settings + ["data.max_text_chars=100", "long_form.segment_bytes=64"]))
-    args = actor_arguments(plain, None, run_id="x")  # the settings reach the actor
-    assert args["data"]["max_text_chars"] == 100 and args["long_form"]["segment_bytes"] == 64
+    cfg = compose(small_settings + ["data.max_text_chars=100", "long_form.segment_bytes=64"])
+    args = actor_arguments(cfg, None, run_id="x")  # the settings reach the actor
+    assert args["data"].max_text_chars == 100 and args["long_form"].segment_bytes == 64
     monkeypatch.setattr(actor, "max_text_chars", 100)
     out = actor(table([{S.ID: "over", S.TEXT: "x" * 101}, {S.ID: "at", S.TEXT: "y" * 100}])).to_pylist()
     assert out[0][S.STATUS] == S.STATUS_ERROR

@@ -320,9 +320,9 @@ def test_export_writes_one_safe_file_per_ok_row(tmp_path):
 def test_driver_never_imports_torch():
     code = (
         "import sys, pipeline.plan, pipeline.export, pipeline.bench, pipeline.report, pipeline.__main__;"
-        # what the driver uses from the actors' side: the column contract, the engine's
-        # settings and types, the actor class (it loads torch in its constructor)
-        "import actors, actors.schema, actors.synth, actors.engine.settings, actors.engine.types;"
+        # what the driver uses from the actors' side: the column contract, the actor's and the
+        # engine's settings, the engine's types, the actor class (it loads torch in its constructor)
+        "import actors, actors.schema, actors.settings, actors.synth, actors.engine.settings, actors.engine.types;"
         "print('torch' in sys.modules)"
     )
     result = subprocess.run(

@@ -16,14 +16,14 @@ from conftest import DEMO_TABLE
 from actors import schema as S
 from actors.lru import LRU
 from actors.synth import SynthActor, row_seed
-from pipeline.config import compose, to_plain
+from pipeline.config import compose
 from pipeline.plan import actor_arguments
 
 
 @pytest.fixture(scope="module")
 def actor(bad_table, small_settings) -> SynthActor:
-    plain = to_plain(compose(small_settings + ["engine.max_tokens=512"]))
-    return SynthActor(**actor_arguments(plain, str(bad_table.path.parent), run_id="unit"))
+    cfg = compose(small_settings + ["engine.max_tokens=512"])
+    return SynthActor(**actor_arguments(cfg, str(bad_table.path.parent), run_id="unit"))
 
 
 @pytest.fixture
@@ -257,12 +257,12 @@ WATCHDOG_SCRIPT = """
 import sys, threading
 import pyarrow as pa
 from actors.synth import SynthActor
-from pipeline.config import compose, to_plain
+from pipeline.config import compose
 from pipeline.plan import actor_arguments
 
 attempts = sys.argv[1]
-plain = to_plain(compose(["cluster.block_timeout_s=2", "engine.max_frames=8"]))
-actor = SynthActor(**actor_arguments(plain, None, run_id="watchdog", attempts=attempts))
+cfg = compose(["cluster.block_timeout_s=2", "engine.max_frames=8"])
+actor = SynthActor(**actor_arguments(cfg, None, run_id="watchdog", attempts=attempts))
 actor.engine.step = lambda: threading.Event().wait()  # a device call that never returns
 actor(pa.table({"id": ["stuck"], "text": ["This block never finishes."]}))
 print("returned")

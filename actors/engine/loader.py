@@ -12,18 +12,11 @@ from torch import nn
 from .checkpoint import LoadReport, load_weights
 from .config import ModelConfig, load_config, with_semantic_ids
 from .model import DualARModel
+from .settings import DTYPE_NAMES
 from .tokenizer import Tokenizer, load_tokenizer
 
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float64": torch.float64,
-    "fp64": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
+# the dtype names a setting may use (torch-free, in settings.py: the driver checks them)
+DTYPES = {name: getattr(torch, attribute) for name, attribute in DTYPE_NAMES.items()}
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:

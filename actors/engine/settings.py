@@ -6,6 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+# the dtype names a model or codec may be loaded in (loader.DTYPES maps them to torch's)
+DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float64": "float64",
+    "fp64": "float64",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
+
 
 @dataclass
 class EngineConfig:

@@ -1,0 +1,245 @@
+"""The settings the actor receives: the run config's model, data, engine, long_form and sampling
+groups as typed dataclasses, each default here once. The driver's Hydra schema
+(pipeline/config.py) nests them, and `OmegaConf.to_object` hands the actor these objects, not
+dicts (docs/architecture.md §3).
+
+Free of torch, Hydra and OmegaConf: the driver and the actor both import it. A required field
+is the string "???", which OmegaConf reads as a missing value; `${...}` defaults are OmegaConf
+interpolations, resolved before an actor sees them.
+
+Range checks a schema cannot express are each dataclass's `validate()`, raising ConfigError
+with a message that names the key; the driver runs them all before Ray starts, and the actor
+runs them again for callers that build it directly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+from actors import schema
+from actors.engine.segment import DEFAULT_MAX_TURNS, DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
+from actors.engine.settings import DTYPE_NAMES, EngineConfig
+from actors.engine.types import SamplingParams
+
+MISSING = "???"  # OmegaConf's mark of a required value (omegaconf.MISSING), without importing it
+
+INT32_MAX = (1 << 31) - 1  # top_k, max_frames: int32 output columns
+# The engine samples in float32 (bfloat16 on GPU: the same exponent range): a temperature of
+# 1e39 is finite as a Python float but inf in float32, and logits / 1e-40 overflow. Values
+# outside these bounds are refused (per row in the actor, for the run by the driver); 0 means
+# greedy.
+TEMPERATURE_MIN = 1e-6
+TEMPERATURE_MAX = 1e6
+TOP_P_MIN = 1e-6
+
+# torch device types a model may be put on, with an optional index ("cuda:1")
+_DEVICE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
+_URI_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*$")
+
+
+class ConfigError(ValueError):
+    """Settings that cannot work (alone or together); found before any work starts."""
+
+
+def sampling_problem(temperature: float, top_p: float, top_k: int) -> Optional[str]:
+    """Why these sampling values cannot run on the engine or be stored in the output (None if
+    they can). The engine's own SamplingParams.validate() checks signs; this checks magnitudes."""
+    if temperature != 0.0 and not TEMPERATURE_MIN <= temperature <= TEMPERATURE_MAX:
+        return (
+            f"temperature {temperature:g} is outside [{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}] "
+            f"(0 = greedy); the engine samples in float32"
+        )
+    if not TOP_P_MIN <= top_p <= 1.0:
+        return f"top_p {top_p:g} is outside [{TOP_P_MIN:g}, 1]"
+    if not 0 <= top_k <= INT32_MAX:
+        return f"top_k {top_k} is outside [0, {INT32_MAX}] (0 = off)"
+    return None
+
+
+@dataclass
+class ModelConfig:
+    # recorded in every output row's `model` column
+    name: str = "demo-s1-tiny"
+    # checkpoint directory (config.json + weights + tokenizer), required; null = the built-in
+    # demo, a tiny random checkpoint built on first use into the cache dir (model=demo)
+    checkpoint: Optional[str] = MISSING
+    # codec.pth or a directory holding it; null = codec.pth inside `checkpoint` (or the demo's)
+    codec: Optional[str] = None
+    # auto = cuda when the actor was granted a GPU, else cpu
+    device: str = "auto"
+    # auto = bfloat16 on GPU, float32 on CPU
+    dtype: str = "auto"
+    codec_dtype: str = "float32"
+    # where the demo checkpoint is built on each actor's node (null = ~/.cache/chorus there);
+    # the driver's $CHORUS_CACHE, when set, is passed on
+    cache_dir: Optional[str] = "${oc.env:CHORUS_CACHE,null}"
+
+    def validate(self) -> None:
+        if self.device != "auto" and not _DEVICE.match(self.device):
+            raise ConfigError(f"model.device must be auto, cpu, cuda, cuda:N, mps, xpu or xpu:N, got {self.device!r}")
+        names = ", ".join(DTYPE_NAMES)
+        if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
+            raise ConfigError(f"model.dtype must be auto or one of {names}, got {self.dtype!r}")
+        if self.codec_dtype not in DTYPE_NAMES:
+            raise ConfigError(f"model.codec_dtype must be one of {names}, got {self.codec_dtype!r}")
+
+
+@dataclass
+class InputColumns:
+    """The table's name for each input column (actors/schema.py); defaults are the canonical ones."""
+
+    id: str = schema.ID
+    text: str = schema.TEXT
+    ref_audio: str = schema.REF_AUDIO
+    ref_audio_path: str = schema.REF_AUDIO_PATH
+    ref_text: str = schema.REF_TEXT
+    ref_id: str = schema.REF_ID
+    ref_codes: str = schema.REF_CODES
+    speaker: str = schema.SPEAKER
+    seed: str = schema.SEED
+    max_frames: str = schema.MAX_FRAMES
+    temperature: str = schema.TEMPERATURE
+    top_p: str = schema.TOP_P
+    top_k: str = schema.TOP_K
+
+
+@dataclass
+class DataConfig:
+    """The input table (path, name and columns: the driver's) and the per-row limits the actor
+    applies: text is refused before it is tokenized, a clip before it is read, and a clip
+    fetch/decode that takes longer than reference_timeout_s fails its rows."""
+
+    # a Parquet file, a directory of them or a glob; local or any URI pyarrow reads (s3://, gs://, ...)
+    path: str = MISSING
+    # short name of the input, used in the default output directory
+    name: str = "${chorus_stem:${.path}}"
+    columns: InputColumns = field(default_factory=InputColumns)
+    # the directory (or URI prefix) every ref_audio_path must lie in, relative paths start
+    # there; null = the input's directory
+    audio_root: Optional[str] = None
+    # longest reference clip accepted, seconds
+    max_reference_seconds: float = 30.0
+    # longest row text synthesised (characters); a longer row is an error row, the run goes on
+    max_text_chars: int = 50_000
+    # per-row limits: a clip's size (checked before it is read), the time to fetch and decode
+    # it, a text's size (checked before it is tokenized)
+    max_reference_bytes: int = 50 * 1024 * 1024
+    reference_timeout_s: float = 60.0
+    max_text_bytes: int = 64 * 1024
+    # false: spellings of the tokenizer's special tokens in text (`<|im_end|>`, ...) are
+    # escaped and read as plain characters; true: they act as control tokens (power users)
+    allow_special_tokens: bool = False
+    # URI schemes a ref_audio_path may use (local paths and file:// always work)
+    uri_schemes: list[str] = field(default_factory=lambda: ["s3", "gs", "gcs", "hdfs", "abfs", "abfss"])
+
+    def validate(self) -> None:
+        for key in ("max_text_chars", "max_reference_bytes", "max_text_bytes"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"data.{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("max_reference_seconds", "reference_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"data.{key} must be > 0, got {getattr(self, key)}")
+        for scheme in self.uri_schemes:
+            if not _URI_SCHEME.match(scheme):
+                raise ConfigError(
+                    f"data.uri_schemes must be lowercase URI schemes (s3, gs, ...) without '://', got {scheme!r}"
+                )
+
+
+@dataclass
+class EngineSettings(EngineConfig):
+    """The engine group: the engine's own settings, each default once in `EngineConfig`
+    (actors/engine/settings.py: slots, KV positions, prefill chunk, prefix cache, compile,
+    ...), plus what the actor decides around the engine for each row."""
+
+    # frame budget per row (21.5 frames = 1 s of audio); a `max_frames` column overrides it
+    max_frames: int = 1024
+    # when set, a row's budget is min(max_frames, min_frames + frames_per_char * len(text))
+    frames_per_char: Optional[float] = None
+    min_frames: int = 8
+    stop_on_eos: bool = True
+    # rows per codec decode call, and how long the finisher waits for that many while the
+    # engine still has rows live (one call for several rows costs about what one row's does)
+    codec_batch_rows: int = 8
+    codec_wait_ms: float = 200.0
+    # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
+    reference_cache: int = 256
+    # Ray Data blocks one actor holds at once: its engine loop takes rows from all of them, so
+    # a slot freed at the end of one block is refilled from the next at once. null = enough
+    # blocks of cluster.rows_per_block rows to cover max_rows + feed_queue_rows, plus two
+    max_concurrent_blocks: Optional[int] = None
+    # rows an actor holds beyond its slots, prepared and waiting for one (back-pressure: a
+    # block's rows enter the engine's queue only while fewer than max_rows + this are in flight)
+    feed_queue_rows: int = 8
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's own settings alone, for `Engine`."""
+        return EngineConfig(**{f.name: getattr(self, f.name) for f in fields(EngineConfig)})
+
+    def validate(self) -> None:
+        """EngineConfig's range checks and the per-row settings'."""
+        try:
+            super().validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        for key in ("max_frames", "min_frames", "reference_cache", "feed_queue_rows", "codec_wait_ms"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"engine.{key} must be >= 0, got {getattr(self, key)}")
+        for key in ("codec_batch_rows", "max_concurrent_blocks"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"engine.{key} must be >= 1, got {value}")
+        if self.frames_per_char is not None and self.frames_per_char < 0:
+            raise ConfigError(f"engine.frames_per_char must be >= 0 or null, got {self.frames_per_char}")
+
+
+@dataclass
+class LongFormSettings:
+    """Rows longer than one engine request are generated as a chain of segments (README,
+    "Long text"): cut at speaker turns, sentence ends, clause marks, whitespace. The defaults
+    are upstream's, kept with the segmenting rules (actors/engine/segment.py)."""
+
+    # most UTF-8 bytes of text per segment (upstream's chunk_length default); the engine's
+    # max_tokens, the reference's length and the frame budget may make segments smaller
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    # most speaker turns grouped into one segment (upstream: 5)
+    max_turns: int = DEFAULT_MAX_TURNS
+
+    def validate(self) -> None:
+        if self.segment_bytes < MIN_SEGMENT_BYTES:
+            raise ConfigError(f"long_form.segment_bytes must be >= {MIN_SEGMENT_BYTES}, got {self.segment_bytes}")
+        if self.max_turns < 1:
+            raise ConfigError(f"long_form.max_turns must be >= 1, got {self.max_turns}")
+
+
+@dataclass
+class SamplingSettings:
+    # null = upstream's default for the model family (S1: 0.8/0.8/30 + repetition penalty 1.1;
+    # S2: 0.8/0.8/30 + repetition-aware sampling over 10 frames). temperature 0 = greedy.
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    repetition_penalty: Optional[float] = None
+    ras_window: Optional[int] = None
+    # a row's seed is its `seed` column, else a stable hash of (this seed, row id)
+    seed: int = 0
+
+    def overrides(self) -> dict:
+        """The values set here, over the family's upstream defaults (`upstream_sampling`)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "seed"}
+        return {key: value for key, value in values.items() if value is not None}
+
+    def validate(self) -> None:
+        """The same bounds every row's own values meet in the actor, and the engine's sign
+        checks: a bad run-wide value would fail every row. Upstream's defaults (the same for
+        every family) stand in for null."""
+        params = SamplingParams(**self.overrides())
+        problem = sampling_problem(float(params.temperature), float(params.top_p), int(params.top_k))
+        if problem:
+            raise ConfigError(f"sampling.{problem}")
+        try:
+            params.validate()
+        except ValueError as e:
+            raise ConfigError(f"sampling.{e}") from None

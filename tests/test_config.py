@@ -1,0 +1,158 @@
+"""One config object from Hydra to the engine: the actor's groups reach it as the typed
+dataclasses of actors/settings.py (not dicts re-read with defaults of their own), and each
+group's range checks -- its dataclass's validate() -- refuse bad settings before Ray starts,
+naming the key."""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import fields
+
+import pytest
+
+from actors.settings import (
+    ConfigError,
+    DataConfig,
+    EngineSettings,
+    LongFormSettings,
+    ModelConfig,
+    SamplingSettings,
+)
+from actors.synth import SynthActor
+from pipeline import plan
+from pipeline.config import compose, validate
+from pipeline.plan import ACTOR_GROUPS, actor_arguments, run
+from tests.helpers import REPO
+
+TYPES = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "engine": EngineSettings,
+    "long_form": LongFormSettings,
+    "sampling": SamplingSettings,
+}
+
+
+def test_the_actor_receives_its_groups_as_dataclasses(tmp_path):
+    cfg = compose(
+        [
+            "data.max_text_chars=100",
+            "long_form.segment_bytes=64",
+            "sampling.temperature=0.5",
+            "engine.codec_batch_rows=3",
+            f"data.audio_root=file://{tmp_path}",
+        ]
+    )
+    args = actor_arguments(cfg, "/input/dir", run_id="typed")
+    assert set(ACTOR_GROUPS) == set(TYPES)
+    for group, kind in TYPES.items():
+        assert type(args[group]) is kind, group
+    assert args["data"].max_text_chars == 100 and args["long_form"].segment_bytes == 64
+    assert args["sampling"].temperature == 0.5 and args["engine"].codec_batch_rows == 3
+    # resolved: interpolations and URIs are values by now, the input's directory its own argument
+    assert args["data"].name == "demo" and args["data"].audio_root == str(tmp_path)
+    assert args["input_dir"] == "/input/dir" and "input_dir" not in {f.name for f in fields(DataConfig)}
+    # Ray ships them to every actor
+    assert pickle.loads(pickle.dumps(args)) == args
+
+
+def test_blocks_in_flight_cover_the_slots_unless_set():
+    """engine.max_concurrent_blocks null: enough blocks of cluster.rows_per_block rows for the
+    slots and the feed queue, plus two; the actor and its Ray stage get the resolved number."""
+
+    def blocks(*overrides):
+        return actor_arguments(compose(list(overrides)), None, run_id="blocks")["engine"].max_concurrent_blocks
+
+    assert blocks("engine.max_rows=16", "engine.feed_queue_rows=8", "cluster.rows_per_block=16") == 2 + 2
+    assert blocks("engine.max_rows=64", "engine.feed_queue_rows=0", "cluster.rows_per_block=8") == 8 + 2
+    assert blocks("engine.max_rows=64", "cluster.rows_per_block=8", "engine.max_concurrent_blocks=3") == 3
+
+
+def test_defaults_are_the_dataclasses():
+    """What a run composes with no overrides is what the dataclasses say, for every key the
+    YAML groups leave alone (the demo groups set data.path and a few engine keys)."""
+    args = actor_arguments(compose(), None, run_id="defaults")
+    assert args["long_form"] == LongFormSettings()
+    assert args["sampling"] == SamplingSettings()
+    data = args["data"]
+    for f in fields(DataConfig):
+        if f.name not in ("path", "name"):
+            assert getattr(data, f.name) == getattr(DataConfig(), f.name), f.name
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("long_form.segment_bytes=10", "long_form.segment_bytes must be >= 16, got 10"),
+        ("long_form.max_turns=0", "long_form.max_turns must be >= 1, got 0"),
+        ("data.max_text_chars=0", "data.max_text_chars must be >= 1, got 0"),
+        ("data.max_reference_bytes=0", "data.max_reference_bytes must be >= 1, got 0"),
+        ("data.reference_timeout_s=0", "data.reference_timeout_s must be > 0"),
+        ("data.uri_schemes=[s3,S3]", "data.uri_schemes must be lowercase URI schemes .* got 'S3'"),
+        ("sampling.top_p=0", "sampling.top_p 0 is outside"),
+        ("sampling.repetition_penalty=0", "sampling.repetition_penalty must be > 0"),
+        ("sampling.ras_window=-1", "sampling.ras_window"),
+        ("model.device=gpu", "model.device must be .* got 'gpu'"),
+        ("model.dtype=half", "model.dtype must be auto or one of .* got 'half'"),
+        ("model.codec_dtype=auto", "model.codec_dtype must be one of"),
+        ("engine.max_concurrent_blocks=0", "engine.max_concurrent_blocks must be >= 1, got 0"),
+        ("engine.feed_queue_rows=-1", "engine.feed_queue_rows must be >= 0, got -1"),
+    ],
+)
+def test_bad_settings_are_refused_before_ray_starts(tmp_path, monkeypatch, override, message):
+    def connect(cluster):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(plan, "connect", connect)
+    with pytest.raises(ConfigError, match=message):
+        run(compose([override, f"output.dir={tmp_path}/out"]))
+    assert not (tmp_path / "out").exists()
+
+
+GROUP_OPTIONS = [
+    (group.name, option.stem)
+    for group in sorted((REPO / "conf").iterdir())
+    if group.is_dir()
+    for option in sorted(group.glob("*.yaml"))
+]
+
+
+@pytest.mark.parametrize("group, option", GROUP_OPTIONS)
+def test_every_shipped_group_option_passes_its_checks(group, option):
+    required = ["data.path=/in.parquet"]  # data=parquet names no table
+    if group == "model" and option != "demo":
+        required.append("model.checkpoint=/ckpt")  # a real model needs its checkpoint
+    validate(compose([f"{group}={option}", *required]))
+
+
+def test_the_actor_refuses_dicts_and_bad_values_before_loading_anything(monkeypatch):
+    import actors.engine
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(actors.engine, "load_model", load_model)
+    typed = {"model": ModelConfig(checkpoint=None), "engine": EngineSettings(), "sampling": SamplingSettings()}
+    for group, plain in [("model", {"checkpoint": None}), ("engine", {}), ("sampling", {"seed": 0})]:
+        with pytest.raises(TypeError, match=f"SynthActor's {group} must be a {TYPES[group].__name__}"):
+            SynthActor(**{**typed, group: plain})
+    with pytest.raises(TypeError, match="SynthActor's data must be a DataConfig"):
+        SynthActor(**typed, data={"max_text_chars": 10})
+    # a caller that builds the actor itself (tests, encode_refs) gets the driver's checks
+    with pytest.raises(ConfigError, match="long_form.segment_bytes must be >= 16"):
+        SynthActor(**typed, long_form=LongFormSettings(segment_bytes=10))
+    with pytest.raises(ConfigError, match="engine.codec_batch_rows must be >= 1"):
+        SynthActor(**{**typed, "engine": EngineSettings(codec_batch_rows=0)})
+
+
+def test_a_config_built_without_the_schema_is_typed_by_it():
+    """A run config made with OmegaConf.create (a notebook, a script) gets the same
+    dataclasses and the same checks as a composed one."""
+    from omegaconf import OmegaConf
+
+    untyped = OmegaConf.create(OmegaConf.to_container(compose(["long_form.max_turns=3"]), resolve=False))
+    args = actor_arguments(untyped, None, run_id="untyped")
+    assert type(args["long_form"]) is LongFormSettings and args["long_form"].max_turns == 3
+    untyped.long_form.segment_bytes = 10
+    with pytest.raises(ConfigError, match="long_form.segment_bytes must be >= 16, got 10"):
+        validate(untyped)
