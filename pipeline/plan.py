@@ -254,32 +254,42 @@ def attempts_dir(output_location: str, run_id: str) -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "chorus", ATTEMPTS_DIR, run_id)
 
 
-def concurrent_blocks(engine, rows_per_block: int) -> int:
+def concurrent_blocks(engine, rows_per_block: int, rows: int | None = None, actors: int = 1) -> int:
     """Blocks one actor holds at once: engine.max_concurrent_blocks, or (null) enough that the
     rows in flight cover the slots and the feed queue, plus two: one whose last rows are
     finishing and one being prepared. With fewer, a slot freed near a block's end waits for
     Ray to hand over the next block and for its references (measured on the demo, 16 slots,
-    16-row blocks: 2 blocks 71% slot occupancy, 4 blocks 89%)."""
+    16-row blocks: 2 blocks 71% slot occupancy, 4 blocks 89%). Given the input's `rows`, never
+    more than each actor's share of its blocks: Ray Data hands blocks to whichever actor has
+    room, so an actor that starts first would otherwise take a small job's every block while
+    the others sit idle."""
     if engine.max_concurrent_blocks is not None:
         return int(engine.max_concurrent_blocks)
-    return -(-(engine.max_rows + engine.feed_queue_rows) // rows_per_block) + 2
+    cover = -(-(engine.max_rows + engine.feed_queue_rows) // rows_per_block) + 2
+    if rows is None:
+        return cover
+    blocks = -(-rows // rows_per_block)
+    return max(1, min(cover, -(-blocks // max(1, actors))))
 
 
 # the run config's groups SynthActor receives, as their dataclasses (actors/settings.py)
 ACTOR_GROUPS = ("model", "data", "engine", "long_form", "sampling")
 
 
-def actor_arguments(cfg: DictConfig, input_dir: str | None, run_id: str, attempts: str | None = None) -> dict:
+def actor_arguments(
+    cfg: DictConfig, input_dir: str | None, run_id: str, attempts: str | None = None, rows: int | None = None
+) -> dict:
     """SynthActor's constructor arguments: the actor's groups as typed dataclasses
     (`OmegaConf.to_object`: resolved, each default from its dataclass), small, picklable and
-    the same on every actor."""
+    the same on every actor. `rows`: the input's row count, when known (see concurrent_blocks)."""
     groups = {group: settings(cfg, group) for group in ACTOR_GROUPS}
     data = groups["data"]
     if data.audio_root is not None and is_local(data.audio_root):
         groups["data"] = replace(data, audio_root=local_path(data.audio_root))
     cluster = settings(cfg, "cluster")
     engine = groups["engine"]
-    groups["engine"] = replace(engine, max_concurrent_blocks=concurrent_blocks(engine, cluster.rows_per_block))
+    blocks = concurrent_blocks(engine, cluster.rows_per_block, rows, cluster.num_actors)
+    groups["engine"] = replace(engine, max_concurrent_blocks=blocks)
     return {
         **groups,
         "input_dir": input_dir,
@@ -417,7 +427,7 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
     layout.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
     output = plain["output"]
     digest = settings_digest(plain, model_fingerprint(plain["model"]))
-    arguments = actor_arguments(cfg, scan.root, run_id, attempts_dir(layout.location, run_id))
+    arguments = actor_arguments(cfg, scan.root, run_id, attempts_dir(layout.location, run_id), rows=scan.total_rows)
     rows = scan_rows(scan, digest, arguments["data"].audio_root)
     hashes = rows.hashes
     if rows.conflicts:  # refused like a bad id: answered here, never sent to an actor

@@ -66,6 +66,12 @@ def test_blocks_in_flight_cover_the_slots_unless_set():
     assert blocks("engine.max_rows=16", "engine.feed_queue_rows=8", "cluster.rows_per_block=16") == 2 + 2
     assert blocks("engine.max_rows=64", "engine.feed_queue_rows=0", "cluster.rows_per_block=8") == 8 + 2
     assert blocks("engine.max_rows=64", "cluster.rows_per_block=8", "engine.max_concurrent_blocks=3") == 3
+    # a small job: no more than each actor's share of the input's blocks, so the actor that
+    # starts first cannot take every block while the others idle
+    small = compose(["engine.max_rows=8", "cluster.rows_per_block=6", "cluster.num_actors=2"])
+    assert actor_arguments(small, None, run_id="b", rows=12)["engine"].max_concurrent_blocks == 1
+    assert actor_arguments(small, None, run_id="b", rows=30)["engine"].max_concurrent_blocks == 3
+    assert actor_arguments(small, None, run_id="b", rows=10_000)["engine"].max_concurrent_blocks == 3 + 2
 
 
 def test_defaults_are_the_dataclasses():
