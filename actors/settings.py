@@ -164,6 +164,9 @@ class EngineSettings(EngineConfig):
     # engine still has rows live (one call for several rows costs about what one row's does)
     codec_batch_rows: int = 8
     codec_wait_ms: float = 200.0
+    # CPU: decode in a child process holding its own copy of the codec, so the codec does not
+    # share the engine loop's GIL (CUDA: the codec has a stream of its own; this is ignored)
+    codec_process: bool = False
     # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
     reference_cache: int = 256
     # Ray Data blocks one actor holds at once: its engine loop takes rows from all of them, so

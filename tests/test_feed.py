@@ -206,3 +206,31 @@ def test_engine_codes_do_not_depend_on_the_request_beside_them(small_settings):
     alone = actor.engine.generate([requests[23]])[0].codes
     beside = actor.engine.generate([requests[16], requests[23]])[1].codes
     np.testing.assert_array_equal(beside, alone)
+
+
+def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(actor, small_settings):
+    """engine.codec_process=true: finished rows decode in a child process holding its own copy
+    of the codec; the audio is the in-process decode's, and a child that dies is started again
+    (the rows of the call that found it dead are decoded one by one by the new one)."""
+    from actors.codec.worker import CodecProcess
+
+    cfg = compose(small_settings + ["engine.max_rows=4", "engine.codec_process=true"])
+    separate = SynthActor(**actor_arguments(cfg, None, run_id="codec-process"))
+    try:
+        assert isinstance(separate._decoder, CodecProcess)
+        batch = table(rows("cp", 4))
+        expected, got = by_id(actor(batch)), by_id(separate(batch))
+        assert got.keys() == expected.keys()
+        for row_id, row in got.items():
+            assert row[S.STATUS] == expected[row_id][S.STATUS] == S.STATUS_OK
+            assert row[S.CODES] == expected[row_id][S.CODES]
+            assert row[S.AUDIO] == expected[row_id][S.AUDIO]  # the same FLAC bytes
+        first = separate._decoder._process
+        first.kill()
+        first.wait()
+        again = by_id(separate(table(rows("cp2", 3))))
+        assert all(r[S.STATUS] == S.STATUS_OK for r in again.values()), [r[S.ERROR] for r in again.values()]
+        assert separate._decoder._process.pid != first.pid and separate._decoder._process.poll() is None
+    finally:
+        separate._decoder.close()
+    assert separate._decoder._process is None

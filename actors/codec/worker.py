@@ -1,0 +1,103 @@
+"""The codec's decode in a process of its own (engine.codec_process, CPU only).
+
+In one process the engine loop and the codec share the GIL: the engine's step is thousands
+of small ops, each of which takes the GIL back after its kernel, and a codec thread running
+beside it slows it (measured on the demo: ~15% with a codec loop in a thread, nothing with
+the same loop in another process). A child process holding its own copy of the codec takes
+that contention away; codes go to it and waveforms come back through a pipe (a few MB per
+batch). On CUDA the codec runs on a stream of its own instead, in the actor's process.
+
+The child exits when the pipe closes (its actor exited or was killed). A child that dies is
+started again on the next call; the call that found it dead raises, and its rows fail as
+retryable."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+
+def _serve(fd: int, path: str, dtype: str, threads: int) -> None:
+    import torch
+
+    from .loader import load_codec
+
+    conn = Connection(fd)
+    torch.set_num_threads(threads)
+    codec = load_codec(path, device="cpu", dtype=getattr(torch, dtype))
+    conn.send(("ready", None))
+    while True:
+        try:
+            codes, max_batch_rows = conn.recv()
+        except (EOFError, OSError):  # the actor is gone
+            return
+        try:
+            conn.send(("ok", codec.decode_batch(codes, max_batch_rows=max_batch_rows)))
+        except Exception as e:  # the caller decides what fails: report, keep serving
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+class CodecProcess:
+    """`decode_batch` like the codec's, run in a child process. One caller at a time."""
+
+    def __init__(self, path: Path, dtype: str = "float32", threads: int = 1):
+        self._args = (str(path), dtype, max(1, int(threads)))
+        self._lock = threading.Lock()
+        self._conn = None
+        self._process: Optional[subprocess.Popen] = None
+        self._start()
+
+    def _start(self) -> None:
+        # a fresh interpreter (`python -m`), not multiprocessing's spawn: that re-imports the
+        # parent's __main__, which in a Ray worker or a script is nothing a codec should run
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "actors.codec.worker", str(theirs.fileno()), *map(str, self._args)],
+            pass_fds=[theirs.fileno()],
+            env=env,
+        )
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        kind, _ = self._conn.recv()  # EOFError if the child could not load the codec
+        if kind != "ready":
+            raise RuntimeError(f"codec process did not start: {kind}")
+
+    def decode_batch(self, codes: Sequence[np.ndarray], *, max_batch_rows: int) -> list[np.ndarray]:
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                self._start()
+            try:
+                self._conn.send(([np.asarray(c) for c in codes], max_batch_rows))
+                kind, value = self._conn.recv()
+            except (EOFError, OSError, BrokenPipeError) as e:
+                exitcode = self._process.poll() if self._process else None
+                self._process = None  # started again on the next call
+                raise RuntimeError(f"codec process died (exit code {exitcode}): {e!r}") from None
+        if kind != "ok":
+            raise RuntimeError(f"codec process: {value}")
+        return value
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()  # the child's recv sees EOF and returns
+            if self._process is not None:
+                try:
+                    self._process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._process.kill()
+            self._process = None
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]))
