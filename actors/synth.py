@@ -658,8 +658,7 @@ class SynthActor:
             steps += 1
             for result in finished:
                 row = running.pop(result.request_id)
-                self._segment_done(row, result)
-                if row.error is None and len(row.segment_results) < len(row.segments):
+                if self._segment_done(row, result):
                     ready.appendleft(row)
         seconds = time.perf_counter() - began
         return {
@@ -899,8 +898,7 @@ class SynthActor:
                     row = running.pop(result.request_id, None)
                     if row is None:  # not ours (another caller's request): cannot happen in an actor
                         continue
-                    self._segment_done(row, result)
-                    if row.error is None and len(row.segment_results) < len(row.segments):
+                    if self._segment_done(row, result):
                         ready.appendleft(row)
                     else:
                         # a failed row reports the failing segment's result, as a one-segment row does
@@ -1110,7 +1108,8 @@ class SynthActor:
     def _segment_label(row: _Row, k: int) -> str:
         return f"segment {k + 1} of {len(row.segments)}: " if len(row.segments) > 1 else ""
 
-    def _segment_done(self, row: _Row, result) -> None:
+    def _segment_done(self, row: _Row, result) -> bool:
+        """Record a finished segment; True when the row has another segment to run."""
         label = self._segment_label(row, len(row.segment_results))
         row.segment_results.append(result)
         row.segment_steps.append(self.engine_steps)
@@ -1118,6 +1117,7 @@ class SynthActor:
             row.fail(f"{label}generation: {result.error}")
         elif result.frames == 0:
             row.fail(f"{label}generation produced no audio (stopped on {result.stop_reason} before the first frame)")
+        return row.error is None and len(row.segment_results) < len(row.segments)
 
     def escape_special_tokens(self, text):
         """A row's text is words to speak, never prompt structure: every spelling of one of the

@@ -57,6 +57,7 @@ class CodecProcess:
         self._start()
 
     def _start(self) -> None:
+        self._stop()  # a dead child's connection and process go before a new one starts
         # a fresh interpreter (`python -m`), not multiprocessing's spawn: that re-imports the
         # parent's __main__, which in a Ray worker or a script is nothing a codec should run
         ours, theirs = socket.socketpair()
@@ -79,9 +80,9 @@ class CodecProcess:
             try:
                 self._conn.send(([np.asarray(c) for c in codes], max_batch_rows))
                 kind, value = self._conn.recv()
-            except (EOFError, OSError, BrokenPipeError) as e:
-                exitcode = self._process.poll() if self._process else None
-                self._process = None  # started again on the next call
+            except (EOFError, OSError) as e:
+                exitcode = self._process.poll()
+                self._stop()  # started again on the next call
                 raise RuntimeError(f"codec process died (exit code {exitcode}): {e!r}") from None
         if kind != "ok":
             raise RuntimeError(f"codec process: {value}")
@@ -89,13 +90,18 @@ class CodecProcess:
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()  # the child's recv sees EOF and returns
-            if self._process is not None:
-                try:
-                    self._process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self._process.kill()
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()  # the child's recv sees EOF and returns
+            self._conn = None
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
             self._process = None
 
 
