@@ -127,16 +127,23 @@ class DataConfig:
     # it, a text's size (checked before it is tokenized)
     max_reference_bytes: int = 50 * 1024 * 1024
     reference_timeout_s: float = 60.0
-    max_text_bytes: int = 64 * 1024
+    # null = 4 x max_text_chars (UTF-8's widest character): every text within max_text_chars
+    # passes, Chinese or Cyrillic as much as English
+    max_text_bytes: Optional[int] = None
     # false: spellings of the tokenizer's special tokens in text (`<|im_end|>`, ...) are
     # escaped and read as plain characters; true: they act as control tokens (power users)
     allow_special_tokens: bool = False
     # URI schemes a ref_audio_path may use (local paths and file:// always work)
     uri_schemes: list[str] = field(default_factory=lambda: ["s3", "gs", "gcs", "hdfs", "abfs", "abfss"])
 
+    @property
+    def text_byte_limit(self) -> int:
+        """The most UTF-8 bytes of text a row may have (checked before it is tokenized)."""
+        return self.max_text_bytes if self.max_text_bytes is not None else 4 * self.max_text_chars
+
     def validate(self) -> None:
         for key in ("max_text_chars", "max_reference_bytes", "max_text_bytes"):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(f"data.{key} must be >= 1, got {getattr(self, key)}")
         for key in ("max_reference_seconds", "reference_timeout_s"):
             if not getattr(self, key) > 0:
@@ -210,8 +217,15 @@ class LongFormSettings:
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
     # most speaker turns grouped into one segment (upstream: 5)
     max_turns: int = DEFAULT_MAX_TURNS
+    # share of a row's positions (after the system part and reference) that segment sizing
+    # leaves for previous segments, so that at least the last one stays in the prompt and the
+    # voice carries over; 0 sizes segments to fill the budget. Only binds when engine.max_tokens
+    # is small against segment_bytes (real checkpoints' context is far larger than 300 bytes)
+    history_fraction: float = 0.5
 
     def validate(self) -> None:
+        if not 0.0 <= self.history_fraction < 1.0:
+            raise ConfigError(f"long_form.history_fraction must be in [0, 1), got {self.history_fraction}")
         if self.segment_bytes < MIN_SEGMENT_BYTES:
             raise ConfigError(f"long_form.segment_bytes must be >= {MIN_SEGMENT_BYTES}, got {self.segment_bytes}")
         if self.max_turns < 1:

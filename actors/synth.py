@@ -145,6 +145,7 @@ class _Row:
     segment_results: list = field(default_factory=list)
     prefix_key: Optional[str] = None
     segment_steps: list = field(default_factory=list)  # the actor's engine step at which each segment finished
+    segment_history: list = field(default_factory=list)  # how many previous segments each one's prompt kept
 
     retryable: bool = False
 
@@ -352,10 +353,12 @@ class SynthActor:
         self.max_text_chars = data.max_text_chars
         self.segment_bytes = long_form.segment_bytes
         self.max_turns = long_form.max_turns
+        self.history_fraction = long_form.history_fraction
         self.engine_steps = 0  # engine.step() calls over the actor's life (segments record when they finished)
         self.last_segments: dict = {}
+        self.last_history: dict = {}
         self.max_reference_bytes = data.max_reference_bytes
-        self.max_text_bytes = data.max_text_bytes
+        self.max_text_bytes = data.text_byte_limit
         self.reference_timeout_s = data.reference_timeout_s
         self.uri_schemes = tuple(data.uri_schemes)
         # blocks that killed this actor's predecessors (see _AttemptLedger)
@@ -538,6 +541,7 @@ class SynthActor:
         # what each row's segments did, with the engine step each finished at (tests and
         # debugging read it; the last block to finish wins)
         self.last_segments = {row.id: list(zip(row.segment_steps, row.segment_results)) for row in rows}
+        self.last_history = {row.id: row.segment_history for row in rows}
         log.debug("batch %d: %d rows in %.2fs", number, len(rows), wall_s)
         return table
 
@@ -1022,15 +1026,19 @@ class SynthActor:
             self.builder.tokenizer.encode("x")
         )
         explicit = row.values.get(S.MAX_FRAMES) is not None  # a max_frames column caps each segment
+        sizing = dict(
+            cap=self.segment_bytes,
+            max_tokens=self._row_positions,
+            fixed_tokens=fixed,
+            max_frames=row.max_frames if explicit else self.max_frames,
+            frames_per_char=None if explicit else self.frames_per_char,
+            min_frames=0 if explicit else self.min_frames,
+        )
         try:
-            budget = segment_budget(
-                cap=self.segment_bytes,
-                max_tokens=self._row_positions,
-                fixed_tokens=fixed,
-                max_frames=row.max_frames if explicit else self.max_frames,
-                frames_per_char=None if explicit else self.frames_per_char,
-                min_frames=0 if explicit else self.min_frames,
-            )
+            try:
+                budget = segment_budget(**sizing, history_fraction=self.history_fraction)
+            except ValueError:  # no room to keep history: segments fill the budget, each on its own
+                budget = segment_budget(**sizing)
             row.segments = segment_text(text, budget.max_bytes, self.max_turns)
         except ValueError as e:
             if fixed + utf8_len(text) + row.max_frames > self._row_positions:
@@ -1086,6 +1094,7 @@ class SynthActor:
             prompt = self._segment_prompt(row)
         if prompt is None:
             return
+        row.segment_history.append(prompt.history_kept)
         # unique in the actor whatever the ids are: block number, row in the block, segment
         request_id = f"{row.block.number}.{row.index}#{k}"
         # segment 0 samples with the row's seed (a one-segment row is what it always was); each

@@ -16,8 +16,9 @@ ids in the part files are exactly the rows done. A part is named by a hash of it
 write retried after a crash replaces its own file instead of adding a second copy.
 
 One driver at a time: a run holds a lease on the directory (`_chorus.lock`: owner, host,
-pid, run, heartbeat); a second driver refuses to start, and a lease whose driver is dead (its
-pid gone on this host, or no heartbeat for `lease_stale_s`) is taken over. A row redone by a
+pid, run, heartbeat; locally also an exclusive `flock` for the run's life); a second driver
+refuses to start, and a lease whose driver is dead (its lock free, its pid gone on this host,
+or no heartbeat for `lease_stale_s`) is taken over. A row redone by a
 later run (changed content, a retryable error) has an older copy in an earlier part: reads
 keep the newest copy of each id, and the run ends by removing the older copies from their
 parts, so the files on disk hold each id once.
@@ -25,6 +26,7 @@ parts, so the files on disk hold each id once.
 
 from __future__ import annotations
 
+import fcntl
 import getpass
 import hashlib
 import json
@@ -34,7 +36,6 @@ import re
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterable
 from typing import Optional
 
@@ -129,10 +130,16 @@ def _pid_alive(pid: int) -> bool:
 class Lease:
     """An exclusive lease on an output directory for one driver (see the module doc).
 
-    Local directories: the lock file is created with O_EXCL, and a stale one is taken over by
-    renaming it away first (a rename succeeds for one taker only). Object stores have no
-    exclusive create here: the lease is written, read back after a pause, and kept only if it
-    is still ours (a second driver started in the same second could still slip in)."""
+    Local directories: the driver holds an exclusive `flock` on the lock file for its whole run.
+    The kernel drops the lock when the process dies, so a dead driver's lock is free at once,
+    and every judgement of the record inside (whose it is, whether it is stale) and its
+    replacement happen with the lock held: two drivers taking over the same stale lease cannot
+    both win. The record still counts where the lock cannot see: a live heartbeat from another
+    host (a shared filesystem whose locks are not shared) is respected. Object stores have no
+    lock or exclusive create here: the lease is written, read back after a pause, and kept only
+    if it is still ours (a second driver started in the same second could still slip in)."""
+
+    RECORD_BYTES = 1024  # records are rewritten in place, padded to one size: never seen torn
 
     def __init__(self, layout: OutputLayout, run_id: str, heartbeat_s: float = 5.0, stale_s: float = 60.0):
         self.layout, self.run_id = layout, run_id
@@ -142,6 +149,7 @@ class Lease:
         self.took_over: Optional[dict] = None  # the stale lease this one replaced
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._fd: Optional[int] = None  # the locked lock file (local directories)
 
     def record(self) -> dict:
         try:
@@ -157,15 +165,9 @@ class Lease:
         }
 
     def held_by(self) -> Optional[dict]:
-        """The lease's current record; {} for a lock file that cannot be parsed (torn)."""
+        """The lease's current record; {} for a lock file that cannot be parsed (torn or empty)."""
         text = self.layout.read_text(LEASE_FILE)
-        if text is None:
-            return None
-        try:
-            record = json.loads(text)
-            return record if isinstance(record, dict) else {}
-        except ValueError:
-            return {}
+        return None if text is None else _parse_record(text)
 
     def stale_reason(self, record: dict) -> Optional[str]:
         """Why a lease record is dead (None while its driver lives)."""
@@ -184,59 +186,82 @@ class Lease:
             return f"its last heartbeat was {age:.0f} s ago (output.lease_stale_s={self.stale_s:g})"
         return None
 
+    def _in_use(self, held: dict) -> OutputInUse:
+        return OutputInUse(
+            f"{self.layout.location} is in use by another chorus driver (owner {held.get('owner')}, "
+            f"host {held.get('host')}, pid {held.get('pid')}, run {held.get('run')}); wait for it to "
+            f"finish or choose another output.dir. A lease whose driver died is taken over "
+            f"automatically (at once on the same host, else after output.lease_stale_s)"
+        )
+
     def acquire(self) -> None:
         self.layout.fs.create_dir(self.layout.base, recursive=True)
+        if self.layout.local:
+            self._acquire_locked()
+        else:
+            self._acquire_by_record()
+        self._start_heartbeat()
+
+    def _acquire_locked(self) -> None:
+        for _ in range(10):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise self._in_use(self.held_by() or {}) from None
+            try:
+                # the holder before us unlinks the file on release while holding the lock: the
+                # inode we locked must still be the one at the path, else a newcomer's is
+                if os.fstat(fd).st_ino != os.stat(self.path).st_ino:
+                    os.close(fd)
+                    continue
+            except FileNotFoundError:
+                os.close(fd)
+                continue
+            held = _parse_record(os.pread(fd, 1 << 16, 0).decode("utf-8", "replace"))
+            if held:  # a record nobody locks: its driver died, or it lives on a host whose locks we cannot see
+                reason = self.stale_reason(held) if held.get("run") != self.run_id else "it is this run's own"
+                if reason is None:
+                    os.close(fd)
+                    raise self._in_use(held)
+                log.warning("taking over the lease of %s: %s (%s)", self.layout.location, reason, held)
+                self.took_over = held
+            self._fd = fd
+            self._write_locked()
+            return
+        raise OutputInUse(f"could not take the lease of {self.layout.location}: other drivers keep taking it")
+
+    def _write_locked(self) -> None:
+        data = json.dumps(self.record()).encode("utf-8").ljust(self.RECORD_BYTES)
+        os.pwrite(self._fd, data, 0)
+        os.ftruncate(self._fd, len(data))
+        os.fsync(self._fd)
+
+    def _acquire_by_record(self) -> None:
         for _ in range(3):
             if self._try_create():
-                self._start_heartbeat()
                 return
             held = self.held_by()
             if held is None:  # released meanwhile: try again
                 continue
             reason = self.stale_reason(held)
             if reason is None:
-                raise OutputInUse(
-                    f"{self.layout.location} is in use by another chorus driver (owner {held.get('owner')}, "
-                    f"host {held.get('host')}, pid {held.get('pid')}, run {held.get('run')}); wait for it to "
-                    f"finish or choose another output.dir. A lease whose driver died is taken over "
-                    f"automatically (at once on the same host, else after output.lease_stale_s)"
-                )
-            if self._remove_stale():
-                log.warning("taking over the lease of %s: %s (%s)", self.layout.location, reason, held)
-                self.took_over = held
+                raise self._in_use(held)
+            self.layout.fs.delete_file(self.path)
+            log.warning("taking over the lease of %s: %s (%s)", self.layout.location, reason, held)
+            self.took_over = held
         raise OutputInUse(f"could not take the lease of {self.layout.location}: other drivers keep taking it")
 
     def _try_create(self) -> bool:
-        data = (json.dumps(self.record()) + "\n").encode("utf-8")
-        if self.layout.local:
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            return True
         if self.held_by() is not None:
             return False
+        data = (json.dumps(self.record()) + "\n").encode("utf-8")
         with self.layout.fs.open_output_stream(self.path) as f:
             f.write(data)
         time.sleep(1.0)  # let a concurrent writer's object land, then see whose survived
         held = self.held_by() or {}
         return held.get("run") == self.run_id
-
-    def _remove_stale(self) -> bool:
-        if not self.layout.local:
-            self.layout.fs.delete_file(self.path)
-            return True
-        aside = f"{self.path}.stale-{uuid.uuid4().hex[:8]}"
-        try:
-            os.rename(self.path, aside)  # exactly one taker's rename finds the file
-        except FileNotFoundError:
-            return False
-        os.unlink(aside)
-        return True
 
     def _start_heartbeat(self) -> None:
         self._thread = threading.Thread(target=self._beat, name="chorus-lease-heartbeat", daemon=True)
@@ -250,7 +275,10 @@ class Lease:
                 log.error("%s; this driver's further writes may be superseded", self.lost)
                 return
             try:
-                self.layout.write_text(LEASE_FILE, json.dumps(self.record()) + "\n")
+                if self._fd is not None:
+                    self._write_locked()
+                else:
+                    self.layout.write_text(LEASE_FILE, json.dumps(self.record()) + "\n")
             except OSError as e:  # a transient write failure: the next beat tries again
                 log.warning("lease heartbeat failed: %r", e)
 
@@ -258,9 +286,27 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.heartbeat_s + 5)
+        if self._fd is not None:
+            # unlinked while still locked: a driver that opened the old file finds its inode
+            # gone from the path and starts over (see _acquire_locked)
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            os.close(self._fd)
+            self._fd = None
+            return
         held = self.held_by()
         if held and held.get("run") == self.run_id:
             self.layout.fs.delete_file(self.path)
+
+
+def _parse_record(text: str) -> dict:
+    try:
+        record = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 class OutputLayout:

@@ -20,11 +20,13 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
 
 from actors import schema as S
+from actors.files import write_atomically
 
 from .config import ConfigError, in_ray_job, settings, to_plain, validate
 from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, scan_input, scan_rows
@@ -73,18 +75,56 @@ def _check_settings(cfg: DictConfig, plain: dict) -> None:
             raise ConfigError(f"codec {codec!r} does not exist (set model.codec)")
 
 
-# files up to this size are hashed whole; a larger one (weights) by its size and its first
-# and last MiB: fine-tuned weights of the same shapes differ there too, and reading GBs per
-# run would not do
-_WHOLE_HASH_BYTES = 1 << 20
 # the built-in demo is built from these sources (actors/demo.py), so they are its weights
 _DEMO_SOURCES = ("actors/demo.py", "actors/engine/tiny.py", "actors/codec/tiny.py")
 # the settings a row's audio depends on (the rest -- batching, threads, compile -- leave the
 # codes of a row unchanged, which the determinism tests check)
 _ROW_SETTINGS = {
     "engine": ("max_tokens", "max_frames", "frames_per_char", "min_frames", "stop_on_eos"),
-    "data": ("audio_root", "max_reference_seconds", "max_reference_bytes", "max_text_bytes", "allow_special_tokens"),
+    "data": (
+        "audio_root",
+        "max_reference_seconds",
+        "max_reference_bytes",
+        "max_text_chars",
+        "max_text_bytes",
+        "allow_special_tokens",
+    ),
+    "long_form": ("segment_bytes", "max_turns", "history_fraction"),
 }
+# whole-file hashes of model files, keyed by path, size and modification time: a multi-GB
+# checkpoint is read once per machine, not at every run start
+FILE_HASH_CACHE = Path(os.environ.get("CHORUS_CACHE_DIR", Path.home() / ".cache" / "chorus")) / "file-hashes.json"
+_FILE_HASH_CACHE_ENTRIES = 4096
+
+
+def _file_hashes(fs, files: list) -> list[str]:
+    """Each file's content hash (blake2b of every byte), from the cache when its path, size
+    and modification time are unchanged."""
+    import hashlib
+
+    try:
+        cache = json.loads(FILE_HASH_CACHE.read_text())
+        cache = cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):
+        cache = {}
+    hashes, fresh = [], False
+    for f in files:
+        key = f"{fs.type_name}:{f.path}|{f.size}|{f.mtime_ns}"
+        if key not in cache:
+            digest = hashlib.blake2b(digest_size=16)
+            with fs.open_input_stream(f.path) as handle:
+                while chunk := handle.read(8 << 20):
+                    digest.update(chunk)
+            cache[key], fresh = digest.hexdigest(), True
+        hashes.append(cache[key])
+    if fresh:
+        try:
+            FILE_HASH_CACHE.parent.mkdir(parents=True, exist_ok=True)
+            kept = dict(list(cache.items())[-_FILE_HASH_CACHE_ENTRIES:])
+            write_atomically(str(FILE_HASH_CACHE), json.dumps(kept))
+        except OSError as e:  # a read-only home: hash again next time
+            log.warning("could not save file hashes to %s: %r", FILE_HASH_CACHE, e)
+    return hashes
 
 
 def _fingerprint_location(digest, location: str) -> None:
@@ -101,20 +141,14 @@ def _fingerprint_location(digest, location: str) -> None:
     else:
         digest.update(f"missing:{location}".encode())
         return
-    for f in sorted(entries, key=lambda e: e.path):
-        digest.update(f"{f.path[len(path) :]}|{f.size}|".encode())
-        with fs.open_input_file(f.path) as handle:
-            if f.size <= _WHOLE_HASH_BYTES:
-                digest.update(handle.read())
-            else:
-                digest.update(handle.read(_WHOLE_HASH_BYTES))
-                handle.seek(f.size - _WHOLE_HASH_BYTES)
-                digest.update(handle.read(_WHOLE_HASH_BYTES))
+    entries.sort(key=lambda e: e.path)
+    for f, content in zip(entries, _file_hashes(fs, entries)):
+        digest.update(f"{f.path[len(path) :]}|{f.size}|{content}|".encode())
 
 
 def model_fingerprint(model: dict) -> str:
-    """What the model's weights are, not what its folder is called: every file of the
-    checkpoint and codec (small ones whole, weights by size + first and last MiB)."""
+    """What the model's weights are, not what its folder is called: the content of every
+    file of the checkpoint and codec (hashed whole; see _file_hashes for the cache)."""
     import hashlib
 
     from .config import REPO_ROOT
@@ -135,7 +169,12 @@ def settings_digest(plain: dict, fingerprint: str) -> str:
     import hashlib
 
     relevant = {
-        "model": {"name": plain["model"]["name"], "fingerprint": fingerprint, "dtype": plain["model"]["dtype"]},
+        "model": {
+            "name": plain["model"]["name"],
+            "fingerprint": fingerprint,
+            "dtype": plain["model"]["dtype"],
+            "codec_dtype": plain["model"]["codec_dtype"],
+        },
         "sampling": plain["sampling"],
         "keep_codes": plain["output"]["keep_codes"],
         **{group: {k: plain[group].get(k) for k in keys} for group, keys in _ROW_SETTINGS.items()},

@@ -151,7 +151,7 @@ def bad_table(tmp_path_factory) -> BadTable:
     bad("bad-top-k-over-int32", "top_k 2147483648 is outside", top_k="2147483648")
     bad("bad-max-frames-over-int32", "max_frames 4294967296 is outside", max_frames="4294967296")
     # limits: refused before the text is tokenized or the clip is read
-    bad("bad-text-too-many-bytes", "text is 70000 bytes; the limit is 65536", text="x" * 70000)
+    bad("bad-text-too-many-bytes", "text is 200001 bytes; the limit is 200000", text="x" * 200_001)
     bad("bad-ref-bytes-too-large", f"the limit is {MAX_REFERENCE_BYTES}", ref_audio=b"\0" * (MAX_REFERENCE_BYTES + 1))
     bad("bad-ref-file-too-large", f"the limit is {MAX_REFERENCE_BYTES}", ref_audio_path="refs/huge.wav")
     bad("bad-uri-scheme", "URI scheme 'http' is not allowed", ref_audio_path="http://169.254.169.254/latest")
@@ -160,6 +160,8 @@ def bad_table(tmp_path_factory) -> BadTable:
     bad("bad-ref-absolute-outside-root", "outside the allowed directory", ref_audio_path=demo_clip)
     bad("bad-ref-uri-outside-root", "outside the allowed directory", ref_audio_path="s3://other-bucket/ada.flac")
     bad("bad-ref-file-uri-outside-root", "outside the allowed directory", ref_audio_path=f"file://{demo_clip}")
+    # ... with the same message whether the file exists or not (no probing the filesystem)
+    bad("bad-ref-missing-outside-root", "outside the allowed directory", ref_audio_path="/no/such/dir/clip.flac")
     # -- rows the driver rejects before any actor sees them ------------------------------
     rejected = {}
 

@@ -86,11 +86,23 @@ def test_defaults_are_the_dataclasses():
             assert getattr(data, f.name) == getattr(DataConfig(), f.name), f.name
 
 
+def test_the_text_byte_cap_admits_every_text_within_max_text_chars():
+    # the cap that refuses a 20 MB text before tokenizing must not refuse a 50,000-character
+    # Chinese chapter (3 bytes a character) that max_text_chars admits
+    data = DataConfig()
+    assert data.max_text_chars == 50_000
+    for char in ("a", "Ж", "語", "😀"):
+        assert len((char * data.max_text_chars).encode("utf-8")) <= data.text_byte_limit
+    assert DataConfig(max_text_chars=10).text_byte_limit == 40
+    assert DataConfig(max_text_bytes=100).text_byte_limit == 100  # set: taken as it is
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
         ("long_form.segment_bytes=10", "long_form.segment_bytes must be >= 16, got 10"),
         ("long_form.max_turns=0", "long_form.max_turns must be >= 1, got 0"),
+        ("long_form.history_fraction=1.0", r"long_form.history_fraction must be in \[0, 1\), got 1.0"),
         ("data.max_text_chars=0", "data.max_text_chars must be >= 1, got 0"),
         ("data.max_reference_bytes=0", "data.max_reference_bytes must be >= 1, got 0"),
         ("data.reference_timeout_s=0", "data.reference_timeout_s must be > 0"),

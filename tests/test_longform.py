@@ -78,10 +78,15 @@ def test_long_row_and_40_short_rows_share_the_slots(actor, demo_table):
     codes = np.asarray(long[S.CODES])
     assert np.array_equal(codes, np.concatenate([result.codes for _, result in trace], axis=1))
 
-    # later segments carry earlier ones (their prompts grow, within the slot's positions) and
-    # reuse the reference prefix
+    # later segments carry earlier ones (the voice carries over: segments are sized to leave
+    # room for at least the last one), within the slot's positions, and reuse the reference prefix
+    history = actor.last_history["long"]
+    assert history[0] == 0 and all(kept >= 1 for kept in history[1:]), history
     prompts = [result.prompt_tokens for _, result in trace]
-    assert prompts[1] > prompts[0] and max(prompts) + max(long[S.SEGMENT_FRAMES]) <= 512
+    frames = long[S.SEGMENT_FRAMES]
+    for k in range(1, len(trace)):  # a kept segment's codes are in the prompt: at least its frames
+        assert prompts[k] >= prompts[0] // 2 + frames[k - 1], (k, prompts, frames)
+    assert max(p + f for p, f in zip(prompts, frames)) <= 512
     assert all(result.prefix_reused_tokens > 0 for _, result in trace[1:])
 
     # the short rows do not wait for the long one: all of them are done before its chain

@@ -323,6 +323,11 @@ def test_a_row_that_kills_its_actor_is_quarantined(ray_cluster, demo_table, tmp_
     assert_each_once(rows, ids)
     by_id = {r[S.ID]: r for r in rows}
     assert by_id[poison][S.STATUS] == S.STATUS_ERROR and "quarantined" in by_id[poison][S.ERROR]
+    assert (
+        "killed its actor (the process exited: a crash or out of memory) 2 times, then the row did so alone"
+        in (by_id[poison][S.ERROR])
+    )
+    assert by_id[poison][S.RETRYABLE] is False  # a rerun does not kill actors with it again
     assert all(by_id[i][S.STATUS] == S.STATUS_OK for i in ids if i != poison)
     # 2 deaths of the block, 1 of the row alone (the "quarantined" message above counts them).
     # Both blocks are in one actor at once (engine.max_concurrent_blocks=2), so the innocent

@@ -104,6 +104,71 @@ def test_a_dead_drivers_lease_is_taken_over(tmp_path):
         Lease(layout, "alive-3").acquire()
 
 
+_RACER = """
+import sys, time
+from pipeline.output import Lease, OutputInUse, OutputLayout
+start, out, run = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+lease = Lease(OutputLayout(out), run, heartbeat_s=0.05)
+time.sleep(max(0.0, start - time.time()))
+try:
+    lease.acquire()
+except OutputInUse:
+    print("refused", flush=True)
+    sys.exit(0)
+print("holds", flush=True)
+time.sleep(1.0)  # hold it while the others try
+print("lost" if lease.lost else "kept", flush=True)
+lease.release()
+"""
+
+
+def test_drivers_racing_for_a_dead_drivers_lease_take_it_once(tmp_path):
+    # several drivers find the same dead driver's lease at the same moment: exactly one takes
+    # it over and keeps it; the others refuse (before the lock, a slow taker could rename a
+    # fresh taker's lease away and both ran)
+    layout = OutputLayout(str(tmp_path / "out"))
+    os.makedirs(layout.base)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    for round_ in range(3):
+        record = {"owner": "x", "host": socket.gethostname(), "pid": child.pid, "run": "dead", "heartbeat": time.time()}
+        (tmp_path / "out" / LEASE_FILE).write_text(json.dumps(record))
+        start = time.time() + 2.0  # every racer imported and waiting by then
+        racers = [
+            subprocess.Popen(
+                [sys.executable, "-c", _RACER, str(start), layout.location, f"racer-{round_}-{i}"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(4)
+        ]
+        outcomes = sorted(" ".join(r.communicate(timeout=60)[0].split()) for r in racers)
+        assert outcomes == ["holds kept", "refused", "refused", "refused"], outcomes
+        assert not (tmp_path / "out" / LEASE_FILE).exists()  # released by the one that held it
+
+
+def test_a_lease_released_while_another_driver_waits_on_its_file_is_not_shared(tmp_path):
+    # the holder unlinks the lock file on release: a driver that opened the old file must not
+    # lock that orphan while a third locks the new file at the path
+    layout = OutputLayout(str(tmp_path / "out"))
+    first = Lease(layout, "first", heartbeat_s=30)
+    first.acquire()
+    stale_fd = os.open(first.path, os.O_RDWR)  # a second driver that opened the file in time
+    first.release()
+    third = Lease(layout, "third", heartbeat_s=30)
+    third.acquire()
+    try:
+        import fcntl
+
+        fcntl.flock(stale_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the orphan locks (nobody holds it) ...
+        assert os.fstat(stale_fd).st_ino != os.stat(first.path).st_ino  # ... but it is not the lease
+        with pytest.raises(OutputInUse, match="run third"):
+            Lease(layout, "second").acquire()
+    finally:
+        os.close(stale_fd)
+        third.release()
+
+
 def test_temp_files_belong_to_their_writer(tmp_path):
     layout = OutputLayout(str(tmp_path / "out"))
     layout.ensure()
@@ -182,9 +247,40 @@ def test_row_hashes_follow_text_reference_and_settings(tmp_path):
     assert not set(other_settings.values()) & set(after.values())
 
 
-def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path):
+@pytest.mark.parametrize(
+    "override",
+    [
+        "sampling.temperature=0.5",
+        "sampling.seed=3",
+        "engine.max_frames=100",
+        "engine.stop_on_eos=false",
+        "data.max_text_chars=100",
+        "data.allow_special_tokens=true",
+        "long_form.segment_bytes=120",
+        "long_form.max_turns=2",
+        "long_form.history_fraction=0.25",
+        "model.dtype=bfloat16",
+        "model.codec_dtype=bfloat16",
+        "output.keep_codes=false",
+    ],
+)
+def test_every_setting_the_audio_depends_on_changes_the_row_hashes(override):
+    # a rerun with any of these changed must redo its rows (their audio would differ)
+    from pipeline.config import to_plain
+    from pipeline.plan import settings_digest
+
+    base = settings_digest(to_plain(compose([])), "fingerprint")
+    assert settings_digest(to_plain(compose([override])), "fingerprint") != base
+    # ... and settings that leave a row's audio as it is do not
+    for same in ("engine.max_rows=4", "cluster.num_actors=3", "engine.codec_batch_rows=2", "output.progress_bar=off"):
+        assert settings_digest(to_plain(compose([same])), "fingerprint") == base, same
+
+
+def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkeypatch):
+    from pipeline import plan
     from pipeline.plan import model_fingerprint
 
+    monkeypatch.setattr(plan, "FILE_HASH_CACHE", tmp_path / "cache" / "file-hashes.json")
     ckpt = tmp_path / "my-model"
     ckpt.mkdir()
     (ckpt / "config.json").write_text('{"dim": 8}')
@@ -193,9 +289,23 @@ def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path):
     model = {"checkpoint": str(ckpt), "codec": None}
     first = model_fingerprint(model)
     assert model_fingerprint(model) == first
-    weights[10] ^= 0xFF  # fine-tuned: same size, other numbers
-    (ckpt / "model.pth").write_bytes(bytes(weights))
-    assert model_fingerprint(model) != first
+    seen = {first}
+    # fine-tuned: same size, other numbers -- near the start, in the middle, at the end
+    for at in (10, len(weights) // 2 + 12345, len(weights) - 1):
+        weights[at] ^= 0xFF
+        (ckpt / "model.pth").write_bytes(bytes(weights))
+        os.utime(ckpt / "model.pth", ns=(at, at))  # its own modification time: not a cached hash
+        now = model_fingerprint(model)
+        assert now not in seen, at
+        seen.add(now)
+    # the hashes are cached by path, size and modification time: a second look reads the
+    # cache, not the file (a doctored entry shows through)
+    cached = json.loads(plan.FILE_HASH_CACHE.read_text())
+    assert len(cached) == 2 + 3  # config.json + the first weights, then each edit's weights
+    assert model_fingerprint(model) == now
+    (latest,) = [key for key in cached if "model.pth" in key and key.endswith(f"|{len(weights) - 1}")]
+    plan.FILE_HASH_CACHE.write_text(json.dumps({**cached, latest: "doctored"}))
+    assert model_fingerprint(model) != now
     assert model_fingerprint({"checkpoint": None, "codec": None}) == model_fingerprint(
         {"checkpoint": None, "codec": None}
     )

@@ -197,6 +197,27 @@ def test_budget_from_engine_settings():
     assert MIN_SEGMENT_BYTES <= 16
 
 
+def test_budget_leaves_room_for_the_previous_segment():
+    # half the room kept for history: a segment of the largest size plus its frames fits the
+    # other half, so the previous segment (same size at most) stays in the next prompt
+    full = segment_budget(cap=300, max_tokens=512, fixed_tokens=100, max_frames=1000, frames_per_char=0.5, min_frames=8)
+    half = segment_budget(
+        cap=300,
+        max_tokens=512,
+        fixed_tokens=100,
+        max_frames=1000,
+        frames_per_char=0.5,
+        min_frames=8,
+        history_fraction=0.5,
+    )
+    assert half.max_bytes == (206 - 8) // 1.5 < full.max_bytes
+    cost = half.max_bytes + 8 + 0.5 * half.max_bytes  # text positions + frames of one segment
+    assert 100 + 2 * cost <= 512  # the previous one and this one fit together
+    # a large context: the byte cap binds first, the reserve changes nothing
+    big = dict(cap=300, max_tokens=8192, fixed_tokens=100, max_frames=1024, frames_per_char=1.6, min_frames=16)
+    assert segment_budget(**big, history_fraction=0.5) == segment_budget(**big)
+
+
 def test_oldest_previous_segments_drop_first():
     # columns of previous segments 0..3 (oldest first)
     assert kept_history([10, 20, 30, 40], room=1000) == 0  # all fit

@@ -75,6 +75,9 @@ def test_demo_batch_audio_matches_metadata(actor, demo_table, demo_root, monkeyp
 
 
 def test_bad_rows_come_back_as_errors(actor, bad_table):
+    # kinds of bad rows: refused by the actor, by the driver, a duplicate id, a ref_id conflict
+    kinds = len(bad_table.expect_error) + len(bad_table.rejected_by_driver) + 1 + 1
+    assert kinds >= 39  # the README's reliability table says how many
     rejected = set(bad_table.rejected_by_driver) | {bad_table.duplicate_id} | set(bad_table.ref_id_conflicts)
     keep = [i for i, row_id in enumerate(bad_table.table.column(S.ID).to_pylist()) if row_id not in rejected]
     batch = bad_table.table.take(keep)
@@ -196,6 +199,35 @@ def test_an_engine_failure_on_a_block_retries_its_rows_singly(actor, demo_table,
             assert row[S.CODES] == expected[row_id][S.CODES]
 
 
+def test_a_codec_failure_on_a_batch_decodes_its_rows_singly(actor, demo_table, monkeypatch):
+    """One row whose codes make the codec raise (fault injected for that row's codes) fails
+    alone, retryable; the other rows of its codec batch are decoded one by one and come out ok."""
+    batch = demo_table.slice(0, 4).select([S.ID, S.TEXT, S.SEED])
+    expected = by_id(actor(batch))
+    poison = batch.column(S.ID)[1].as_py()
+    poison_codes = np.asarray(expected[poison][S.CODES])
+    real = actor._decoder.decode_batch
+    calls = []
+
+    def decode_batch(codes, **kw):
+        calls.append(len(codes))
+        if any(c.shape == poison_codes.shape and np.array_equal(c, poison_codes) for c in codes):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(codes, **kw)
+
+    monkeypatch.setattr(actor._decoder, "decode_batch", decode_batch)
+    monkeypatch.setattr(actor, "codec_batch_rows", 4)
+    monkeypatch.setattr(actor, "codec_wait_s", 5.0)  # the four rows decode as one batch
+    rows = by_id(actor(batch))
+    assert max(calls) > 1  # the failing call held other rows too
+    assert rows[poison][S.STATUS] == S.STATUS_ERROR and rows[poison][S.RETRYABLE] is True
+    assert "codec decode" in rows[poison][S.ERROR] and "illegal memory access" in rows[poison][S.ERROR]
+    for row_id, row in rows.items():
+        if row_id != poison:
+            assert row[S.STATUS] == S.STATUS_OK, row[S.ERROR]
+            assert row[S.CODES] == expected[row_id][S.CODES] and row[S.AUDIO] is not None
+
+
 def test_a_reference_that_hangs_fails_its_rows_not_the_actor(actor, demo_table, demo_root, monkeypatch):
     """Finding 8: a gs:// clip with no network held its actor and all its rows for 7+
     minutes. A clip load that never returns (injected: it waits forever) now fails its own
@@ -230,7 +262,7 @@ def test_text_cap_is_checked_before_tokenizing(actor, monkeypatch):
     real = actor.builder.build
     monkeypatch.setattr(actor.builder, "build", lambda text, **kw: tokenized.append(text) or real(text, **kw))
     (row,) = actor(pa.table({S.ID: ["big"], S.TEXT: ["word " * 4_000_000]})).to_pylist()
-    assert row[S.STATUS] == S.STATUS_ERROR and "text is 20000000 bytes; the limit is 65536" in row[S.ERROR]
+    assert row[S.STATUS] == S.STATUS_ERROR and "text is 20000000 bytes; the limit is 200000" in row[S.ERROR]
     assert tokenized == []
 
 

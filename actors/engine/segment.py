@@ -252,11 +252,14 @@ def segment_budget(
     max_frames: int,
     frames_per_char: Optional[float],
     min_frames: int = 0,
+    history_fraction: float = 0.0,
 ) -> SegmentBudget:
     """The largest segment (bytes) for a row whose prompt without text takes `fixed_tokens`
-    positions. Raises ValueError naming the setting to change when not even
-    MIN_SEGMENT_BYTES fit."""
-    room = max_tokens - fixed_tokens
+    positions. `history_fraction` of the positions left after those is kept for previous
+    segments (their text and codes carry the voice from one segment to the next; a segment
+    sized to fill the whole budget leaves room for none). Raises ValueError naming the setting
+    to change when not even MIN_SEGMENT_BYTES fit."""
+    room = math.floor((max_tokens - fixed_tokens) * (1.0 - history_fraction))
     candidates = [(cap, "segment_bytes")]
     if frames_per_char:
         fpc = float(frames_per_char)
