@@ -100,6 +100,23 @@ def test_long_row_and_40_short_rows_share_the_slots(actor, demo_table):
         assert step_b - step_a <= result_b.frames + 1
 
 
+def test_segments_that_end_on_im_end_are_not_truncated(actor, monkeypatch):
+    # with EOS stopping on, a segment ends on <|im_end|> ("eos") or on its frame budget
+    # ("budget"); only the latter are listed in truncated_segments
+    monkeypatch.setattr(actor, "stop_on_eos", True)
+    seen = set()
+    rows = [{S.ID: f"long-{seed}", S.TEXT: long_text(700), S.SEED: seed} for seed in range(8)]
+    for out in actor(table(rows)).to_pylist():
+        if out[S.STATUS] != S.STATUS_OK:  # the random demo model may end a segment before any frame
+            assert "before the first frame" in out[S.ERROR], out[S.ERROR]
+            continue
+        reasons = out[S.SEGMENT_STOP_REASONS]
+        assert set(reasons) <= {"eos", "budget"} and len(reasons) == out[S.SEGMENTS] > 1
+        assert out[S.TRUNCATED_SEGMENTS] == [k for k, reason in enumerate(reasons) if reason == "budget"]
+        seen.update(reasons)
+    assert seen == {"eos", "budget"}  # both kinds happened, so the rule above was tested on both
+
+
 def test_row_over_max_text_chars_is_an_error_row(actor, monkeypatch, small_settings):
     cfg = compose(small_settings + ["data.max_text_chars=100", "long_form.segment_bytes=64"])
     args = actor_arguments(cfg, None, run_id="x")  # the settings reach the actor
@@ -158,8 +175,10 @@ def test_3000_character_row_through_the_pipeline(ray_cluster, tmp_path, small_se
     wave, rate = sf.read(io.BytesIO(chapter[S.AUDIO][S.AUDIO_BYTES]), dtype="float32")
     assert rate == chapter[S.SAMPLE_RATE]
     assert len(wave) / rate == pytest.approx(chapter[S.AUDIO_SECONDS])
-    frame_length = len(wave) // chapter[S.N_FRAMES]
-    assert len(wave) == chapter[S.N_FRAMES] * frame_length and frame_length > 1
+    # samples per frame, from the one-line row: the chapter's audio is its frames' worth
+    line_wave, _ = sf.read(io.BytesIO(rows["line"][S.AUDIO][S.AUDIO_BYTES]), dtype="float32")
+    frame_length = len(line_wave) / rows["line"][S.N_FRAMES]
+    assert frame_length > 1 and len(wave) == chapter[S.N_FRAMES] * frame_length
     assert np.isfinite(wave).all() and np.abs(wave).max() > 0
     assert rows["line"][S.STATUS] == S.STATUS_OK and rows["line"][S.SEGMENTS] == 1
 

@@ -124,9 +124,24 @@ def test_emoji_and_special_tokens_at_cut_points():
     pieces = split_text(emoji, 30)
     check_pieces(emoji, pieces, 30)
     assert [utf8_len(p) for p in pieces] == [28] * 5 + [20]
-    # a flag is two code points; the cut may only fall between characters, so check bytes decode
-    for p in split_text("ab" + "🇫🇷" * 10, 9):
-        p.encode("utf-8").decode("utf-8")
+    # what a reader sees as one character is never cut: a flag (two regional indicators), a
+    # ZWJ sequence, a skin tone, a combining accent
+    flags = "ab" + "🇫🇷" * 10
+    pieces = split_text(flags, 9)
+    check_pieces(flags, pieces, 9)
+    assert pieces == ["ab"] + ["🇫🇷"] * 10  # 8 bytes a flag: one per piece, never half of one
+    for unit in (
+        "👩\u200d💻",
+        "👍🏽",
+        "e\u0301",
+        "❤\ufe0f",
+        "🏴\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f",
+    ):
+        text = unit * 12
+        for budget in range(utf8_len(unit), 3 * utf8_len(unit) + 2):
+            pieces = split_text(text, budget)
+            assert "".join(pieces) == text
+            assert all(len(p) % len(unit) == 0 and p.startswith(unit) for p in pieces), (unit, budget, pieces)
     # a special token straddling every possible budget edge is never cut
     text = "abc<|im_end|>defgh<|voice|>ij" * 6
     for budget in range(12, 40):

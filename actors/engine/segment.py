@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Optional
 
@@ -107,6 +108,45 @@ def _cut_level(text: str, end: int) -> int:
     return LEVEL_CHAR
 
 
+_ZWJ = "\u200d"
+
+
+def _extends(ch: str) -> bool:
+    """A character that belongs to the one before it in what a reader sees as one character:
+    combining marks, variation selectors, emoji skin tones, emoji tag characters, ZWJ."""
+    code = ord(ch)
+    return (
+        unicodedata.category(ch) in ("Mn", "Me", "Mc")
+        or ch == _ZWJ
+        or 0xFE00 <= code <= 0xFE0F
+        or 0xE0100 <= code <= 0xE01EF
+        or 0x1F3FB <= code <= 0x1F3FF
+        or 0xE0020 <= code <= 0xE007F
+    )
+
+
+def _regional_indicator(ch: str) -> bool:
+    return 0x1F1E6 <= ord(ch) <= 0x1F1FF
+
+
+def _inside_graphemes(text: str) -> set[int]:
+    """Positions a cut would split a user-perceived character at: before a combining mark,
+    variation selector or skin tone; either side of a ZWJ (👩‍💻); between the two regional
+    indicators of a flag (🇫🇷). A simplified form of Unicode's grapheme cluster rules, enough
+    that no piece starts with a stray mark or half a flag."""
+    inside, run = set(), 0  # run: regional indicators so far in a row
+    for i, ch in enumerate(text):
+        if i and (_extends(ch) or text[i - 1] == _ZWJ):
+            inside.add(i)
+        if _regional_indicator(ch):
+            if run % 2 == 1:
+                inside.add(i)
+            run += 1
+        else:
+            run = 0
+    return inside
+
+
 class _Cutter:
     """split_text's state: the text, where cuts may fall, and byte offsets (so every length
     check is a subtraction and the whole split stays linear in the text)."""
@@ -116,7 +156,7 @@ class _Cutter:
         self.byte_at = [0]
         for ch in text:
             self.byte_at.append(self.byte_at[-1] + utf8_len(ch))
-        inside = set()  # positions inside a special token: never a cut
+        inside = _inside_graphemes(text)  # positions inside a special token or a grapheme: never a cut
         for start, end in _special_spans(text):
             inside.update(range(start + 1, end))
         self.levels = {i: _cut_level(text, i) for i in range(1, len(text)) if i not in inside}
