@@ -20,12 +20,12 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
 
 from actors import schema as S
+from actors.demo import cache_root
 from actors.files import write_atomically
 
 from .config import ConfigError, in_ray_job, settings, to_plain, validate
@@ -93,7 +93,7 @@ _ROW_SETTINGS = {
 }
 # whole-file hashes of model files, keyed by path, size and modification time: a multi-GB
 # checkpoint is read once per machine, not at every run start
-FILE_HASH_CACHE = Path(os.environ.get("CHORUS_CACHE_DIR", Path.home() / ".cache" / "chorus")) / "file-hashes.json"
+FILE_HASH_CACHE = "file-hashes.json"  # in the cache directory (actors/demo.py cache_root: $CHORUS_CACHE)
 _FILE_HASH_CACHE_ENTRIES = 4096
 
 
@@ -102,8 +102,9 @@ def _file_hashes(fs, files: list) -> list[str]:
     and modification time are unchanged."""
     import hashlib
 
+    cache_file = cache_root() / FILE_HASH_CACHE
     try:
-        cache = json.loads(FILE_HASH_CACHE.read_text())
+        cache = json.loads(cache_file.read_text())
         cache = cache if isinstance(cache, dict) else {}
     except (OSError, ValueError):
         cache = {}
@@ -119,11 +120,11 @@ def _file_hashes(fs, files: list) -> list[str]:
         hashes.append(cache[key])
     if fresh:
         try:
-            FILE_HASH_CACHE.parent.mkdir(parents=True, exist_ok=True)
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
             kept = dict(list(cache.items())[-_FILE_HASH_CACHE_ENTRIES:])
-            write_atomically(str(FILE_HASH_CACHE), json.dumps(kept))
+            write_atomically(str(cache_file), json.dumps(kept))
         except OSError as e:  # a read-only home: hash again next time
-            log.warning("could not save file hashes to %s: %r", FILE_HASH_CACHE, e)
+            log.warning("could not save file hashes to %s: %r", cache_file, e)
     return hashes
 
 

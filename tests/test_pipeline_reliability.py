@@ -280,7 +280,8 @@ def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkey
     from pipeline import plan
     from pipeline.plan import model_fingerprint
 
-    monkeypatch.setattr(plan, "FILE_HASH_CACHE", tmp_path / "cache" / "file-hashes.json")
+    monkeypatch.setenv("CHORUS_CACHE", str(tmp_path / "cache"))
+    cache_file = tmp_path / "cache" / plan.FILE_HASH_CACHE
     ckpt = tmp_path / "my-model"
     ckpt.mkdir()
     (ckpt / "config.json").write_text('{"dim": 8}')
@@ -300,11 +301,11 @@ def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkey
         seen.add(now)
     # the hashes are cached by path, size and modification time: a second look reads the
     # cache, not the file (a doctored entry shows through)
-    cached = json.loads(plan.FILE_HASH_CACHE.read_text())
+    cached = json.loads(cache_file.read_text())
     assert len(cached) == 2 + 3  # config.json + the first weights, then each edit's weights
     assert model_fingerprint(model) == now
     (latest,) = [key for key in cached if "model.pth" in key and key.endswith(f"|{len(weights) - 1}")]
-    plan.FILE_HASH_CACHE.write_text(json.dumps({**cached, latest: "doctored"}))
+    cache_file.write_text(json.dumps({**cached, latest: "doctored"}))
     assert model_fingerprint(model) != now
     assert model_fingerprint({"checkpoint": None, "codec": None}) == model_fingerprint(
         {"checkpoint": None, "codec": None}
