@@ -314,14 +314,16 @@ class SynthActor:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.lm = load_model(checkpoint, device=device, dtype=model.dtype)
         self.codec = load_codec(codec_path, device=device, dtype=resolve_dtype(model.codec_dtype))
-        # what decodes finished rows: this codec, or (engine.codec_process, CPU) a copy of it in
-        # a child process, so the codec never holds the engine loop's GIL
-        self._decoder = self.codec
+        # what decodes finished rows and encodes references: this codec, or (engine.codec_process,
+        # CPU) a copy of it in a child process, so the codec never holds the engine loop's GIL
+        self._codec_runner = self.codec
         if engine.codec_process and self.codec.device.type == "cpu":
             from actors.codec.worker import CodecProcess
 
             dtype_name = str(resolve_dtype(model.codec_dtype)).removeprefix("torch.")
-            self._decoder = CodecProcess(codec_path, dtype=dtype_name, threads=int(threads or torch.get_num_threads()))
+            self._codec_runner = CodecProcess(
+                codec_path, dtype=dtype_name, threads=int(threads or torch.get_num_threads())
+            )
         mc = self.lm.config
         if self.codec.num_codebooks != mc.num_codebooks:
             raise ValueError(
@@ -737,13 +739,13 @@ class SynthActor:
             return
         started = time.perf_counter()
         try:
-            codes = self.codec.encode_batch(waves, max_batch_rows=self.codec_batch_rows)
+            codes = self._codec_runner.encode_batch(waves, max_batch_rows=self.codec_batch_rows)
         except Exception:  # one clip may break the batch: encode each alone before failing any
             log.warning("reference encode failed for %d clips; encoding each alone", len(waves))
             codes = []
             for key, wave in zip(keys, waves):
                 try:
-                    (clip_codes,) = self.codec.encode_batch([wave], max_batch_rows=1)
+                    (clip_codes,) = self._codec_runner.encode_batch([wave], max_batch_rows=1)
                 except Exception as e:
                     clip_codes = None
                     for row in by_key[key]:
@@ -1144,14 +1146,14 @@ class SynthActor:
             group = rows[start : start + self.codec_batch_rows]
             began = time.perf_counter()
             try:
-                waves = self._decoder.decode_batch(
+                waves = self._codec_runner.decode_batch(
                     [r.result.codes for r in group], max_batch_rows=self.codec_batch_rows
                 )
             except Exception:  # one row's codes may break the batch: decode each alone before failing any
                 waves = []
                 for row in group:
                     try:
-                        (wave,) = self._decoder.decode_batch([row.result.codes], max_batch_rows=1)
+                        (wave,) = self._codec_runner.decode_batch([row.result.codes], max_batch_rows=1)
                     except Exception as e:
                         row.fail(f"codec decode: {e!r}", retryable=True)
                         wave = None

@@ -235,6 +235,9 @@ def small_settings() -> list[str]:
         "output.progress_interval_s=0",
         "output.progress_bar=off",
         f"data.max_reference_bytes={MAX_REFERENCE_BYTES}",
+        # the codec in the actor's process: a child per test actor would cost a torch import
+        # each (tests/test_feed.py and the demo end to end run the child, the CPU default)
+        "engine.codec_process=false",
     ]
 
 

@@ -208,29 +208,38 @@ def test_engine_codes_do_not_depend_on_the_request_beside_them(small_settings):
     np.testing.assert_array_equal(beside, alone)
 
 
-def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(actor, small_settings):
-    """engine.codec_process=true: finished rows decode in a child process holding its own copy
-    of the codec; the audio is the in-process decode's, and a child that dies is started again
-    (the rows of the call that found it dead are decoded one by one by the new one)."""
+def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(small_settings, demo_table):
+    """engine.codec_process=true: finished rows decode, and reference clips encode, in a child
+    process holding its own copy of the codec; the codes and audio are the in-process codec's,
+    and a child that dies is started again (the rows of the call that found it dead are
+    decoded one by one by the new one)."""
+    from conftest import DEMO_TABLE
+
     from actors.codec.worker import CodecProcess
 
-    cfg = compose(small_settings + ["engine.max_rows=4", "engine.codec_process=true"])
-    separate = SynthActor(**actor_arguments(cfg, None, run_id="codec-process"))
+    settings = small_settings + ["engine.max_rows=4"]
+    here = SynthActor(**actor_arguments(compose(settings), str(DEMO_TABLE.parent), run_id="codec-here"))
+    cfg = compose(settings + ["engine.codec_process=true"])
+    separate = SynthActor(**actor_arguments(cfg, str(DEMO_TABLE.parent), run_id="codec-process"))
     try:
-        assert isinstance(separate._decoder, CodecProcess)
-        batch = table(rows("cp", 4))
-        expected, got = by_id(actor(batch)), by_id(separate(batch))
-        assert got.keys() == expected.keys()
+        assert isinstance(separate._codec_runner, CodecProcess)
+        clips, ref_texts = (demo_table.column(c).to_pylist() for c in (S.REF_AUDIO_PATH, S.REF_TEXT))
+        picked = [i for i, p in enumerate(clips) if p][:3]
+        picked += [i for i, (p, t) in enumerate(zip(clips, ref_texts)) if not p and not t][:2]
+        batch = demo_table.take(picked).select([S.ID, S.TEXT, S.SEED, S.REF_AUDIO_PATH, S.REF_TEXT])
+        expected, got = by_id(here(batch)), by_id(separate(batch))
+        assert len(separate.references) == len(here.references) >= 1  # clips were encoded, in the child
+        assert got.keys() == expected.keys() and len(got) == 5
         for row_id, row in got.items():
-            assert row[S.STATUS] == expected[row_id][S.STATUS] == S.STATUS_OK
+            assert row[S.STATUS] == expected[row_id][S.STATUS] == S.STATUS_OK, (row[S.ERROR], expected[row_id][S.ERROR])
             assert row[S.CODES] == expected[row_id][S.CODES]
             assert row[S.AUDIO] == expected[row_id][S.AUDIO]  # the same FLAC bytes
-        first = separate._decoder._process
+        first = separate._codec_runner._process
         first.kill()
         first.wait()
         again = by_id(separate(table(rows("cp2", 3))))
         assert all(r[S.STATUS] == S.STATUS_OK for r in again.values()), [r[S.ERROR] for r in again.values()]
-        assert separate._decoder._process.pid != first.pid and separate._decoder._process.poll() is None
+        assert separate._codec_runner._process.pid != first.pid and separate._codec_runner._process.poll() is None
     finally:
-        separate._decoder.close()
-    assert separate._decoder._process is None
+        separate._codec_runner.close()
+    assert separate._codec_runner._process is None

@@ -206,7 +206,7 @@ def test_a_codec_failure_on_a_batch_decodes_its_rows_singly(actor, demo_table, m
     expected = by_id(actor(batch))
     poison = batch.column(S.ID)[1].as_py()
     poison_codes = np.asarray(expected[poison][S.CODES])
-    real = actor._decoder.decode_batch
+    real = actor._codec_runner.decode_batch
     calls = []
 
     def decode_batch(codes, **kw):
@@ -215,7 +215,7 @@ def test_a_codec_failure_on_a_batch_decodes_its_rows_singly(actor, demo_table, m
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return real(codes, **kw)
 
-    monkeypatch.setattr(actor._decoder, "decode_batch", decode_batch)
+    monkeypatch.setattr(actor._codec_runner, "decode_batch", decode_batch)
     monkeypatch.setattr(actor, "codec_batch_rows", 4)
     monkeypatch.setattr(actor, "codec_wait_s", 5.0)  # the four rows decode as one batch
     rows = by_id(actor(batch))

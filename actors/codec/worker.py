@@ -1,11 +1,12 @@
-"""The codec's decode in a process of its own (engine.codec_process, CPU only).
+"""The codec in a process of its own (engine.codec_process, CPU only): the finished rows'
+decode and the references' encode.
 
 In one process the engine loop and the codec share the GIL: the engine's step is thousands
 of small ops, each of which takes the GIL back after its kernel, and a codec thread running
 beside it slows it (measured on the demo: ~15% with a codec loop in a thread, nothing with
 the same loop in another process). A child process holding its own copy of the codec takes
 that contention away; codes go to it and waveforms come back through a pipe (a few MB per
-batch). On CUDA the codec runs on a stream of its own instead, in the actor's process.
+batch), and reference clips go to it and their codes come back. On CUDA the codec runs on a stream of its own instead, in the actor's process.
 
 The child exits when the pipe closes (its actor exited or was killed). A child that dies is
 started again on the next call; the call that found it dead raises, and its rows fail as
@@ -37,17 +38,23 @@ def _serve(fd: int, path: str, dtype: str, threads: int) -> None:
     conn.send(("ready", None))
     while True:
         try:
-            codes, max_batch_rows = conn.recv()
+            method, arrays, max_batch_rows = conn.recv()
         except (EOFError, OSError):  # the actor is gone
             return
         try:
-            conn.send(("ok", codec.decode_batch(codes, max_batch_rows=max_batch_rows)))
+            if method not in _METHODS:
+                raise ValueError(f"unknown codec method {method!r}")
+            conn.send(("ok", getattr(codec, method)(arrays, max_batch_rows=max_batch_rows)))
         except Exception as e:  # the caller decides what fails: report, keep serving
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
+_METHODS = ("decode_batch", "encode_batch")
+
+
 class CodecProcess:
-    """`decode_batch` like the codec's, run in a child process. One caller at a time."""
+    """`decode_batch` and `encode_batch` like the codec's, run in a child process. One call at
+    a time (the callers' threads take turns)."""
 
     def __init__(self, path: Path, dtype: str = "float32", threads: int = 1):
         self._args = (str(path), dtype, max(1, int(threads)))
@@ -74,11 +81,17 @@ class CodecProcess:
             raise RuntimeError(f"codec process did not start: {kind}")
 
     def decode_batch(self, codes: Sequence[np.ndarray], *, max_batch_rows: int) -> list[np.ndarray]:
+        return self._call("decode_batch", codes, max_batch_rows)
+
+    def encode_batch(self, waves: Sequence[np.ndarray], *, max_batch_rows: int) -> list[np.ndarray]:
+        return self._call("encode_batch", waves, max_batch_rows)
+
+    def _call(self, method: str, arrays: Sequence[np.ndarray], max_batch_rows: int) -> list[np.ndarray]:
         with self._lock:
             if self._process is None or self._process.poll() is not None:
                 self._start()
             try:
-                self._conn.send(([np.asarray(c) for c in codes], max_batch_rows))
+                self._conn.send((method, [np.asarray(a) for a in arrays], max_batch_rows))
                 kind, value = self._conn.recv()
             except (EOFError, OSError) as e:
                 exitcode = self._process.poll()
