@@ -1037,11 +1037,14 @@ class SynthActor:
             min_frames=0 if explicit else self.min_frames,
         )
         try:
-            try:
-                budget = segment_budget(**sizing, history_fraction=self.history_fraction)
-            except ValueError:  # no room to keep history: segments fill the budget, each on its own
-                budget = segment_budget(**sizing)
+            budget = segment_budget(**sizing)
             row.segments = segment_text(text, budget.max_bytes, self.max_turns)
+            if len(row.segments) > 1:  # a chain: each prompt keeps room for the segment before it
+                try:
+                    budget = segment_budget(**sizing, history_fraction=self.history_fraction)
+                    row.segments = segment_text(text, budget.max_bytes, self.max_turns)
+                except ValueError:  # no room to keep history: segments fill the budget, each on its own
+                    pass
         except ValueError as e:
             if fixed + utf8_len(text) + row.max_frames > self._row_positions:
                 if explicit:

@@ -100,6 +100,20 @@ def test_long_row_and_40_short_rows_share_the_slots(actor, demo_table):
         assert step_b - step_a <= result_b.frames + 1
 
 
+def test_a_text_that_fits_one_segment_is_not_cut_for_history(actor, demo_table):
+    # room for the previous segment is kept only in a chain: a text that fits one request whole
+    # (here, with a reference, more than half the room and less than all of it) stays one segment
+    clip = next(p for p in demo_table.column(S.REF_AUDIO_PATH).to_pylist() if p)
+    text = long_text(180)
+    fields = {S.REF_AUDIO_PATH: clip, S.REF_TEXT: "A short reference."}
+    out = actor(table([{S.ID: "one", S.TEXT: text, S.SEED: 1, **fields}])).to_pylist()[0]
+    assert out[S.STATUS] == S.STATUS_OK and out[S.SEGMENTS] == 1, out[S.ERROR]
+    # ... while the same words twice over make a chain whose segments are each under half
+    twice = actor(table([{S.ID: "two", S.TEXT: text + " " + text, S.SEED: 1, **fields}])).to_pylist()[0]
+    assert twice[S.STATUS] == S.STATUS_OK and twice[S.SEGMENTS] >= 3, twice[S.SEGMENTS]
+    assert all(kept >= 1 for kept in actor.last_history["two"][1:])
+
+
 def test_segments_that_end_on_im_end_are_not_truncated(actor, monkeypatch):
     # with EOS stopping on, a segment ends on <|im_end|> ("eos") or on its frame budget
     # ("budget"); only the latter are listed in truncated_segments
