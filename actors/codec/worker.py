@@ -3,10 +3,11 @@ decode and the references' encode.
 
 In one process the engine loop and the codec share the GIL: the engine's step is thousands
 of small ops, each of which takes the GIL back after its kernel, and a codec thread running
-beside it slows it (measured on the demo: ~15% with a codec loop in a thread, nothing with
-the same loop in another process). A child process holding its own copy of the codec takes
-that contention away; codes go to it and waveforms come back through a pipe (a few MB per
-batch), and reference clips go to it and their codes come back. On CUDA the codec runs on a stream of its own instead, in the actor's process.
+beside it slows it (measured on the demo, 2 vCPUs: 15-35% with a codec loop in a thread,
+0-8% with the same loop in another process). A child process holding its own copy of the
+codec takes that contention away: codes go to it and waveforms come back through a pipe (a
+few MB per batch), reference clips go to it and their codes come back. On CUDA the codec
+runs on a stream of its own instead, in the actor's process.
 
 The child exits when the pipe closes (its actor exited or was killed). A child that dies is
 started again on the next call; the call that found it dead raises, and its rows fail as
