@@ -83,8 +83,10 @@ class ClusterSettings:
     rows_per_block: int = 16
     # a dead actor (crash, OOM) is restarted and its block retried, a bounded number of times
     # (Ray Data's default is forever); a block that killed its actor this many times has its
-    # rows run alone, and the row that kills it alone becomes an error row (quarantined)
-    max_actor_restarts: int = 10
+    # rows run alone, and the row that kills it alone becomes an error row (quarantined).
+    # max_actor_restarts null = 10 + (crash_quarantine_after + 1) per 100 blocks an actor takes
+    # (pipeline/plan.py actor_restarts): room for a few such rows in a long job
+    max_actor_restarts: Optional[int] = None
     max_task_retries: int = 4
     crash_quarantine_after: int = 2
     # watchdog: an actor whose block runs longer than this is stuck and exits (then counts as
@@ -109,7 +111,7 @@ class ClusterSettings:
                 "cluster.max_task_retries must exceed cluster.crash_quarantine_after (>= 1): a block is retried "
                 "crash_quarantine_after times, then once more row by row to find the row that kills its actor"
             )
-        if self.max_actor_restarts < 0:
+        if self.max_actor_restarts is not None and self.max_actor_restarts < 0:
             raise ConfigError("cluster.max_actor_restarts must be >= 0")
         if self.crash_on_batch and not self.crash_marker:
             raise ConfigError("cluster.crash_on_batch needs cluster.crash_marker (it makes the crash happen once)")

@@ -312,6 +312,26 @@ def concurrent_blocks(engine, rows_per_block: int, rows: int | None = None, acto
     return max(1, min(cover, -(-blocks // max(1, actors))))
 
 
+# cluster.max_actor_restarts null: restarts each actor may use, for deaths that are no row's
+# fault (a node lost, memory pressure) ...
+BASE_ACTOR_RESTARTS = 10
+# ... plus what one row that kills its actor costs (crash_quarantine_after + 1 deaths before
+# it is quarantined) for every this many blocks an actor takes
+BLOCKS_PER_TOLERATED_CRASH = 100
+
+
+def actor_restarts(cluster: dict, rows: int) -> int:
+    """Restarts each actor is allowed: cluster.max_actor_restarts, or (null) a budget that grows
+    with the input, so that a long job survives a few rows that crash their actor (each costs
+    crash_quarantine_after + 1 deaths) while an actor that keeps dying for another reason still
+    ends the job instead of restarting forever."""
+    if cluster["max_actor_restarts"] is not None:
+        return int(cluster["max_actor_restarts"])
+    blocks_per_actor = math.ceil(math.ceil(rows / cluster["rows_per_block"]) / max(1, cluster["num_actors"]))
+    tolerated = max(1, math.ceil(blocks_per_actor / BLOCKS_PER_TOLERATED_CRASH))
+    return BASE_ACTOR_RESTARTS + (cluster["crash_quarantine_after"] + 1) * tolerated
+
+
 # the run config's groups SynthActor receives, as their dataclasses (actors/settings.py)
 ACTOR_GROUPS = ("model", "data", "engine", "long_form", "sampling")
 
@@ -358,7 +378,7 @@ def build_plan(plain: dict, scan: InputScan, arguments: dict, layout: OutputLayo
         # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
         # "use the named remote parameters" warning has nothing to point to); pinned <2.61
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        ds = _synth_stage(ds, plain, arguments)
+        ds = _synth_stage(ds, plain, arguments, len(scan.accepted_ids))
     return ds.map_batches(
         write_block,
         fn_kwargs={"location": layout.location, "run_id": run_id},
@@ -368,7 +388,7 @@ def build_plan(plain: dict, scan: InputScan, arguments: dict, layout: OutputLayo
     )
 
 
-def _synth_stage(ds, plain: dict, arguments: dict):
+def _synth_stage(ds, plain: dict, arguments: dict, rows: int):
     from ray.data import ActorPoolStrategy
 
     from actors.synth import SynthStage
@@ -385,7 +405,7 @@ def _synth_stage(ds, plain: dict, arguments: dict):
             size=cluster["num_actors"], max_concurrent_calls_per_actor=blocks, max_tasks_in_flight_per_actor=blocks
         ),
         # bounded: a row that kills its actor must end as an error row, not loop forever
-        max_restarts=cluster["max_actor_restarts"],
+        max_restarts=actor_restarts(cluster, rows),
         max_task_retries=cluster["max_task_retries"],
         num_cpus=cluster["cpus_per_actor"],
         num_gpus=cluster["gpus_per_actor"],

@@ -74,6 +74,24 @@ def test_blocks_in_flight_cover_the_slots_unless_set():
     assert actor_arguments(small, None, run_id="b", rows=10_000)["engine"].max_concurrent_blocks == 3 + 2
 
 
+def test_actor_restarts_grow_with_the_input_unless_set():
+    """cluster.max_actor_restarts null: 10 restarts for deaths that are no row's fault, plus
+    the cost of one actor-killing row (crash_quarantine_after + 1 deaths) per 100 blocks an
+    actor takes: a long job survives a few such rows, and nothing restarts forever."""
+    from pipeline.config import to_plain
+    from pipeline.plan import actor_restarts
+
+    def restarts(rows, *overrides):
+        return actor_restarts(to_plain(compose(["cluster.rows_per_block=16", *overrides]))["cluster"], rows)
+
+    assert restarts(100) == 10 + 3  # a small job: room for one such row (and ten other deaths)
+    assert restarts(16 * 100) == 10 + 3
+    assert restarts(16 * 101) == 10 + 2 * 3
+    assert restarts(1_000_000, "cluster.num_actors=8") == 10 + 3 * 79  # 7,813 blocks an actor
+    assert restarts(1_000_000, "cluster.crash_quarantine_after=1", "cluster.max_task_retries=2") == 10 + 2 * 625
+    assert restarts(1_000_000, "cluster.max_actor_restarts=4") == 4  # set: taken as it is
+
+
 def test_defaults_are_the_dataclasses():
     """What a run composes with no overrides is what the dataclasses say, for every key the
     YAML groups leave alone (the demo groups set data.path and a few engine keys)."""
