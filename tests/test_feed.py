@@ -4,12 +4,15 @@ row's codes."""
 
 from __future__ import annotations
 
+import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import soundfile as sf
 
 from actors import schema as S
 from actors.synth import SynthActor
@@ -28,6 +31,11 @@ def rows(prefix: str, n: int, frames: int = 6) -> list[dict]:
     return [
         {S.ID: f"{prefix}-{i}", S.TEXT: f"Row {i} of {prefix}.", S.SEED: 7 + i, S.MAX_FRAMES: frames} for i in range(n)
     ]
+
+
+def read_flac(data: bytes) -> np.ndarray:
+    samples, _ = sf.read(io.BytesIO(data), dtype="int16")
+    return samples.astype(np.int32)
 
 
 def by_id(out: pa.Table) -> dict:
@@ -233,7 +241,10 @@ def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(sma
         for row_id, row in got.items():
             assert row[S.STATUS] == expected[row_id][S.STATUS] == S.STATUS_OK, (row[S.ERROR], expected[row_id][S.ERROR])
             assert row[S.CODES] == expected[row_id][S.CODES]
-            assert row[S.AUDIO] == expected[row_id][S.AUDIO]  # the same FLAC bytes
+            # the same audio: samples within a 16-bit step or two (how rows share a codec batch
+            # depends on timing, and a batch's kernels may round a float differently)
+            mine, theirs = (read_flac(r[S.AUDIO][S.AUDIO_BYTES]) for r in (row, expected[row_id]))
+            assert mine.shape == theirs.shape and np.abs(mine - theirs).max() <= 2, np.abs(mine - theirs).max()
         first = separate._codec_runner._process
         first.kill()
         first.wait()
