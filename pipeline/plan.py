@@ -294,6 +294,11 @@ def attempts_dir(output_location: str, run_id: str) -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "chorus", ATTEMPTS_DIR, run_id)
 
 
+def blocks_per_actor(rows: int, rows_per_block: int, actors: int) -> int:
+    """Each actor's share of an input's blocks (rounded up)."""
+    return math.ceil(math.ceil(rows / rows_per_block) / max(1, actors))
+
+
 def concurrent_blocks(engine, rows_per_block: int, rows: int | None = None, actors: int = 1) -> int:
     """Blocks one actor holds at once: engine.max_concurrent_blocks, or (null) enough that the
     rows in flight cover the slots and the feed queue, plus two: one whose last rows are
@@ -308,8 +313,7 @@ def concurrent_blocks(engine, rows_per_block: int, rows: int | None = None, acto
     cover = -(-(engine.max_rows + engine.feed_queue_rows) // rows_per_block) + 2
     if rows is None:
         return cover
-    blocks = -(-rows // rows_per_block)
-    return max(1, min(cover, -(-blocks // max(1, actors))))
+    return max(1, min(cover, blocks_per_actor(rows, rows_per_block, actors)))
 
 
 # cluster.max_actor_restarts null: restarts each actor may use, for deaths that are no row's
@@ -327,8 +331,8 @@ def actor_restarts(cluster: dict, rows: int) -> int:
     ends the job instead of restarting forever."""
     if cluster["max_actor_restarts"] is not None:
         return int(cluster["max_actor_restarts"])
-    blocks_per_actor = math.ceil(math.ceil(rows / cluster["rows_per_block"]) / max(1, cluster["num_actors"]))
-    tolerated = max(1, math.ceil(blocks_per_actor / BLOCKS_PER_TOLERATED_CRASH))
+    share = blocks_per_actor(rows, cluster["rows_per_block"], cluster["num_actors"])
+    tolerated = max(1, math.ceil(share / BLOCKS_PER_TOLERATED_CRASH))
     return BASE_ACTOR_RESTARTS + (cluster["crash_quarantine_after"] + 1) * tolerated
 
 
