@@ -25,6 +25,7 @@ from actors.codec import (
     load_codec,
     transformer,
 )
+from actors.codec.model import _length_groups
 from actors.codec.tiny import make_tiny, random_codec, random_state_dict
 from helpers import VECTORS
 
@@ -235,7 +236,9 @@ def test_batched_decode_equals_decoding_each_alone(codec):
         random_codes(codec.codebook_sizes, 1, seed=3),
         random_codes(codec.codebook_sizes, 9, seed=4),
     ]
-    together = codec.decode_batch(rows)
+    # unbounded padding: every row shares one padded batch (on CPU the default would decode
+    # rows this different in length apart)
+    together = codec.decode_batch(rows, max_padding=None)
     for row, wave in zip(rows, together):
         (alone,) = codec.decode_batch([row])
         assert wave.shape == (row.shape[1] * 2048,)
@@ -247,10 +250,32 @@ def test_batched_decode_equals_decoding_each_alone(codec):
 def test_batched_encode_equals_encoding_each_alone(codec):
     long_clip = vector("d_encode_long_input_audio")
     clips = [long_clip[:90000], vector("a_encode_input_audio"), long_clip[5000:9000], long_clip[:2048]]
-    together = codec.encode_batch(clips)
+    together = codec.encode_batch(clips, max_padding=None)
     for clip, codes in zip(clips, together):
         (alone,) = codec.encode_batch([clip])
         np.testing.assert_array_equal(codes, alone)
+
+
+def test_length_groups_bound_the_padding_they_add():
+    lengths = [48, 45, 30, 10, 9, 9, 50]
+    # longest first; a row joins a group while the group pads at most 15% over its own
+    assert list(_length_groups(lengths, 8, 10**9, 1, 0.15)) == [[6, 0, 1], [2], [3, 4, 5]]
+    assert list(_length_groups(lengths, 8, 10**9, 1, None)) == [[6, 0, 1, 2, 3, 4, 5]]
+    assert list(_length_groups(lengths, 2, 10**9, 1, None)) == [[6, 0], [1, 2], [3, 4], [5]]
+    for groups in (_length_groups(lengths, 8, 10**9, 1, 0.15), _length_groups(lengths, 3, 10**9, 1, 0.15)):
+        for group in groups:
+            own = sum(lengths[i] for i in group)
+            assert len(group) * max(lengths[i] for i in group) <= 1.15 * own
+
+
+def test_a_cpu_codec_decodes_rows_of_unlike_lengths_apart_and_alike_together(codec, monkeypatch):
+    calls = []
+    decode = codec.decode
+    monkeypatch.setattr(codec, "decode", lambda codes: calls.append(tuple(codes.shape)) or decode(codes))
+    rows = [random_codes(codec.codebook_sizes, n, seed=n) for n in (30, 4, 29, 28)]
+    waves = codec.decode_batch(rows)
+    assert sorted(calls) == [(1, codec.num_codebooks, 4), (3, codec.num_codebooks, 30)]
+    assert [w.shape[0] for w in waves] == [n * 2048 for n in (30, 4, 29, 28)]
 
 
 @needs_vectors

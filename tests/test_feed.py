@@ -125,6 +125,31 @@ def test_a_block_done_first_is_returned_while_a_later_one_still_runs(actor, monk
     assert out_long.to_pylist()[0][S.STATUS] == S.STATUS_OK and out_long.to_pylist()[0][S.N_FRAMES] == 40
 
 
+def test_a_blocks_rows_without_a_clip_run_while_its_clips_are_read(actor, monkeypatch):
+    """The rows that need no reference clip enter the engine first; the others follow once their
+    clips are read and encoded (before, the whole block waited for its clips)."""
+    generating = threading.Event()
+    real_step = actor.engine.step
+    monkeypatch.setattr(actor.engine, "step", lambda: generating.set() or real_step())
+    real_load = actor._load_reference
+    engine_ran_first = []
+
+    def load(source):
+        engine_ran_first.append(generating.wait(20.0))  # never set if the block waited for this clip
+        return real_load(source)
+
+    monkeypatch.setattr(actor, "_load_reference", load)
+    clip = io.BytesIO()
+    noise = np.random.default_rng(2026).uniform(-0.3, 0.3, 22050).astype(np.float32)  # a clip no cache holds
+    sf.write(clip, noise, 44100, format="WAV")
+    block = rows("clip", 4)
+    for row in block[:2]:
+        row[S.REF_AUDIO] = clip.getvalue()
+    out = actor(pa.Table.from_pylist(block))
+    assert [r[S.STATUS] for r in out.to_pylist()] == [S.STATUS_OK] * 4, out.column(S.ERROR).to_pylist()
+    assert engine_ran_first == [True]  # one read: the two rows share the clip
+
+
 def test_codes_do_not_depend_on_how_blocks_interleave(actor):
     """The same rows as one block, and as two different splits run as concurrent blocks: the
     same codes for every row, whichever rows shared the engine's steps."""
