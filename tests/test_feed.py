@@ -150,6 +150,19 @@ def test_a_blocks_rows_without_a_clip_run_while_its_clips_are_read(actor, monkey
     assert engine_ran_first == [True]  # one read: the two rows share the clip
 
 
+def test_a_blocks_rows_enter_the_engine_longest_budget_first(actor, monkeypatch):
+    """So the rows left when the input runs out are short and the slots drain in few steps."""
+    added = []
+    real_add = actor.engine.add
+    monkeypatch.setattr(actor.engine, "add", lambda request: added.append(request.request_id) or real_add(request))
+    block = rows("order", 4)
+    for row, frames in zip(block, (3, 9, 5, 7)):
+        row[S.MAX_FRAMES] = frames
+    out = actor(table(block))
+    assert out.column(S.STATUS).to_pylist() == [S.STATUS_OK] * 4
+    assert [request_id.split(".")[1] for request_id in added] == ["1#0", "3#0", "2#0", "0#0"]
+
+
 def test_codes_do_not_depend_on_how_blocks_interleave(actor):
     """The same rows as one block, and as two different splits run as concurrent blocks: the
     same codes for every row, whichever rows shared the engine's steps."""
