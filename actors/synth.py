@@ -667,17 +667,23 @@ class SynthActor:
         shared_id = v.get(S.REF_ID)
         row.ref_key = f"ref_id:{shared_id}" if shared_id else identity
 
-    def engine_only(self, batch: pa.Table) -> dict:
+    def engine_only(self, batch: pa.Table, block_rows: Optional[int] = None) -> dict:
         """The batch's rows through the engine alone, in this thread, nothing else running in
         the actor: references, segments and first prompts are made first (untimed), then every
         segment is generated as in a run (a freed slot refilled at once, a long row's next
-        segment first) and no audio is decoded. What a run's frames/s is compared to
-        (pipeline.bench's vs_engine_only). Call it on an actor with no block in flight."""
+        segment first, the rows in the order a run hands them over: blocks of `block_rows`
+        in input order, each longest budget first) and no audio is decoded. What a run's
+        frames/s is compared to (pipeline.bench's vs_engine_only). Call it on an actor with no
+        block in flight."""
         _, rows = self._rows(batch, 0)
         self._prepare(rows)
-        # every row in longest-first order: at least as good an order as a run's block by
-        # block, so the comparison never flatters the run
-        ready: deque[_Row] = deque(sorted((r for r in rows if r.error is None), key=_longest_first))
+        block_rows = block_rows or max(1, len(rows))
+        ready: deque[_Row] = deque(
+            row
+            for start in range(0, len(rows), block_rows)
+            for row in sorted(rows[start : start + block_rows], key=_longest_first)
+            if row.error is None
+        )
         running: dict[str, _Row] = {}
         slots, steps = self.engine.config.max_rows, 0
         began = time.perf_counter()
@@ -1019,8 +1025,9 @@ class SynthActor:
 
     def _next_codec_batch(self) -> list[_Row]:
         """Up to codec_batch_rows finished rows. Rows leave the engine one or two at a time, and
-        a codec call costs nearly the same for one row as for eight (launch and dispatch bound
-        at these sizes), so while the engine still has rows live the finisher waits up to
+        on a GPU a codec call costs nearly the same for one row as for eight (launch and
+        dispatch bound at these sizes; on CPU rows of like length still share a call's fixed
+        cost), so while the engine still has rows live the finisher waits up to
         codec_wait_ms for a fuller batch; with nothing live no more are coming, and it decodes
         what it has at once (the last rows of a run are not held back)."""
         rows = [self._finished.get()]

@@ -220,7 +220,7 @@ def engine_only_pass(run_cfg: DictConfig, workload: Path) -> dict:
         .remote(**arguments)
     )
     try:
-        return ray.get(actor.engine_only.remote(pq.read_table(workload)))
+        return ray.get(actor.engine_only.remote(pq.read_table(workload), block_rows=run_cfg.cluster.rows_per_block))
     finally:
         ray.kill(actor)
 
