@@ -256,6 +256,24 @@ def test_batched_encode_equals_encoding_each_alone(codec):
         np.testing.assert_array_equal(codes, alone)
 
 
+def test_snake_is_upstreams_expression_on_either_sine():
+    """CPU float32 without autograd takes numpy's sine, anything else torch's: both are
+    x + sin(alpha x)^2 / (alpha + 1e-9) to within an ulp of the sine."""
+    snake = layers.Snake1d(3)
+    with torch.no_grad():
+        snake.alpha.copy_(torch.tensor([0.5, 1.0, 1.7]).view(1, 3, 1))
+    x = torch.randn(2, 3, 500, generator=torch.Generator().manual_seed(0)) * 3
+    alpha = snake.alpha.detach()
+    expected = x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x) ** 2
+    with torch.inference_mode():
+        by_numpy = snake(x)
+    by_torch = snake(x)  # alpha requires grad here: torch's sine, and autograd works
+    by_torch.sum().backward()
+    assert snake.alpha.grad is not None
+    for got in (by_numpy, by_torch.detach()):
+        torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
+
+
 def test_length_groups_bound_the_padding_they_add():
     lengths = [48, 45, 30, 10, 9, 9, 50]
     # longest first; a row joins a group while the group pads at most 15% over its own
