@@ -501,17 +501,19 @@ class SynthActor:
         for row in rows:
             self._parse(row)
             if row.error is None and row.ref_key and row.ref_codes is None:
-                with self._references_lock:  # a clip encoded before (the same speaker) is no wait
-                    row.ref_codes = self.references.get(row.ref_key)
+                row.ref_codes = self._cached_reference(row.ref_key)  # a clip encoded before is no wait
         with_clip = [r for r in rows if r.error is None and r.ref_key and r.ref_codes is None]
         waiting = {id(r) for r in with_clip}
-        for wave in ([r for r in rows if id(r) not in waiting], with_clip):
-            if wave is with_clip:
-                self._prepare_references(with_clip)
+
+        def plan(wave: list[_Row]) -> None:
             for row in wave:
                 if row.error is None:
                     self._plan_row(row)
             ready(sorted(wave, key=_longest_first))
+
+        plan([r for r in rows if id(r) not in waiting])
+        self._prepare_references(with_clip)
+        plan(with_clip)
 
     def _process_rows(self, batch: pa.Table, number: int) -> pa.Table:
         block, rows = self._rows(batch, number)
@@ -748,6 +750,10 @@ class SynthActor:
         return codes.astype(np.int64)
 
     # ---- references -----------------------------------------------------------------
+    def _cached_reference(self, key: str) -> Optional[np.ndarray]:
+        with self._references_lock:  # the callers of concurrent blocks share the cache
+            return self.references.get(key)
+
     def _prepare_references(self, rows: list[_Row]) -> None:
         by_key: dict[str, list[_Row]] = {}
         for row in rows:
@@ -755,8 +761,7 @@ class SynthActor:
                 by_key.setdefault(row.ref_key, []).append(row)
         waves, keys = [], []
         for key, group in by_key.items():
-            with self._references_lock:  # the callers of concurrent blocks share the cache
-                cached = self.references.get(key)
+            cached = self._cached_reference(key)  # another block may have encoded it meanwhile
             if cached is not None:
                 for row in group:
                     row.ref_codes = cached
