@@ -36,7 +36,14 @@ TOP_P_MIN = 1e-6
 
 # torch device types a model may be put on, with an optional index ("cuda:1")
 _DEVICE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
-_URI_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*$")
+# the one spelling of a URI's scheme (`s3://...`), for clip paths and for data.uri_schemes
+_URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def uri_scheme(path: str) -> Optional[str]:
+    """The lowercased scheme of a URI (`S3://b/k` -> "s3"); None for a plain path."""
+    match = _URI.match(path)
+    return match.group(1).lower() if match else None
 
 
 class ConfigError(ValueError):
@@ -149,7 +156,7 @@ class DataConfig:
             if not getattr(self, key) > 0:
                 raise ConfigError(f"data.{key} must be > 0, got {getattr(self, key)}")
         for scheme in self.uri_schemes:
-            if not _URI_SCHEME.match(scheme):
+            if uri_scheme(f"{scheme}://") != scheme:
                 raise ConfigError(
                     f"data.uri_schemes must be lowercase URI schemes (s3, gs, ...) without '://', got {scheme!r}"
                 )
@@ -262,3 +269,66 @@ class SamplingSettings:
             params.validate()
         except ValueError as e:
             raise ConfigError(f"sampling.{e}") from None
+
+
+@dataclass
+class RunContext:
+    """What the driver knows about the run that the actor records or needs: the run's id (every
+    output row's `run`), the input's directory (where clips are confined when data.audio_root
+    is not set), whether rows keep their codes, the torch threads an actor may use."""
+
+    run_id: str = ""
+    input_dir: Optional[str] = None
+    keep_codes: bool = True
+    threads: Optional[int] = None
+
+
+@dataclass
+class CrashSettings:
+    """The actor's crash guard (cluster.crash_* and block_timeout_s in the run config): where
+    the attempts ledger lives (null: no ledger), after how many deaths a block's rows run alone,
+    the per-block watchdog, and the fault-injection hooks the reliability tests use."""
+
+    attempts_dir: Optional[str] = None
+    quarantine_after: int = 2
+    block_timeout_s: Optional[float] = None
+    crash_on_batch: int = 0
+    crash_marker: Optional[str] = None
+    crash_on_id: Optional[str] = None
+
+
+# the groups of ActorSettings and the dataclass each must be
+_ACTOR_GROUPS = {
+    "model": ModelConfig,
+    "engine": EngineSettings,
+    "sampling": SamplingSettings,
+    "data": DataConfig,
+    "long_form": LongFormSettings,
+}
+
+
+@dataclass
+class ActorSettings:
+    """Everything a SynthActor is told, as one object: the run config's five actor groups, the
+    run context and the crash settings. Small, picklable, the same on every actor; parts read
+    what they need from it (`settings.engine.codec_batch_rows`) and copy nothing."""
+
+    model: ModelConfig
+    engine: EngineSettings
+    sampling: SamplingSettings
+    data: DataConfig = field(default_factory=DataConfig)
+    long_form: LongFormSettings = field(default_factory=LongFormSettings)
+    run: RunContext = field(default_factory=RunContext)
+    crash: CrashSettings = field(default_factory=CrashSettings)
+
+    def validate(self) -> None:
+        """Each group is its dataclass (not a dict: each default lives once, here) and within
+        its ranges; TypeError or ConfigError naming the group."""
+        for name, kind in _ACTOR_GROUPS.items():
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise TypeError(
+                    f"SynthActor's {name} must be a {kind.__name__} (actors/settings.py; "
+                    f"pipeline/plan.py::actor_arguments builds them from the run config), got {type(value).__name__}"
+                )
+            value.validate()

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from actors import schema as S
 from actors.demo import cache_root
 from actors.files import write_atomically
+from actors.settings import ActorSettings, CrashSettings, RunContext
 
 from .config import ConfigError, in_ray_job, settings, to_plain, validate
 from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, scan_input, scan_rows
@@ -343,9 +344,10 @@ ACTOR_GROUPS = ("model", "data", "engine", "long_form", "sampling")
 def actor_arguments(
     cfg: DictConfig, input_dir: str | None, run_id: str, attempts: str | None = None, rows: int | None = None
 ) -> dict:
-    """SynthActor's constructor arguments: the actor's groups as typed dataclasses
-    (`OmegaConf.to_object`: resolved, each default from its dataclass), small, picklable and
-    the same on every actor. `rows`: the input's row count, when known (see concurrent_blocks)."""
+    """SynthActor's constructor arguments: one ActorSettings (actors/settings.py) holding the
+    actor's groups as typed dataclasses (`OmegaConf.to_object`: resolved, each default from its
+    dataclass), the run context and the crash settings; small, picklable and the same on every
+    actor. `rows`: the input's row count, when known (see concurrent_blocks)."""
     groups = {group: settings(cfg, group) for group in ACTOR_GROUPS}
     data = groups["data"]
     if data.audio_root is not None and is_local(data.audio_root):
@@ -354,19 +356,21 @@ def actor_arguments(
     engine = groups["engine"]
     blocks = concurrent_blocks(engine, cluster.rows_per_block, rows, cluster.num_actors)
     groups["engine"] = replace(engine, max_concurrent_blocks=blocks)
-    return {
-        **groups,
-        "input_dir": input_dir,
-        "keep_codes": bool(cfg.output.keep_codes),
-        "run_id": run_id,
-        "threads": cluster.threads_per_actor or max(1, math.floor(cluster.cpus_per_actor)),
-        "crash_on_batch": cluster.crash_on_batch,
-        "crash_marker": cluster.crash_marker,
-        "attempts_dir": attempts,
-        "quarantine_after": cluster.crash_quarantine_after,
-        "crash_on_id": cluster.crash_on_id,
-        "block_timeout_s": cluster.block_timeout_s,
-    }
+    run_context = RunContext(
+        run_id=run_id,
+        input_dir=input_dir,
+        keep_codes=bool(cfg.output.keep_codes),
+        threads=cluster.threads_per_actor or max(1, math.floor(cluster.cpus_per_actor)),
+    )
+    crash = CrashSettings(
+        attempts_dir=attempts,
+        quarantine_after=cluster.crash_quarantine_after,
+        block_timeout_s=cluster.block_timeout_s,
+        crash_on_batch=cluster.crash_on_batch,
+        crash_marker=cluster.crash_marker,
+        crash_on_id=cluster.crash_on_id,
+    )
+    return {"settings": ActorSettings(**groups, run=run_context, crash=crash)}
 
 
 def build_plan(plain: dict, scan: InputScan, arguments: dict, layout: OutputLayout, state_ref, run_id: str):
@@ -398,7 +402,7 @@ def _synth_stage(ds, plain: dict, arguments: dict, rows: int):
     from actors.synth import SynthStage
 
     cluster = plain["cluster"]
-    blocks = arguments["engine"].max_concurrent_blocks  # resolved by actor_arguments
+    blocks = arguments["settings"].engine.max_concurrent_blocks  # resolved by actor_arguments
     return ds.map_batches(
         SynthStage,
         fn_constructor_kwargs=arguments,

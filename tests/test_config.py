@@ -11,6 +11,7 @@ from dataclasses import fields
 import pytest
 
 from actors.settings import (
+    ActorSettings,
     ConfigError,
     DataConfig,
     EngineSettings,
@@ -44,14 +45,15 @@ def test_the_actor_receives_its_groups_as_dataclasses(tmp_path):
         ]
     )
     args = actor_arguments(cfg, "/input/dir", run_id="typed")
+    actor = args["settings"]
     assert set(ACTOR_GROUPS) == set(TYPES)
     for group, kind in TYPES.items():
-        assert type(args[group]) is kind, group
-    assert args["data"].max_text_chars == 100 and args["long_form"].segment_bytes == 64
-    assert args["sampling"].temperature == 0.5 and args["engine"].codec_batch_rows == 3
-    # resolved: interpolations and URIs are values by now, the input's directory its own argument
-    assert args["data"].name == "demo" and args["data"].audio_root == str(tmp_path)
-    assert args["input_dir"] == "/input/dir" and "input_dir" not in {f.name for f in fields(DataConfig)}
+        assert type(getattr(actor, group)) is kind, group
+    assert actor.data.max_text_chars == 100 and actor.long_form.segment_bytes == 64
+    assert actor.sampling.temperature == 0.5 and actor.engine.codec_batch_rows == 3
+    # resolved: interpolations and URIs are values by now, the input's directory its own setting
+    assert actor.data.name == "demo" and actor.data.audio_root == str(tmp_path)
+    assert actor.run.input_dir == "/input/dir" and "input_dir" not in {f.name for f in fields(DataConfig)}
     # Ray ships them to every actor
     assert pickle.loads(pickle.dumps(args)) == args
 
@@ -61,7 +63,7 @@ def test_blocks_in_flight_cover_the_slots_unless_set():
     slots and the feed queue, plus two; the actor and its Ray stage get the resolved number."""
 
     def blocks(*overrides):
-        return actor_arguments(compose(list(overrides)), None, run_id="blocks")["engine"].max_concurrent_blocks
+        return actor_arguments(compose(list(overrides)), None, run_id="blocks")["settings"].engine.max_concurrent_blocks
 
     assert blocks("engine.max_rows=16", "engine.feed_queue_rows=8", "cluster.rows_per_block=16") == 2 + 2
     assert blocks("engine.max_rows=64", "engine.feed_queue_rows=0", "cluster.rows_per_block=8") == 8 + 2
@@ -69,9 +71,8 @@ def test_blocks_in_flight_cover_the_slots_unless_set():
     # a small job: no more than each actor's share of the input's blocks, so the actor that
     # starts first cannot take every block while the others idle
     small = compose(["engine.max_rows=8", "cluster.rows_per_block=6", "cluster.num_actors=2"])
-    assert actor_arguments(small, None, run_id="b", rows=12)["engine"].max_concurrent_blocks == 1
-    assert actor_arguments(small, None, run_id="b", rows=30)["engine"].max_concurrent_blocks == 3
-    assert actor_arguments(small, None, run_id="b", rows=10_000)["engine"].max_concurrent_blocks == 3 + 2
+    for rows, expected in ((12, 1), (30, 3), (10_000, 3 + 2)):
+        assert actor_arguments(small, None, run_id="b", rows=rows)["settings"].engine.max_concurrent_blocks == expected
 
 
 def test_actor_restarts_grow_with_the_input_unless_set():
@@ -95,10 +96,10 @@ def test_actor_restarts_grow_with_the_input_unless_set():
 def test_defaults_are_the_dataclasses():
     """What a run composes with no overrides is what the dataclasses say, for every key the
     YAML groups leave alone (the demo groups set data.path and a few engine keys)."""
-    args = actor_arguments(compose(), None, run_id="defaults")
-    assert args["long_form"] == LongFormSettings()
-    assert args["sampling"] == SamplingSettings()
-    data = args["data"]
+    args = actor_arguments(compose(), None, run_id="defaults")["settings"]
+    assert args.long_form == LongFormSettings()
+    assert args.sampling == SamplingSettings()
+    data = args.data
     for f in fields(DataConfig):
         if f.name not in ("path", "name"):
             assert getattr(data, f.name) == getattr(DataConfig(), f.name), f.name
@@ -171,14 +172,16 @@ def test_the_actor_refuses_dicts_and_bad_values_before_loading_anything(monkeypa
     typed = {"model": ModelConfig(checkpoint=None), "engine": EngineSettings(), "sampling": SamplingSettings()}
     for group, plain in [("model", {"checkpoint": None}), ("engine", {}), ("sampling", {"seed": 0})]:
         with pytest.raises(TypeError, match=f"SynthActor's {group} must be a {TYPES[group].__name__}"):
-            SynthActor(**{**typed, group: plain})
+            SynthActor(ActorSettings(**{**typed, group: plain}))
     with pytest.raises(TypeError, match="SynthActor's data must be a DataConfig"):
-        SynthActor(**typed, data={"max_text_chars": 10})
+        SynthActor(ActorSettings(**typed, data={"max_text_chars": 10}))
     # a caller that builds the actor itself (tests, encode_refs) gets the driver's checks
     with pytest.raises(ConfigError, match="long_form.segment_bytes must be >= 16"):
-        SynthActor(**typed, long_form=LongFormSettings(segment_bytes=10))
+        SynthActor(ActorSettings(**typed, long_form=LongFormSettings(segment_bytes=10)))
     with pytest.raises(ConfigError, match="engine.codec_batch_rows must be >= 1"):
-        SynthActor(**{**typed, "engine": EngineSettings(codec_batch_rows=0)})
+        SynthActor(ActorSettings(**{**typed, "engine": EngineSettings(codec_batch_rows=0)}))
+    with pytest.raises(TypeError, match="SynthActor takes an ActorSettings"):
+        SynthActor(typed)
 
 
 def test_a_config_built_without_the_schema_is_typed_by_it():
@@ -187,8 +190,8 @@ def test_a_config_built_without_the_schema_is_typed_by_it():
     from omegaconf import OmegaConf
 
     untyped = OmegaConf.create(OmegaConf.to_container(compose(["long_form.max_turns=3"]), resolve=False))
-    args = actor_arguments(untyped, None, run_id="untyped")
-    assert type(args["long_form"]) is LongFormSettings and args["long_form"].max_turns == 3
+    args = actor_arguments(untyped, None, run_id="untyped")["settings"]
+    assert type(args.long_form) is LongFormSettings and args.long_form.max_turns == 3
     untyped.long_form.segment_bytes = 10
     with pytest.raises(ConfigError, match="long_form.segment_bytes must be >= 16, got 10"):
         validate(untyped)

@@ -15,7 +15,7 @@ import pytest
 import soundfile as sf
 
 from actors import schema as S
-from actors.synth import SynthActor
+from actors.synth import SynthActor, Trace
 from pipeline.config import compose
 from pipeline.plan import actor_arguments
 
@@ -45,7 +45,7 @@ def by_id(out: pa.Table) -> dict:
 @pytest.fixture(scope="module")
 def actor(small_settings) -> SynthActor:
     cfg = compose(small_settings + ["engine.max_rows=4", "engine.max_concurrent_blocks=2"])
-    return SynthActor(**actor_arguments(cfg, None, run_id="feed"))
+    return SynthActor(**actor_arguments(cfg, None, run_id="feed"), recorder=Trace())
 
 
 def hold_engine_until(actor: SynthActor, monkeypatch, rows_in: int) -> threading.Event:
@@ -53,7 +53,7 @@ def hold_engine_until(actor: SynthActor, monkeypatch, rows_in: int) -> threading
     (so rows of every block submitted are there together); returns the event it waits on."""
     arrived = threading.Event()
     count = [0]
-    real_put = actor._inbox.put
+    real_put = actor.feeder.inbox.put
 
     def put(row):
         real_put(row)
@@ -61,7 +61,7 @@ def hold_engine_until(actor: SynthActor, monkeypatch, rows_in: int) -> threading
         if count[0] >= rows_in:
             arrived.set()
 
-    monkeypatch.setattr(actor._inbox, "put", put)
+    monkeypatch.setattr(actor.feeder.inbox, "put", put)
     real_step = actor.engine.step
 
     def step():
@@ -75,12 +75,12 @@ def hold_engine_until(actor: SynthActor, monkeypatch, rows_in: int) -> threading
 def test_rows_of_two_blocks_decode_in_the_same_engine_step(actor, monkeypatch):
     hold_engine_until(actor, monkeypatch, rows_in=4)
     first, second = table(rows("a", 2)), table(rows("b", 2))
-    before = actor.engine_steps
+    before = actor.feeder.steps
     with ThreadPoolExecutor(2) as pool:
         a, b = pool.submit(actor, first), pool.submit(actor, second)
         out_a, out_b = a.result(WAIT_S), b.result(WAIT_S)
     assert [r[S.STATUS] for r in out_a.to_pylist() + out_b.to_pylist()] == [S.STATUS_OK] * 4
-    steps = [blocks for step, blocks in actor.step_blocks if step > before]
+    steps = [blocks for step, blocks in actor.recorder.steps if step > before]
     assert any(len(blocks) == 2 for blocks in steps), steps
     # one output row per input row, in the block's order, each in its own block's output
     assert out_a.column(S.ID).to_pylist() == ["a-0", "a-1"] and out_b.column(S.ID).to_pylist() == ["b-0", "b-1"]
@@ -131,14 +131,14 @@ def test_a_blocks_rows_without_a_clip_run_while_its_clips_are_read(actor, monkey
     generating = threading.Event()
     real_step = actor.engine.step
     monkeypatch.setattr(actor.engine, "step", lambda: generating.set() or real_step())
-    real_load = actor._load_reference
+    real_load = actor.references.load
     engine_ran_first = []
 
     def load(source):
         engine_ran_first.append(generating.wait(20.0))  # never set if the block waited for this clip
         return real_load(source)
 
-    monkeypatch.setattr(actor, "_load_reference", load)
+    monkeypatch.setattr(actor.references, "load", load)
     clip = io.BytesIO()
     noise = np.random.default_rng(2026).uniform(-0.3, 0.3, 22050).astype(np.float32)  # a clip no cache holds
     sf.write(clip, noise, 44100, format="WAV")
@@ -234,21 +234,19 @@ def test_engine_codes_do_not_depend_on_the_request_beside_them(small_settings):
     from conftest import DEMO_TABLE
 
     from actors.engine.types import Request
-    from actors.synth import _Block, _Row
+    from actors.synth.jobs import Block
 
     settings = [*small_settings, "engine.stop_on_eos=true", f"data.path={DEMO_TABLE}"]
     actor = SynthActor(**actor_arguments(compose(settings), str(DEMO_TABLE.parent), run_id="pair"))
     demo = pq.read_table(DEMO_TABLE)
-    block = _Block(0, demo.num_rows, 0.0)
+    jobs = actor.preparer.jobs(demo, Block(0, demo.num_rows, 0.0))
     requests = {}
     for index in (16, 23):
-        row = _Row(index, demo.column(S.ID)[index].as_py(), demo.slice(index, 1).to_pylist()[0], block=block)
-        actor._parse(row)
-        actor._prepare_references([row])
-        actor._plan_row(row)
-        assert row.error is None, row.error
-        prompt = row.first_prompt.tokens
-        requests[index] = Request(f"r{index}", prompt, row.segment_frames_budget[0], sampling=row.sampling)
+        job = jobs[index]
+        actor.preparer.prepare([job])
+        assert job.ok, job.failure
+        prompt = job.chain.prompt().tokens
+        requests[index] = Request(f"r{index}", prompt, job.chain.plan.frames[0], sampling=job.spec.sampling)
     alone = actor.engine.generate([requests[23]])[0].codes
     beside = actor.engine.generate([requests[16], requests[23]])[1].codes
     np.testing.assert_array_equal(beside, alone)
@@ -268,7 +266,7 @@ def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(sma
     cfg = compose(settings + ["engine.codec_process=true"])
     separate = SynthActor(**actor_arguments(cfg, str(DEMO_TABLE.parent), run_id="codec-process"))
     try:
-        assert isinstance(separate._codec_runner, CodecProcess)
+        assert isinstance(separate.finisher.codec_runner, CodecProcess)
         clips, ref_texts = (demo_table.column(c).to_pylist() for c in (S.REF_AUDIO_PATH, S.REF_TEXT))
         picked = [i for i, p in enumerate(clips) if p][:3]
         picked += [i for i, (p, t) in enumerate(zip(clips, ref_texts)) if not p and not t][:2]
@@ -283,12 +281,13 @@ def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(sma
             # depends on timing, and a batch's kernels may round a float differently)
             mine, theirs = (read_flac(r[S.AUDIO][S.AUDIO_BYTES]) for r in (row, expected[row_id]))
             assert mine.shape == theirs.shape and np.abs(mine - theirs).max() <= 2, np.abs(mine - theirs).max()
-        first = separate._codec_runner._process
+        first = separate.finisher.codec_runner._process
         first.kill()
         first.wait()
         again = by_id(separate(table(rows("cp2", 3))))
         assert all(r[S.STATUS] == S.STATUS_OK for r in again.values()), [r[S.ERROR] for r in again.values()]
-        assert separate._codec_runner._process.pid != first.pid and separate._codec_runner._process.poll() is None
+        runner = separate.finisher.codec_runner
+        assert runner._process.pid != first.pid and runner._process.poll() is None
     finally:
-        separate._codec_runner.close()
-    assert separate._codec_runner._process is None
+        separate.finisher.codec_runner.close()
+    assert separate.finisher.codec_runner._process is None

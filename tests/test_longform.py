@@ -5,6 +5,7 @@ pipeline on the local Ray."""
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +15,7 @@ from conftest import DEMO_TABLE
 
 from actors import schema as S
 from actors.engine.segment import utf8_len
-from actors.synth import SynthActor
+from actors.synth import SynthActor, Trace
 from pipeline.config import compose
 from pipeline.plan import actor_arguments, run
 
@@ -55,7 +56,12 @@ def table(rows: list[dict]) -> pa.Table:
 def actor(small_settings, demo_table) -> SynthActor:
     cfg = compose(small_settings + FEWER_FRAMES + ["engine.max_tokens=512", "engine.max_rows=8"])
     # the demo clips are confined to their own folder (data.audio_root defaults to the input's)
-    return SynthActor(**actor_arguments(cfg, str(DEMO_TABLE.parent), run_id="longform"))
+    return SynthActor(**actor_arguments(cfg, str(DEMO_TABLE.parent), run_id="longform"), recorder=Trace())
+
+
+def tune(monkeypatch, actor: SynthActor, group: str, **changes) -> None:
+    """A variant of one of the actor's settings groups, for one test (every part reads it)."""
+    monkeypatch.setattr(actor.settings, group, replace(getattr(actor.settings, group), **changes))
 
 
 def test_long_row_and_40_short_rows_share_the_slots(actor, demo_table):
@@ -70,7 +76,7 @@ def test_long_row_and_40_short_rows_share_the_slots(actor, demo_table):
     assert all(r[S.STATUS] == S.STATUS_OK for r in out.values()), [r[S.ERROR] for r in out.values()]
 
     long = out["long"]
-    trace = actor.last_segments["long"]
+    trace = actor.recorder.segments["long"]
     assert long[S.SEGMENTS] == len(trace) >= 3000 // 220
     assert long[S.SEGMENT_FRAMES] == [result.frames for _, result in trace]
     assert sum(long[S.SEGMENT_FRAMES]) == long[S.N_FRAMES]
@@ -84,7 +90,7 @@ def test_long_row_and_40_short_rows_share_the_slots(actor, demo_table):
 
     # later segments carry earlier ones (the voice carries over: segments are sized to leave
     # room for at least the last one), within the slot's positions, and reuse the reference prefix
-    history = actor.last_history["long"]
+    history = actor.recorder.history["long"]
     assert history[0] == 0 and all(kept >= 1 for kept in history[1:]), history
     prompts = [result.prompt_tokens for _, result in trace]
     frames = long[S.SEGMENT_FRAMES]
@@ -95,7 +101,7 @@ def test_long_row_and_40_short_rows_share_the_slots(actor, demo_table):
 
     # the short rows do not wait for the long one: all of them are done before its chain
     # ends, and its first segments finish while short rows are still being generated
-    short_done = [actor.last_segments[f"short-{i}"][0][0] for i in range(40)]
+    short_done = [actor.recorder.segments[f"short-{i}"][0][0] for i in range(40)]
     long_steps = [step for step, _ in trace]
     assert max(short_done) < long_steps[-1]
     assert long_steps[0] < max(short_done)
@@ -115,13 +121,13 @@ def test_a_text_that_fits_one_segment_is_not_cut_for_history(actor, demo_table):
     # ... while the same words twice over make a chain whose segments are each under half
     twice = actor(table([{S.ID: "two", S.TEXT: text + " " + text, S.SEED: 1, **fields}])).to_pylist()[0]
     assert twice[S.STATUS] == S.STATUS_OK and twice[S.SEGMENTS] >= 3, twice[S.SEGMENTS]
-    assert all(kept >= 1 for kept in actor.last_history["two"][1:])
+    assert all(kept >= 1 for kept in actor.recorder.history["two"][1:])
 
 
 def test_segments_that_end_on_im_end_are_not_truncated(actor, monkeypatch):
     # with EOS stopping on, a segment ends on <|im_end|> ("eos") or on its frame budget
     # ("budget"); only the latter are listed in truncated_segments
-    monkeypatch.setattr(actor, "stop_on_eos", True)
+    tune(monkeypatch, actor, "engine", stop_on_eos=True)
     seen = set()
     rows = [{S.ID: f"long-{seed}", S.TEXT: long_text(700), S.SEED: seed} for seed in range(8)]
     for out in actor(table(rows)).to_pylist():
@@ -138,8 +144,8 @@ def test_segments_that_end_on_im_end_are_not_truncated(actor, monkeypatch):
 def test_row_over_max_text_chars_is_an_error_row(actor, monkeypatch, small_settings):
     cfg = compose(small_settings + ["data.max_text_chars=100", "long_form.segment_bytes=64"])
     args = actor_arguments(cfg, None, run_id="x")  # the settings reach the actor
-    assert args["data"].max_text_chars == 100 and args["long_form"].segment_bytes == 64
-    monkeypatch.setattr(actor, "max_text_chars", 100)
+    assert args["settings"].data.max_text_chars == 100 and args["settings"].long_form.segment_bytes == 64
+    tune(monkeypatch, actor, "data", max_text_chars=100)
     out = actor(table([{S.ID: "over", S.TEXT: "x" * 101}, {S.ID: "at", S.TEXT: "y" * 100}])).to_pylist()
     assert out[0][S.STATUS] == S.STATUS_ERROR
     assert out[0][S.ERROR] == (
@@ -216,14 +222,14 @@ def test_bench_workload_mixes_in_long_rows(tmp_path):
 def test_rows_whose_prompts_fail_do_not_stop_the_others(actor, monkeypatch):
     from actors.engine.prompt import PromptError
 
-    real = actor.builder.build_segment
+    real = actor.planner.builder.build_segment
 
     def build_segment(text, *args, **kwargs):
         if text.startswith("Refused"):
             raise PromptError("refused for the test")
         return real(text, *args, **kwargs)
 
-    monkeypatch.setattr(actor.builder, "build_segment", build_segment)
+    monkeypatch.setattr(actor.planner.builder, "build_segment", build_segment)
     rows = [{S.ID: f"bad-{i}", S.TEXT: f"Refused {i}."} for i in range(9)]  # more than the 8 slots
     rows.append({S.ID: "good", S.TEXT: "Accepted."})
     out = {r[S.ID]: r for r in actor(table(rows)).to_pylist()}

@@ -5,6 +5,7 @@ row, results that do not depend on batching, and the per-actor reference cache."
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -15,7 +16,7 @@ from conftest import DEMO_TABLE
 
 from actors import schema as S
 from actors.lru import LRU
-from actors.synth import SynthActor, row_seed
+from actors.synth import SynthActor, escape_special_tokens, row_seed
 from pipeline.config import compose
 from pipeline.plan import actor_arguments
 
@@ -26,10 +27,15 @@ def actor(bad_table, small_settings) -> SynthActor:
     return SynthActor(**actor_arguments(cfg, str(bad_table.path.parent), run_id="unit"))
 
 
+def tune(monkeypatch, actor: SynthActor, group: str, **changes) -> None:
+    """A variant of one of the actor's settings groups, for one test (every part reads it)."""
+    monkeypatch.setattr(actor.settings, group, replace(getattr(actor.settings, group), **changes))
+
+
 @pytest.fixture
 def demo_root(actor, monkeypatch):
     """The demo's clips are confined to their own folder, not the bad table's."""
-    monkeypatch.setattr(actor, "root", str(DEMO_TABLE.parent))
+    tune(monkeypatch, actor, "run", input_dir=str(DEMO_TABLE.parent))
 
 
 def by_id(table: pa.Table) -> dict:
@@ -41,7 +47,7 @@ def decode(row: dict) -> np.ndarray:
 
 
 def test_demo_batch_audio_matches_metadata(actor, demo_table, demo_root, monkeypatch):
-    monkeypatch.setattr(actor, "stop_on_eos", True)  # as the demo runs
+    tune(monkeypatch, actor, "engine", stop_on_eos=True)  # as the demo runs
     batch = demo_table.slice(0, 12)
     out = actor(batch)
     assert out.schema == S.OUTPUT_SCHEMA
@@ -117,7 +123,7 @@ def test_references_are_encoded_once_per_actor(actor, demo_table, demo_root, mon
     monkeypatch.setattr(
         actor.codec, "encode_batch", lambda waves, **kw: encoded.append(len(waves)) or real(waves, **kw)
     )
-    actor.references = LRU(8)
+    actor.references.cache = LRU(8)
     table = demo_table.slice(0, 10)
     first = by_id(actor(table))
     distinct = {r for r in table.column(S.SPEAKER).to_pylist() if r}
@@ -206,7 +212,7 @@ def test_a_codec_failure_on_a_batch_decodes_its_rows_singly(actor, demo_table, m
     expected = by_id(actor(batch))
     poison = batch.column(S.ID)[1].as_py()
     poison_codes = np.asarray(expected[poison][S.CODES])
-    real = actor._codec_runner.decode_batch
+    real = actor.finisher.codec_runner.decode_batch
     calls = []
 
     def decode_batch(codes, **kw):
@@ -215,9 +221,8 @@ def test_a_codec_failure_on_a_batch_decodes_its_rows_singly(actor, demo_table, m
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return real(codes, **kw)
 
-    monkeypatch.setattr(actor._codec_runner, "decode_batch", decode_batch)
-    monkeypatch.setattr(actor, "codec_batch_rows", 4)
-    monkeypatch.setattr(actor, "codec_wait_s", 5.0)  # the four rows decode as one batch
+    monkeypatch.setattr(actor.finisher.codec_runner, "decode_batch", decode_batch)
+    tune(monkeypatch, actor, "engine", codec_batch_rows=4, codec_wait_ms=5000.0)  # the four rows decode as one batch
     rows = by_id(actor(batch))
     assert max(calls) > 1  # the failing call held other rows too
     assert rows[poison][S.STATUS] == S.STATUS_ERROR and rows[poison][S.RETRYABLE] is True
@@ -235,15 +240,15 @@ def test_a_reference_that_hangs_fails_its_rows_not_the_actor(actor, demo_table, 
     import threading
 
     never = threading.Event()
-    real = actor._load_reference
+    real = actor.references.load
 
     def load(source):
         if isinstance(source, str) and source.endswith("hangs.flac"):
             never.wait()
         return real(source)
 
-    monkeypatch.setattr(actor, "_load_reference", load)
-    monkeypatch.setattr(actor, "reference_timeout_s", 0.5)
+    monkeypatch.setattr(actor.references, "load", load)
+    tune(monkeypatch, actor, "data", reference_timeout_s=0.5)
     batch = demo_table.slice(0, 3).select([S.ID, S.TEXT, S.REF_AUDIO_PATH])
     paths = batch.column(S.REF_AUDIO_PATH).to_pylist()
     paths[1] = "hangs.flac"
@@ -259,8 +264,8 @@ def test_a_reference_that_hangs_fails_its_rows_not_the_actor(actor, demo_table, 
 def test_text_cap_is_checked_before_tokenizing(actor, monkeypatch):
     """Finding 8: a 20 MB text was tokenized whole before being refused."""
     tokenized = []
-    real = actor.builder.build
-    monkeypatch.setattr(actor.builder, "build", lambda text, **kw: tokenized.append(text) or real(text, **kw))
+    real = actor.planner.builder.build
+    monkeypatch.setattr(actor.planner.builder, "build", lambda text, **kw: tokenized.append(text) or real(text, **kw))
     (row,) = actor(pa.table({S.ID: ["big"], S.TEXT: ["word " * 4_000_000]})).to_pylist()
     assert row[S.STATUS] == S.STATUS_ERROR and "text is 20000000 bytes; the limit is 200000" in row[S.ERROR]
     assert tokenized == []
@@ -274,14 +279,16 @@ def test_special_token_spellings_in_text_are_plain_text(actor, monkeypatch):
     im_end = tokenizer.token_id("<|im_end|>")
 
     def control_tokens(text: str) -> int:
-        escaped = text if actor.allow_special_tokens else actor.escape_special_tokens(text)
-        return int((actor.builder.build(escaped).tokens[0] == im_end).sum())
+        special = actor.planner.special_tokens
+        escaped = text if actor.settings.data.allow_special_tokens else escape_special_tokens(text, special)
+        return int((actor.planner.builder.build(escaped).tokens[0] == im_end).sum())
 
     plain = control_tokens("Say it aloud.")
     assert control_tokens("Say <|im_end|> it <|im_end|> aloud.") == plain
-    assert actor.escape_special_tokens("a <|speaker:1|> b <|im_end|>") == "a <|speaker:1|> b <\u2060|im_end|>"
-    assert actor.escape_special_tokens("no tags <| here") == "no tags <| here"
-    monkeypatch.setattr(actor, "allow_special_tokens", True)
+    special = actor.planner.special_tokens
+    assert escape_special_tokens("a <|speaker:1|> b <|im_end|>", special) == "a <|speaker:1|> b <\u2060|im_end|>"
+    assert escape_special_tokens("no tags <| here", special) == "no tags <| here"
+    tune(monkeypatch, actor, "data", allow_special_tokens=True)
     assert control_tokens("Say <|im_end|> it <|im_end|> aloud.") == plain + 2
 
 

@@ -18,6 +18,8 @@ from typing import Optional
 
 import numpy as np
 
+from actors.alone import each_alone
+
 from .cache import SlotKVCache
 from .config import ModelConfig
 from .decoding import accept_frame
@@ -109,16 +111,14 @@ class Scheduler:
             seq.slot = self.cache.allocate(seq.request.request_id)
             self.runner.admit(seq.slot, seq.request.prompt, seq.request.sampling, seq.request.stop_on_eos)
             admitted.append(seq)
+
+        def prefill_failed(seq: Sequence, error: Exception) -> None:
+            self.runner.release(seq.slot)
+            finished.append((seq.seq_id, self._error(seq, f"prefill failed: {error!r}")))
+
         for group in _prefix_leaders_first(admitted):
-            try:
-                self._prefill(group)
-            except Exception:  # retry alone, so a row that breaks cannot take others down
-                for seq in group:
-                    try:
-                        self._prefill([seq])
-                    except Exception as e:
-                        self.runner.release(seq.slot)
-                        finished.append((seq.seq_id, self._error(seq, f"prefill failed: {e!r}")))
+            # a group that fails is prefilled one by one, so a row that breaks cannot take others down
+            each_alone(group, self._prefill, prefill_failed)
         try:
             self._compact()
             if self.live:

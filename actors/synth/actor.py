@@ -1,0 +1,175 @@
+"""SynthActor, the Ray Data callable class, as wiring: it loads the model once and connects the
+parts, each with one job (docs/architecture.md §2):
+
+    caller (one thread per block; blocks.py): rows -> RowSpecs (rows.py) -> references
+        (references.py, cached per actor) -> segment chains (chain.py) -> the engine feeder
+    engine feeder (one thread; feeder.py): every block's rows through the engine's slots
+    finisher (one thread; finisher.py): codec decode, FLAC, output rows (output.py)
+    crash guard (guard.py): attempts ledger, quarantine, watchdog around each call
+
+Each call turns an Arrow batch of input rows into an Arrow batch of output rows, exactly one
+per input row, whatever happened to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import time
+from collections import deque
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+
+from actors import schema as S
+from actors.settings import ActorSettings
+from actors.synth import loading
+from actors.synth.blocks import Preparer, longest_first, run_block
+from actors.synth.chain import ChainPlanner
+from actors.synth.clock import BusyClock
+from actors.synth.feeder import EngineFeeder
+from actors.synth.finisher import Finisher
+from actors.synth.guard import CrashGuard
+from actors.synth.jobs import Block
+from actors.synth.output import RowWriter, batch_columns, output_table_per_row
+from actors.synth.recorder import Recorder
+from actors.synth.references import CodecShape, ReferenceStore
+from actors.synth.rows import RowError, RowSpec
+
+log = logging.getLogger(__name__)
+
+
+class SynthActor:
+    """`settings`: everything the actor is told (pipeline/plan.py::actor_arguments builds it
+    from the run config); `recorder`: what tests and debugging watch (nothing by default)."""
+
+    def __init__(self, settings: ActorSettings, recorder: Optional[Recorder] = None):
+        constructed = time.perf_counter()  # the actor's own start-up: imports, model + codec load
+        if not isinstance(settings, ActorSettings):
+            raise TypeError(f"SynthActor takes an ActorSettings (actors/settings.py), got {type(settings).__name__}")
+        settings.validate()
+        from actors.engine import upstream_sampling
+
+        self.settings, self.recorder = settings, recorder or Recorder()
+        loaded = loading.load(settings)
+        self.lm, self.codec, self.engine = loaded.lm, loaded.codec, loaded.engine
+        base_sampling = upstream_sampling(self.lm.config.family, **settings.sampling.overrides())
+        base_sampling.validate()
+        self.clock = BusyClock()  # engine steps and codec calls, overlap counted once
+        self.writer = RowWriter(
+            settings, settings.model.name or self.lm.name, str(self.lm.device), self.codec.sample_rate
+        )
+        shape = CodecShape(
+            self.lm.config.num_codebooks, self.lm.config.codebook_size, self.codec.sample_rate, self.codec.frame_length
+        )
+        self.references = ReferenceStore(settings, loaded.codec_runner, shape)
+        # positions one request may take (prompt + frames): the engine's slot, within the model's context
+        positions = min(self.engine.config.max_tokens, self.lm.config.max_seq_len)
+        self.planner = ChainPlanner(settings, loaded.builder, positions, frozenset(self.lm.tokenizer.special))
+        self.preparer = Preparer(settings, base_sampling, self.references, self.planner)
+        self.finisher = Finisher(
+            settings, loaded.codec_runner, self.clock, self.writer, lambda: self.feeder.holding, loaded.codec_stream
+        )
+        self.feeder = EngineFeeder(
+            self.engine, settings, self.clock, self.recorder, self.writer.actor, self.finisher.intake.put
+        )
+        self.guard = CrashGuard(settings, self.writer.actor, self._quarantined)
+        self._numbers = itertools.count(1)
+        self.init_ms = (time.perf_counter() - constructed) * 1000.0
+        self.feeder.start()
+        self.finisher.start()
+        log.info(
+            "SynthActor %s ready on %s in %.1fs: %s (%s), codec %s, kv %s",
+            self.writer.actor,
+            self.lm.device,
+            self.init_ms / 1000.0,
+            loaded.checkpoint,
+            self.lm.config.family,
+            loaded.codec_path,
+            self.engine.kv_bytes(),
+        )
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """One block, start to end; safe to call from several threads at once (SynthStage
+        does), the blocks then sharing the engine's slots."""
+        return self.guard.run(batch, next(self._numbers), lambda rows, number: run_block(self, rows, number))
+
+    def batch_columns(self, block: Block) -> dict:
+        figures = {
+            "init_ms": self.init_ms,
+            "kv_bytes": int(self.engine.kv_bytes()["total"]),
+            "busy_s": self.feeder.busy_s,
+            "model_busy_s": self.clock.seconds(),
+        }
+        rows = len(block.outputs)
+        return batch_columns(block, f"{self.writer.actor}:{block.number}", rows, self.engine.config.max_rows, figures)
+
+    def _quarantined(self, row_batch: pa.Table, message: str) -> pa.Table:
+        values = row_batch.to_pylist()[0]
+        return output_table_per_row([self.writer.error(RowSpec(0, values.get(S.ID), values), message, False)])
+
+    def engine_only(self, batch: pa.Table, block_rows: Optional[int] = None) -> dict:
+        """The batch's rows through the engine alone, in this thread, nothing else running in
+        the actor: references, segments and first prompts are made first (untimed), then every
+        segment is generated as in a run (the feeder's own loop: a freed slot refilled at once,
+        a long row's next segment first, the rows in the order a run hands them over: blocks of
+        `block_rows` in input order, each longest budget first) and no audio is decoded. What a
+        run's frames/s is compared to (pipeline.bench's vs_engine_only). Call it on an actor
+        with no block in flight."""
+        jobs = self.preparer.jobs(batch, Block(0, batch.num_rows, self.feeder.busy_s))
+        self.preparer.prepare(jobs)
+        block_rows = block_rows or max(1, len(jobs))
+        ready = deque(
+            job
+            for start in range(0, len(jobs), block_rows)
+            for job in sorted(jobs[start : start + block_rows], key=longest_first)
+            if job.ok
+        )
+        began = time.perf_counter()
+        steps = self.feeder.drain(list(ready))
+        return {
+            "rows": sum(1 for j in jobs if j.ok),
+            "frames": sum(r.frames for j in jobs if j.chain is not None for r in j.chain.results),
+            "seconds": time.perf_counter() - began,
+            "steps": steps,
+        }
+
+    def encode_references(self, batch: pa.Table) -> list[tuple[Optional[np.ndarray], Optional[str]]]:
+        """Per row of an input batch (canonical column names): (its reference's codes, None),
+        (None, None) when it has no reference, or (None, why it has none). The same checks,
+        loading and encoding as a synthesized row's reference, each distinct clip encoded once
+        (python -m pipeline.encode_refs)."""
+        specs: list = []  # per row: its RefSpec, None, or the RowError's message
+        for values in batch.to_pylist():
+            try:
+                specs.append(self.references.spec(values))
+            except RowError as e:
+                specs.append(str(e))
+        resolved = self.references.resolve([s for s in specs if s is not None and not isinstance(s, str)])
+        out = []
+        for spec in specs:
+            if spec is None or isinstance(spec, str):
+                out.append((None, spec))
+                continue
+            outcome = resolved[spec.key]
+            out.append((None, outcome.failure.message) if outcome.failure else (outcome.codes, None))
+        return out
+
+
+class SynthStage(SynthActor):
+    """The face Ray Data drives (pipeline/plan.py): an async callable class, so one actor takes
+    up to engine.max_concurrent_blocks blocks at once (the actor's concurrency limit is set to
+    that); each runs SynthActor's call in a thread of its own, and they share the engine feeder."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # null when the actor is built directly (tests, encode_refs); the driver resolves it
+        blocks = self.settings.engine.max_concurrent_blocks or 2
+        self._callers = concurrent.futures.ThreadPoolExecutor(blocks, thread_name_prefix="chorus-block")
+
+    async def __call__(self, batch: pa.Table) -> pa.Table:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._callers, SynthActor.__call__, self, batch)

@@ -1,0 +1,132 @@
+"""A block's caller (one thread per call): its rows parsed into jobs, their references resolved
+and their segment chains planned, handed to the engine feeder, and, once the finisher has them
+all, returned as one output table. Rows that need no reference clip go first, the others once
+their clips are encoded: at a run's start the first blocks' clips took 0.4-1.2 s to read and
+encode (demo, 2 vCPUs), which the engine no longer waits out with empty slots."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from actors import schema as S
+from actors.engine.prompt import PromptError
+from actors.settings import ActorSettings
+from actors.synth.chain import ChainPlanner
+from actors.synth.jobs import Block, Job
+from actors.synth.output import output_table_per_row
+from actors.synth.references import ReferenceStore
+from actors.synth.rows import RowError, parse_row
+
+log = logging.getLogger(__name__)
+
+
+def longest_first(job: Job) -> int:
+    """Sort key: rows with the largest frame budget enter the engine first, so the rows left
+    to run when the input runs out are short ones and the slots drain in few steps (longest
+    processing time first). On the bench's workload, simulated from a run's own frame counts:
+    16 slots 86% occupied in input order, 91% in this order, 5% fewer engine steps."""
+    if job.chain is not None:
+        return -job.chain.plan.max_frames
+    return -(job.spec.max_frames or 0)
+
+
+class Preparer:
+    """Rows to jobs ready for the engine, in the caller's thread."""
+
+    def __init__(self, settings: ActorSettings, base_sampling: Any, references: ReferenceStore, planner: ChainPlanner):
+        self.settings, self.base_sampling = settings, base_sampling
+        self.references, self.planner = references, planner
+
+    def jobs(self, batch: pa.Table, block: Block) -> list[Job]:
+        """One job per row, its content checked (a bad row's job carries its failure)."""
+        jobs = []
+        for index, values in enumerate(batch.to_pylist()):
+            spec, error = parse_row(index, values, self.settings, self.base_sampling, self.references.spec)
+            job = Job(spec, block)
+            if error is not None:
+                job.fail(str(error))
+            jobs.append(job)
+        return jobs
+
+    def prepare(self, jobs: list[Job], ready: Callable[[list[Job]], None] = lambda jobs: None) -> None:
+        """References and chains for the jobs; a row that cannot run gets its failure here.
+        Each wave goes to `ready` longest frame budget first (see longest_first)."""
+        for job in jobs:
+            if job.ok and job.spec.reference and job.ref_codes is None:
+                job.ref_codes = self.references.cached(job.spec.reference.key)  # encoded before: no wait
+        waiting = {id(j) for j in jobs if j.ok and j.spec.reference and j.ref_codes is None}
+        self._plan([j for j in jobs if id(j) not in waiting], ready)
+        with_clip = [j for j in jobs if id(j) in waiting]
+        self.resolve(with_clip)
+        self._plan(with_clip, ready)
+
+    def _plan(self, wave: list[Job], ready: Callable[[list[Job]], None]) -> None:
+        for job in wave:
+            if job.ok:
+                try:
+                    job.chain = self.planner.plan(job.spec, job.ref_codes)
+                except (PromptError, RowError, ValueError) as e:
+                    job.fail(str(e))
+        ready(sorted(wave, key=longest_first))
+
+    def resolve(self, jobs: list[Job]) -> None:
+        """The jobs' reference codes (or failures), each distinct clip read and encoded once."""
+        resolved = self.references.resolve([j.spec.reference for j in jobs])
+        sharing: dict[str, int] = {}
+        for job in jobs:
+            sharing[job.spec.reference.key] = sharing.get(job.spec.reference.key, 0) + 1
+        for job in jobs:
+            outcome = resolved[job.spec.reference.key]
+            if outcome.failure is not None:
+                job.fail(outcome.failure.message, outcome.failure.retryable)
+                continue
+            job.ref_codes = outcome.codes
+            job.codec_ms += outcome.encode_ms / sharing[job.spec.reference.key]
+
+
+def run_block(actor: Any, batch: pa.Table, number: int) -> pa.Table:
+    """One block, start to end, in the caller's thread (`actor`: the SynthActor's parts)."""
+    feeder, writer = actor.feeder, actor.writer
+    block = Block(number, batch.num_rows, feeder.busy_s)
+    jobs = actor.preparer.jobs(batch, block)
+    handed: set[int] = set()
+    waited_s = 0.0  # in hand_over, for room in the engine: not preparation
+
+    def hand_over(wave: list[Job]) -> None:
+        nonlocal waited_s
+        began = time.perf_counter()
+        for job in wave:
+            handed.add(id(job))
+            if job.ok:
+                feeder.submit(job)
+            else:
+                block.finish(job, writer.row(job, None), 0.0)
+        waited_s += time.perf_counter() - began
+
+    try:
+        actor.preparer.prepare(jobs, hand_over)
+    except Exception as e:  # a bug: the rows not yet handed over still come back, as errors
+        log.error("batch failed in %s:\n%s", writer.actor, traceback.format_exc())
+        left = [j for j in jobs if id(j) not in handed]
+        for job in left:
+            job.fail(f"internal error in actor {writer.actor}: {e!r}", retryable=True)
+        hand_over(left)
+    block.prep_ms = (time.perf_counter() - block.started - waited_s) * 1000.0
+    block.done.wait()
+    stats = actor.batch_columns(block)
+    for out in block.outputs:
+        out[S.BATCH] = stats
+    table = output_table_per_row(block.outputs)
+    for job in jobs:
+        chain = job.chain
+        actor.recorder.on_row(
+            job.spec.id, list(zip(chain.steps, chain.results)) if chain else [], chain.history if chain else []
+        )
+    log.debug("batch %d: %d rows in %.2fs", number, len(jobs), time.perf_counter() - block.started)
+    return table

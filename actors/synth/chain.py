@@ -1,0 +1,234 @@
+"""Segment chains: a row's text cut into segments, each one engine request whose prompt carries
+the codes of the segments before it (README, "Long text"). A one-segment row is a plain row,
+its prompt exactly `PromptBuilder.build`'s.
+
+Pure host code (prompts are numpy arrays built by the tokenizer), testable without an engine:
+`ChainPlanner.plan` makes a row's `RowChain` in the block's caller thread; the engine feeder
+then asks the chain for its next `Request` and records each result.
+
+The chain is also where a quality gate (per-attempt checks, regeneration) plugs in: a segment's
+result may be rejected instead of recorded (`retry`), and the same segment is asked for again
+with the same prompt (the same history) and a seed derived from the attempt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from actors import schema as S
+from actors.engine.prompt import PreviousSegment, Prompt, PromptError, check_text
+from actors.engine.segment import segment_budget, segment_text, utf8_len
+from actors.engine.types import STOP_ERROR, Request, Result
+from actors.settings import ActorSettings
+from actors.synth.rows import RowError, RowSpec, escape_special_tokens, frame_budget, row_seed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """A row's segments, the frame budget of each, and the key its prompts' reference part is
+    shared under (None without a reference)."""
+
+    texts: tuple[str, ...]
+    frames: tuple[int, ...]
+    prefix_key: Optional[str] = None
+
+    @property
+    def max_frames(self) -> int:
+        return sum(self.frames)
+
+
+def segment_seed(seed: int, segment: int, attempt: int = 0) -> int:
+    """Segment 0's first attempt samples with the row's seed (a one-segment row is what it
+    always was); every other (segment, attempt) draws its own stream, derived from the row's
+    seed, rather than replaying it."""
+    if segment == 0 and attempt == 0:
+        return seed
+    name = f"segment {segment}" if attempt == 0 else f"segment {segment} attempt {attempt}"
+    return row_seed(name, seed)
+
+
+class RowChain:
+    """One row's segments through the engine, one request at a time: `request` asks for the
+    current segment, `record` accepts its result (False once the row is done or failed),
+    `joined` is the row's result. Owned by one thread at a time (the caller builds it, then
+    the engine feeder alone touches it)."""
+
+    def __init__(self, spec: RowSpec, plan: SegmentPlan, planner: ChainPlanner, ref_text: Any, ref_codes: Any):
+        self.spec, self.plan, self.planner = spec, plan, planner
+        self.ref_text, self.ref_codes = ref_text, ref_codes
+        self.results: list[Result] = []
+        self.steps: list[int] = []  # the actor's engine step at which each segment finished
+        self.history: list[int] = []  # how many previous segments each segment's prompt kept
+        self.attempt = 0  # of the current segment: 0, then one more for each `retry`
+        self._prompt: Optional[Prompt] = None  # the current segment's, kept for a retry
+
+    @property
+    def segment(self) -> int:
+        """The segment to run next (len(plan.texts) once all are done)."""
+        return len(self.results)
+
+    def label(self, k: int) -> str:
+        return f"segment {k + 1} of {len(self.plan.texts)}: " if len(self.plan.texts) > 1 else ""
+
+    def prompt(self) -> Prompt:
+        """The current segment's prompt, built once (PromptError, labelled, if it cannot be)."""
+        if self._prompt is None:
+            k = self.segment
+            previous = [PreviousSegment(s, r.codes) for s, r in zip(self.plan.texts, self.results)]
+            try:
+                self._prompt = self.planner.builder.build_segment(
+                    self.plan.texts[k],
+                    previous,
+                    ref_text=self.ref_text,
+                    ref_codes=self.ref_codes,
+                    max_columns=self.planner.positions - self.plan.frames[k],
+                )
+            except PromptError as e:
+                raise PromptError(self.label(k) + str(e)) from None
+            self.history.append(self._prompt.history_kept)
+        return self._prompt
+
+    def request(self, request_id: str) -> Request:
+        """The engine request for the current segment and attempt; `request_id` names the row
+        uniquely in the actor (the segment and attempt are added)."""
+        k, prompt = self.segment, self.prompt()
+        suffix = f"#{k}" + (f"~{self.attempt}" if self.attempt else "")
+        sampling = self.spec.sampling
+        seed = segment_seed(self.spec.seed, k, self.attempt)
+        return Request(
+            request_id + suffix,
+            prompt.tokens,
+            self.plan.frames[k],
+            sampling=sampling if seed == sampling.seed else sampling.with_seed(seed),
+            stop_on_eos=self.planner.settings.engine.stop_on_eos,
+            prefix_key=self.plan.prefix_key,
+            prefix_len=prompt.prefix_len if self.plan.prefix_key else 0,
+        )
+
+    def retry(self) -> None:
+        """Reject the current segment's last result: the next `request` asks for the same
+        segment again, same prompt, next attempt's seed."""
+        self.attempt += 1
+
+    def record(self, result: Result, step: int) -> Optional[str]:
+        """Accept the current segment's result (finished at engine step `step`); the row's
+        failure when the segment failed, else None."""
+        label = self.label(self.segment)
+        self.results.append(result)
+        self.steps.append(step)
+        self._prompt, self.attempt = None, 0
+        if result.stop_reason == STOP_ERROR:
+            return f"{label}generation: {result.error}"
+        if result.frames == 0:
+            return f"{label}generation produced no audio (stopped on {result.stop_reason} before the first frame)"
+        return None
+
+    @property
+    def more(self) -> bool:
+        return self.segment < len(self.plan.texts)
+
+    def joined(self) -> Result:
+        """The row's segments as one result: codes concatenated in order, times summed (segment
+        k+1 is submitted when k finishes, so the sums span the row's time in the engine)."""
+        results = self.results
+        if len(results) == 1:
+            return results[0]
+        last = results[-1]
+        return Result(
+            request_id=last.request_id.split("#")[0],
+            codes=np.concatenate([r.codes for r in results], axis=1),
+            stop_reason=last.stop_reason,
+            prompt_tokens=sum(r.prompt_tokens for r in results),
+            frames=sum(r.frames for r in results),
+            prefix_reused_tokens=sum(r.prefix_reused_tokens for r in results),
+            queue_ms=sum(r.queue_ms for r in results),
+            prefill_ms=sum(r.prefill_ms for r in results),
+            decode_ms=sum(r.decode_ms for r in results),
+            first_frame_ms=results[0].first_frame_ms,
+            total_ms=sum(r.total_ms for r in results),
+        )
+
+
+class ChainPlanner:
+    """Cuts rows into segment chains: what the prompt builder, the slot's positions
+    (`positions`: prompt + frames one request may take) and the long_form settings allow."""
+
+    def __init__(self, settings: ActorSettings, builder: Any, positions: int, special_tokens: frozenset):
+        self.settings, self.builder = settings, builder
+        self.positions, self.special_tokens = positions, special_tokens
+
+    def plan(self, spec: RowSpec, ref_codes: Any) -> RowChain:
+        """The row's chain with its first prompt built (in the caller's thread, so the engine
+        feeder only adds it); RowError, PromptError or ValueError when the row cannot run."""
+        text = spec.text if spec.text is not None else spec.values.get(S.TEXT)
+        ref_text = spec.values.get(S.REF_TEXT)
+        if not self.settings.data.allow_special_tokens:
+            text = escape_special_tokens(text, self.special_tokens)
+            ref_text = escape_special_tokens(ref_text, self.special_tokens)
+        plan = self.segments(spec, check_text(text), ref_text, ref_codes)
+        chain = RowChain(spec, plan, self, ref_text, ref_codes)
+        chain.prompt()
+        return chain
+
+    def segments(self, spec: RowSpec, text: str, ref_text: Any, ref_codes: Any) -> SegmentPlan:
+        """The row's segments and each one's frame budget. A text that fits one segment stays
+        one segment, unchanged: its prompt is exactly that of a plain row."""
+        if not text.strip():
+            raise RowError("text is empty")
+        limit = self.settings.data.max_text_chars
+        if len(text) > limit:
+            raise RowError(
+                f"text is {len(text)} characters long, more than data.max_text_chars={limit}; "
+                f"split the row or raise data.max_text_chars"
+            )
+        fixed = self.builder.build("x", ref_text=ref_text, ref_codes=ref_codes).tokens.shape[1] - len(
+            self.builder.tokenizer.encode("x")
+        )
+        texts = self._cut(spec, text, fixed)
+        if len(texts) == 1:  # the text itself (unchanged when within the budget): a plain row
+            frames = (spec.max_frames,)
+        else:
+            frames = tuple(spec.max_frames if spec.explicit_frames else frame_budget(self.settings, t) for t in texts)
+            log.debug("row %s: %d bytes in %d segments", spec.id, utf8_len(text), len(texts))
+        prefix_key = None
+        if spec.reference is not None:
+            key = f"{spec.reference.key}\x00{ref_text or ''}".encode("utf-8", "replace")
+            prefix_key = hashlib.blake2b(key, digest_size=16).hexdigest()
+        return SegmentPlan(tuple(texts), frames, prefix_key)
+
+    def _cut(self, spec: RowSpec, text: str, fixed: int) -> list[str]:
+        engine, long_form = self.settings.engine, self.settings.long_form
+        explicit = spec.explicit_frames  # a max_frames column caps each segment
+        sizing = dict(
+            cap=long_form.segment_bytes,
+            max_tokens=self.positions,
+            fixed_tokens=fixed,
+            max_frames=spec.max_frames if explicit else engine.max_frames,
+            frames_per_char=None if explicit else engine.frames_per_char,
+            min_frames=0 if explicit else engine.min_frames,
+        )
+        try:
+            texts = segment_text(text, segment_budget(**sizing).max_bytes, long_form.max_turns)
+            if len(texts) > 1:  # a chain: each prompt keeps room for the segment before it
+                try:
+                    budget = segment_budget(**sizing, history_fraction=long_form.history_fraction)
+                    texts = segment_text(text, budget.max_bytes, long_form.max_turns)
+                except ValueError:  # no room to keep history: segments fill the budget, each on its own
+                    pass
+            return texts
+        except ValueError as e:
+            if fixed + utf8_len(text) + spec.max_frames > self.positions:
+                if explicit:
+                    raise RowError(
+                        f"max_frames {spec.max_frames} + the prompt ({fixed} positions before the text) exceeds "
+                        f"the per-row budget (engine.max_tokens={engine.max_tokens}); lower max_frames"
+                    ) from None
+                raise RowError(str(e)) from None
+            return [text]  # too little room to cut in, but this short text fits as it is
