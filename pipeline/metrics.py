@@ -260,3 +260,27 @@ def wall_from_rows(table: pa.Table) -> Optional[float]:
         finished, pc.divide(pc.fill_null(pc.cast(table.column(S.TOTAL_MS), pa.float64()), 0.0), 1000.0)
     )
     return float(pc.max(finished).as_py() - pc.min(starts).as_py())
+
+
+def headline(table: pa.Table, wall_s: Optional[float]) -> dict:
+    """The figures a run's report leads with, from its rows: counts, audio, speeds against
+    `wall_s` (summary.json's; the rows' own span when it is not known), latency and per-row
+    RTF percentiles of the ok rows."""
+    counted, ok = counts(table), ok_rows(table)
+    wall_from_row_times = wall_s is None
+    if wall_from_row_times:
+        wall_s = wall_from_rows(table)
+    audio_s = float(total(ok, S.AUDIO_SECONDS))
+    latency_p50, latency_p90 = percentiles(ok.column(S.TOTAL_MS), (50, 90))
+    return {
+        **counted,
+        "audio_s": audio_s,
+        "wall_s": wall_s,
+        "wall_from_row_times": wall_from_row_times and wall_s is not None,
+        "rows_per_s": rate(counted["rows"], wall_s),
+        "frames_per_s": rate(float(total(ok, S.N_FRAMES)), wall_s) or None,
+        "rtf": rate(wall_s, audio_s) if wall_s else None,
+        "latency_ms_p50": latency_p50,
+        "latency_ms_p90": latency_p90,
+        "row_rtf_p50": percentiles(ok.column(S.RTF), (50,))[0],
+    }

@@ -233,11 +233,10 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _num(summary: dict, *keys: str) -> Optional[float]:
-    for k in keys:
-        v = summary.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            return float(v)
+def _num(summary: dict, key: str) -> Optional[float]:
+    v = summary.get(key)
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
     return None
 
 
@@ -581,35 +580,21 @@ def _notes_section(run: _Run) -> str:
 
 
 def _summary_section(run: _Run) -> str:
-    """The headline cards: summary.json's figures where it has them, else the rows' own."""
-    summ, counted, ok = run.summary, metrics.counts(run.table), metrics.ok_rows(run.table)
-    n, n_ok, n_err = counted["rows"], counted["rows_ok"], counted["rows_error"]
-    audio_s = float(metrics.total(ok, S.AUDIO_SECONDS))
-    audio_s = _num(summ, "audio_seconds") or (_num(summ, "audio_hours") or 0) * 3600 or audio_s
-    frames_total = float(metrics.total(ok, S.N_FRAMES))
-    wall = _num(summ, "wall_s", "wall_seconds")
-    wall_note = ""
-    if wall is None and (wall := metrics.wall_from_rows(run.table)) is not None:
-        wall_note = " (from row times)"
-    rows_per_s = _num(summ, "rows_per_s") or (n / wall if wall else None)
-    frames_per_s = _num(summ, "frames_per_s") or (frames_total / wall if wall and frames_total else None)
-    run_rtf = _num(summ, "rtf") or (wall / audio_s if wall and audio_s else None)
-    latency_p50, latency_p90, _ = _pcts(ok.column(S.TOTAL_MS))
+    """The headline cards: pipeline/metrics.py's headline figures of the rows, against
+    summary.json's wall time when the run wrote one."""
+    h = metrics.headline(run.table, _num(run.summary, "wall_s"))
+    n, n_err, audio_s = h["rows"], h["rows_error"], h["audio_s"]
     cards = [
-        ("rows ok", f"{n_ok:,}", "ok"),
+        ("rows ok", f"{h['rows_ok']:,}", "ok"),
         ("rows error", f"{n_err:,}", "err" if n_err else ""),
         ("error rate", f"{100 * n_err / n:.1f}%" if n else "–", "err" if n_err else ""),
         ("audio", format_duration(audio_s) + (f" ({audio_s / 3600:.2f} h)" if audio_s >= 3600 else ""), ""),
-        ("wall time" + wall_note, format_duration(wall), ""),
-        ("rows / s", _fmt(rows_per_s), ""),
-        ("frames / s", _fmt(frames_per_s), ""),
-        (
-            "real-time factor" + (" (summary)" if _num(summ, "rtf") is not None else " (wall / audio)"),
-            _fmt(run_rtf),
-            "",
-        ),
-        ("per-row RTF p50", _fmt(_pcts(ok.column(S.RTF))[0]), ""),
-        ("latency p50 / p90", f"{format_duration(latency_p50 / 1000)} / {format_duration(latency_p90 / 1000)}", ""),
+        ("wall time" + (" (from row times)" if h["wall_from_row_times"] else ""), format_duration(h["wall_s"]), ""),
+        ("rows / s", _fmt(h["rows_per_s"]), ""),
+        ("frames / s", _fmt(h["frames_per_s"]), ""),
+        ("real-time factor (wall / audio)", _fmt(h["rtf"]), ""),
+        ("per-row RTF p50", _fmt(h["row_rtf_p50"]), ""),
+        ("latency p50 / p90", f"{_ms_as_duration(h['latency_ms_p50'])} / {_ms_as_duration(h['latency_ms_p90'])}", ""),
     ]
     return (
         '<h2>Summary</h2><div class="cards">'
@@ -618,6 +603,10 @@ def _summary_section(run: _Run) -> str:
         )
         + "</div>"
     )
+
+
+def _ms_as_duration(ms: Optional[float]) -> str:
+    return format_duration(None if ms is None else ms / 1000.0)
 
 
 def _provenance_section(run: _Run) -> str:
@@ -645,68 +634,9 @@ def _summary_file_section(summ: dict) -> str:
 def _plots_section(run: _Run) -> str:
     if not run.n:
         return '<h2>Plots</h2><p class="empty">No rows yet — nothing to plot.</p>'
-    ok = run.ok
-    plots: list[tuple[str, Optional[str], str]] = []
     p = _Plots()
     with p.style():
-        svg, caption = _plot_throughput(p, run, ok)
-        plots.append(("Throughput", svg, caption))
-        latency = run.floats(S.TOTAL_MS)[ok]
-        finite_latency = latency[np.isfinite(latency)]
-        scale, unit = (
-            (1000.0, " s") if finite_latency.size and float(np.median(finite_latency)) >= 2000 else (1.0, " ms")
-        )
-        plots.append(
-            (
-                "Latency",
-                _hist(
-                    p,
-                    "latency",
-                    latency / scale,
-                    title="Per-row latency (total_ms, ok rows)",
-                    xlabel=f"total{unit}",
-                    unit=unit,
-                ),
-                "Time from admission to finished audio, per row.",
-            )
-        )
-        plots.append(
-            (
-                "RTF",
-                _hist(
-                    p,
-                    "rtf",
-                    run.floats(S.RTF)[ok],
-                    title="Per-row real-time factor (ok rows)",
-                    xlabel="compute seconds per second of audio",
-                    unit="",
-                    ref=1.0,
-                    ref_label="real time (1.0)",
-                ),
-                "Below 1.0 a row took less compute time than its audio lasts.",
-            )
-        )
-        plots.append(
-            (
-                "Outcomes",
-                _plot_outcomes(p, run, ok),
-                "eos: the model ended the row; budget: it hit its frame budget (may be cut off).",
-            )
-        )
-        plots.append(
-            (
-                "Duration",
-                _hist(
-                    p,
-                    "duration",
-                    run.floats(S.AUDIO_SECONDS)[ok],
-                    title="Audio duration per row (ok rows)",
-                    xlabel="seconds",
-                    unit=" s",
-                ),
-                "A pile-up at the right edge usually means rows hitting their frame budget.",
-            )
-        )
+        plots = _plots(p, run, run.ok)
     return (
         '<h2>Plots</h2><div class="plots">'
         + "".join(
@@ -717,6 +647,55 @@ def _plots_section(run: _Run) -> str:
         )
         + "</div>"
     )
+
+
+def _plots(p: _Plots, run: _Run, ok: np.ndarray) -> list[tuple[str, Optional[str], str]]:
+    """(name, SVG or None, caption) of each plot, in page order."""
+    svg, caption = _plot_throughput(p, run, ok)
+    latency = run.floats(S.TOTAL_MS)[ok]
+    finite_latency = latency[np.isfinite(latency)]
+    scale, unit = (1000.0, " s") if finite_latency.size and float(np.median(finite_latency)) >= 2000 else (1.0, " ms")
+    rtf = run.floats(S.RTF)[ok]
+    duration = run.floats(S.AUDIO_SECONDS)[ok]
+    return [
+        ("Throughput", svg, caption),
+        (
+            "Latency",
+            _hist(
+                p,
+                "latency",
+                latency / scale,
+                title="Per-row latency (total_ms, ok rows)",
+                xlabel=f"total{unit}",
+                unit=unit,
+            ),
+            "Time from admission to finished audio, per row.",
+        ),
+        (
+            "RTF",
+            _hist(
+                p,
+                "rtf",
+                rtf,
+                title="Per-row real-time factor (ok rows)",
+                xlabel="compute seconds per second of audio",
+                unit="",
+                ref=1.0,
+                ref_label="real time (1.0)",
+            ),
+            "Below 1.0 a row took less compute time than its audio lasts.",
+        ),
+        (
+            "Outcomes",
+            _plot_outcomes(p, run, ok),
+            "eos: the model ended the row; budget: it hit its frame budget (may be cut off).",
+        ),
+        (
+            "Duration",
+            _hist(p, "duration", duration, title="Audio duration per row (ok rows)", xlabel="seconds", unit=" s"),
+            "A pile-up at the right edge usually means rows hitting their frame budget.",
+        ),
+    ]
 
 
 def _timing_section(run: _Run) -> str:
@@ -764,64 +743,59 @@ def _per_actor_section(run: _Run) -> str:
 
 
 def _samples(run: _Run, max_audio_rows: int) -> str:
-    ok, status = run.ok, run.strings(S.STATUS)
-    # rows that hit their frame budget are the ones worth a listen (cut off mid-word?):
-    # up to a quarter of the audio rows go to them, the rest spread over the other ok rows
-    budget = ok & np.array([s == "budget" for s in run.strings(S.STOP_REASON)], dtype=bool)
-    budget_picks = _pick_spread(np.flatnonzero(budget), max_audio_rows // 4)
-    ok_picks = sorted(budget_picks + _pick_spread(np.flatnonzero(ok & ~budget), max_audio_rows - len(budget_picks)))
-    err_picks = _pick_spread(np.flatnonzero(~ok), MAX_ERROR_SAMPLES)
+    ok_picks, budget_picks, err_picks = _sample_picks(run, max_audio_rows)
     if not ok_picks and not err_picks:
         return '<h2>Sample rows</h2><p class="empty">No rows.</p>'
     audio = _read_audio(run, ok_picks)
-    ids = run.strings(S.ID)
-    texts = run.strings(S.TEXT) if run.has(S.TEXT) else None
-    stops = run.strings(S.STOP_REASON)
-    errors = run.strings(S.ERROR)
-    seconds = run.floats(S.AUDIO_SECONDS)
-    rtf = run.floats(S.RTF)
-    total = run.floats(S.TOTAL_MS)
-    headers = (
-        ["id"]
-        + (["text"] if texts is not None else [])
-        + ["status", "duration", "stop", "RTF", "total ms", "audio / error"]
-    )
-    rows = []
-    for i in ok_picks + err_picks:
-        cells = [f'<td class="id">{_e(ids[i])}</td>']
-        if texts is not None:
-            t = texts[i]
-            tip = f' title="{_e(t)}"' if t and len(t) > MAX_TEXT_CHARS else ""
-            cells.append(f'<td class="text"{tip}>{_e(_cut(t, MAX_TEXT_CHARS))}</td>')
-        st = status[i] or "(none)"
-        cells.append(f'<td class="status-{"ok" if ok[i] else "error"}">{_e(st)}</td>')
-        cells.append(f'<td class="num">{_e(format_duration(float(seconds[i])) if ok[i] else "–")}</td>')
-        cells.append(f"<td>{_e(stops[i] or '–')}</td>")
-        cells.append(f'<td class="num">{_e(_fmt(float(rtf[i])) if ok[i] else "–")}</td>')
-        cells.append(f'<td class="num">{_e(_fmt(float(total[i])))}</td>')
-        if ok[i]:
-            src, note = _audio_src(audio.get(i, {}), run.output_dir)
-            if src:
-                cells.append(
-                    f'<td><audio controls preload="metadata" src="{_e(src)}"></audio>'
-                    + (f"<br>{_e(note)}" if note else "")
-                    + "</td>"
-                )
-            else:
-                cells.append(f'<td class="msg">{_e(note)}</td>')
-        else:
-            cells.append(f'<td class="msg">{_e(_cut(errors[i] or "", MAX_ERROR_CHARS))}</td>')
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    with_text = run.has(S.TEXT)
+    headers = ["id", *(["text"] if with_text else []), "status", "duration", "stop", "RTF", "total ms", "audio / error"]
+    # each column read once (a run may have millions of rows), then indexed per sample
+    columns = {name: run.strings(name) for name in (S.ID, S.STATUS, S.STOP_REASON, S.ERROR)}
+    columns.update({name: run.floats(name) for name in (S.AUDIO_SECONDS, S.RTF, S.TOTAL_MS)})
+    columns[S.TEXT] = run.strings(S.TEXT) if with_text else None
+    ok = run.ok
+    rows = [_sample_cells(columns, i, bool(ok[i]), audio.get(i, {}), run.output_dir) for i in ok_picks + err_picks]
     what = (
         f"{len(ok_picks)} ok row(s) spread over the run"
         + (f" ({len(budget_picks)} of them stopped by the frame budget)" if budget_picks else "")
         + (f", {len(err_picks)} error row(s)" if err_picks else "")
     )
-    return (
-        f'<h2>Sample rows</h2><p class="sub">{_e(what)}</p>'
-        f'<table class="samples"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-    )
+    return f'<h2>Sample rows</h2><p class="sub">{_e(what)}</p>' + _table(headers, rows, "samples")
+
+
+def _sample_picks(run: _Run, max_audio_rows: int) -> tuple[list[int], list[int], list[int]]:
+    """(ok rows, the budget-stopped ones among them, error rows) to show. Rows that hit their
+    frame budget are the ones worth a listen (cut off mid-word?): up to a quarter of the audio
+    rows go to them, the rest spread over the other ok rows."""
+    ok = run.ok
+    budget = ok & np.array([s == "budget" for s in run.strings(S.STOP_REASON)], dtype=bool)
+    budget_picks = _pick_spread(np.flatnonzero(budget), max_audio_rows // 4)
+    ok_picks = sorted(budget_picks + _pick_spread(np.flatnonzero(ok & ~budget), max_audio_rows - len(budget_picks)))
+    return ok_picks, budget_picks, _pick_spread(np.flatnonzero(~ok), MAX_ERROR_SAMPLES)
+
+
+def _sample_cells(columns: dict, i: int, ok: bool, audio: dict, output_dir: Path) -> list:
+    """Row i's cells for _table: (css class, HTML) pairs, user data escaped."""
+    cells = [("id", _e(columns[S.ID][i]))]
+    if columns[S.TEXT] is not None:
+        t = columns[S.TEXT][i]
+        shown = _e(_cut(t, MAX_TEXT_CHARS))
+        cells.append(("text", f'<span title="{_e(t)}">{shown}</span>' if t and len(t) > MAX_TEXT_CHARS else shown))
+    cells.append((f"status-{'ok' if ok else 'error'}", _e(columns[S.STATUS][i] or "(none)")))
+    cells.append(("num", _e(format_duration(float(columns[S.AUDIO_SECONDS][i])) if ok else "–")))
+    cells.append(_e(columns[S.STOP_REASON][i] or "–"))
+    cells.append(("num", _e(_fmt(float(columns[S.RTF][i])) if ok else "–")))
+    cells.append(("num", _e(_fmt(float(columns[S.TOTAL_MS][i])))))
+    if not ok:
+        cells.append(("msg", _e(_cut(columns[S.ERROR][i] or "", MAX_ERROR_CHARS))))
+        return cells
+    src, note = _audio_src(audio, output_dir)
+    if not src:
+        cells.append(("msg", _e(note)))
+        return cells
+    player = f'<audio controls preload="metadata" src="{_e(src)}"></audio>' + (f"<br>{_e(note)}" if note else "")
+    cells.append(player)
+    return cells
 
 
 def _bench(bench: dict) -> str:
