@@ -496,7 +496,7 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
     output = plain["output"]
     digest = settings_digest(plain, model_fingerprint(plain["model"]))
     arguments = actor_arguments(cfg, scan.root, run_id, attempts_dir(layout.location, run_id), rows=scan.total_rows)
-    rows = scan_rows(scan, digest, arguments["data"].audio_root)
+    rows = scan_rows(scan, digest, arguments["settings"].data.audio_root)
     hashes = rows.hashes
     if rows.conflicts:  # refused like a bad id: answered here, never sent to an actor
         scan.accepted_ids = [i for i in scan.accepted_ids if i not in rows.conflicts]

@@ -21,7 +21,7 @@ from actors.synth.chain import ChainPlanner
 from actors.synth.jobs import Block, Job
 from actors.synth.output import output_table_per_row
 from actors.synth.references import ReferenceStore
-from actors.synth.rows import RowError, parse_row
+from actors.synth.rows import RowError, RowSpec, parse_row
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,14 @@ class Preparer:
         """One job per row, its content checked (a bad row's job carries its failure)."""
         jobs = []
         for index, values in enumerate(batch.to_pylist()):
-            spec, error = parse_row(index, values, self.settings, self.base_sampling, self.references.spec)
+            try:
+                spec, error = parse_row(index, values, self.settings, self.base_sampling, self.references.spec)
+            except Exception as e:  # a bug, not the row's content: this row fails, retryable
+                log.error("reading row %d failed:\n%s", index, traceback.format_exc())
+                job = Job(RowSpec(index, values.get(S.ID), values), block)
+                job.fail(f"internal error reading the row: {e!r}", retryable=True)
+                jobs.append(job)
+                continue
             job = Job(spec, block)
             if error is not None:
                 job.fail(str(error))
