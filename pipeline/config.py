@@ -3,7 +3,7 @@ YAML groups under conf/ fill in. Because the schema is the base of the primary c
 in a key or a value of the wrong type is rejected when Hydra composes, before anything runs.
 
 Groups: model/ (checkpoint + codec), data/ (input table), engine/ (batching and frame
-budget), long_form (keys only), sampling/, output/, cluster/ (Ray resources), bench/. The
+budget), long_form (keys only), sampling/, quality/ (checks, regeneration, ASR), output/, cluster/ (Ray resources), bench/. The
 groups the actor receives (model, data, engine, long_form, sampling) are defined in
 actors/settings.py, torch- and Hydra-free, and reach it as those dataclasses
 (`OmegaConf.to_object`); the driver's own groups are here. Each group's range checks are its
@@ -20,6 +20,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from actors.quality.settings import QualitySettings
 from actors.settings import (
     ConfigError,
     DataConfig,
@@ -144,13 +145,14 @@ class ChorusConfig:
     engine: EngineSettings = field(default_factory=EngineSettings)
     long_form: LongFormSettings = field(default_factory=LongFormSettings)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    quality: QualitySettings = field(default_factory=QualitySettings)
     output: OutputSettings = field(default_factory=OutputSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     bench: BenchSettings = field(default_factory=BenchSettings)
 
 
 # the groups with range checks, in the order they are checked
-CHECKED_GROUPS = ("model", "data", "engine", "long_form", "sampling", "output", "cluster")
+CHECKED_GROUPS = ("model", "data", "engine", "long_form", "sampling", "quality", "output", "cluster")
 
 
 def settings(cfg: DictConfig, group: str):
