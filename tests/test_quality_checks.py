@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from actors.quality import attempts, checks
+from actors.quality.gate import RowQuality, SegmentAttempts
 from actors.quality.settings import ConfigError, QualitySettings
 from actors.quality.text import char_error_rate, edit_distance, normalize, word_error_rate
 
@@ -164,3 +165,45 @@ def test_bad_quality_settings_name_the_key(change, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         QualitySettings(**change).validate()
     QualitySettings().validate()
+
+
+# ---- the gate's bookkeeping ----------------------------------------------------------------
+FPS = 44100 / 2048  # the codec's frames per second
+
+
+def test_a_segment_without_frames_is_tried_again_and_the_good_attempt_kept():
+    segment = SegmentAttempts(QualitySettings(), "hello world", FPS)
+    assert segment.offer("first", np.zeros((4, 0), dtype=np.int64), "eos") is True
+    assert segment.next_attempt == 1
+    assert segment.offer("second", random_codes(20), "eos") is False
+    assert segment.kept().payload == "second" and segment.discarded_frames() == 0
+    row = RowQuality(QualitySettings())
+    row.add_segment(segment)
+    assert (row.attempts, row.flags, row.rejected) == (2, [], False)
+
+
+def test_a_segment_failing_every_attempt_keeps_its_best_and_rejects_the_row():
+    strict = QualitySettings(reject=["no_audio", "truncated", "repetition"], max_attempts=3)
+    segment = SegmentAttempts(strict, "a" * 20, FPS)
+    loop = np.stack([np.tile([1, 2, 3], 30), np.zeros(90, dtype=np.int64)])
+    assert segment.offer("loop+budget", loop, "budget") is True  # truncated, repetition
+    assert segment.offer("empty", np.zeros((2, 0), dtype=np.int64), "eos") is True  # no_audio
+    assert segment.offer("budget", random_codes(30, codebooks=2), "budget") is False  # the last attempt
+    kept = segment.kept()
+    assert kept.payload == "budget" and kept.flags == ["truncated"]
+    assert segment.discarded_frames() == 90
+    row = RowQuality(strict)
+    row.add_segment(segment)
+    assert row.rejected and row.attempts == 3 and row.discarded_frames == 90
+    row.add_audio(np.zeros(SR, dtype=np.float32), SR, "a" * 20)
+    columns = row.columns()
+    assert columns["quality_flags"] == ["truncated", "silence", "loudness"]
+    assert columns["attempts"] == 3 and columns["silence_ratio"] == 1.0 and columns["loudness_lufs"] is None
+
+
+def test_a_segments_speech_rate_is_judged_from_its_frames():
+    settings = QualitySettings(reject=["speech_rate"], max_attempts=2)
+    segment = SegmentAttempts(settings, "hi", FPS)  # 2 characters
+    assert segment.offer("slow", random_codes(43), "eos") is True  # 2 s for 2 characters: 1 s/char
+    assert segment.offer("also slow", random_codes(43), "eos") is False
+    assert segment.kept().flags == ["speech_rate"] and segment.kept().payload == "slow"
