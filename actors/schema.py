@@ -317,6 +317,17 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field(TRUNCATED_SEGMENTS, pa.list_(pa.int32())),
         pa.field(RETRYABLE, pa.bool_()),
         pa.field(CONTENT_HASH, pa.string()),
+        pa.field(ATTEMPTS, pa.int32()),
+        pa.field(QUALITY_FLAGS, pa.list_(pa.string())),
+        pa.field(DISCARDED_FRAMES, pa.int32()),
+        pa.field(REPEAT_RATIO, pa.float64()),
+        pa.field(SPEECH_RATE_S_PER_CHAR, pa.float64()),
+        pa.field(SILENCE_RATIO, pa.float64()),
+        pa.field(CLIPPED_RATIO, pa.float64()),
+        pa.field(LOUDNESS_LUFS, pa.float64()),
+        pa.field(ASR_TEXT, pa.string()),
+        pa.field(WER, pa.float64()),
+        pa.field(CER, pa.float64()),
     ]
 )
 

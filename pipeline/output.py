@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from actors import schema as S
 from actors.files import TEMP_PREFIX, atomic_open, write_atomically
 
-from . import metrics
+from . import metrics, quality
 
 DATA_DIR = "data"
 PART_PREFIX = "part-"
@@ -614,5 +614,6 @@ def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> 
         "slot_occupancy": run_figures["slot_occupancy"],
         "engine_busy": sum(busy) / len(busy) if busy else None,
         "top_errors": [{"error": k["error"], "rows": k["rows"]} for k in metrics.error_kinds(table, 10, max_chars=160)],
+        "quality": quality.figures(table),
         "per_actor": per_actor,
     }

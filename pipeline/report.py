@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from actors import schema as S
 from actors.files import write_atomically
-from pipeline import metrics
+from pipeline import metrics, quality
 from pipeline.output import SUMMARY_FILE as SUMMARY_NAME
 from pipeline.progress import format_duration
 
@@ -563,6 +563,7 @@ def _render(run: _Run, *, title: str, max_audio_rows: int, bench: Optional[dict]
         _errors_section(run),
         _per_actor_section(run),
         _samples(run, max_audio_rows),
+        _quality_section(run, max_audio_rows),
         _bench(bench) if bench else "",
         f"<footer>chorus report — generated {_e(time.strftime('%Y-%m-%d %H:%M:%S %Z'))} "
         f"from {_e(run.output_dir)}</footer>",
@@ -796,6 +797,17 @@ def _sample_cells(columns: dict, i: int, ok: bool, audio: dict, output_dir: Path
     player = f'<audio controls preload="metadata" src="{_e(src)}"></audio>' + (f"<br>{_e(note)}" if note else "")
     cells.append(player)
     return cells
+
+
+def _quality_section(run: _Run, max_audio_rows: int) -> str:
+    """pipeline/quality.py's section, its worst rows with players from this page's reader."""
+    audio = _read_audio(run, quality.worst_rows(run.table, max_audio_rows))
+
+    def player(i: int) -> str:
+        src, note = _audio_src(audio.get(i, {}), run.output_dir)
+        return f'<audio controls preload="metadata" src="{_e(src)}"></audio>' if src else _e(note)
+
+    return quality.section(run.table, player, max_audio_rows)
 
 
 def _bench(bench: dict) -> str:

@@ -1,0 +1,126 @@
+"""The quality gate's figures over an output (issue 21): summary.json's `quality` object and
+the report's quality section. Reads the quality columns of actors/schema.py; a table from a
+writer without them (an older output) gives empty counts, not an error."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from typing import Any, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from actors import schema as S
+from actors.quality.attempts import severity_key
+from actors.quality.settings import FLAGS
+
+from . import metrics
+
+METRIC_COLUMNS = (
+    S.REPEAT_RATIO,
+    S.SPEECH_RATE_S_PER_CHAR,
+    S.SILENCE_RATIO,
+    S.CLIPPED_RATIO,
+    S.LOUDNESS_LUFS,
+    S.WER,
+    S.CER,
+)
+PERCENTILES = (5, 50, 95)
+
+
+def _column(table: pa.Table, name: str) -> list:
+    return table.column(name).to_pylist() if name in table.column_names else [None] * table.num_rows
+
+
+def _tally(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        if v is not None:
+            out[str(v)] = out.get(str(v), 0) + 1
+    return dict(sorted(out.items()))
+
+
+def figures(table: pa.Table) -> dict:
+    """Rows per status, per flag (rows whose kept audio shows it), per attempt count; the frames
+    regeneration discarded as a share of all frames generated; each metric's percentiles."""
+    flags = _column(table, S.QUALITY_FLAGS)
+    per_flag = {flag: sum(1 for f in flags if f and flag in f) for flag in FLAGS}
+    frames = sum(v or 0 for v in _column(table, S.N_FRAMES))
+    discarded = sum(v or 0 for v in _column(table, S.DISCARDED_FRAMES))
+    distributions = {}
+    for name in METRIC_COLUMNS:
+        if name in table.column_names and table.column(name).null_count < table.num_rows:
+            values = pc.cast(table.column(name), pa.float64())
+            distributions[name] = dict(
+                zip((f"p{q}" for q in PERCENTILES), metrics.percentiles(values, PERCENTILES)),
+                mean=metrics.mean(values),
+            )
+    return {
+        "rows_by_status": _tally(_column(table, S.STATUS)),
+        "rows_by_flag": {flag: n for flag, n in per_flag.items() if n},
+        "rows_by_attempts": _tally(_column(table, S.ATTEMPTS)),
+        "discarded_frames": discarded,
+        "discarded_share": discarded / (frames + discarded) if frames + discarded else None,
+        "metrics": distributions,
+    }
+
+
+def worst_rows(table: pa.Table, limit: int) -> list[int]:
+    """Indices of the rows with audio whose flags are most severe (rejected rows first), at
+    most `limit`, worst first; rows without flags are not listed."""
+    flags, status = _column(table, S.QUALITY_FLAGS), _column(table, S.STATUS)
+    flagged = [i for i, f in enumerate(flags) if f and status[i] in (S.STATUS_OK, S.STATUS_REJECTED)]
+    flagged.sort(key=lambda i: (status[i] != S.STATUS_REJECTED, tuple(-s for s in severity_key(flags[i])), i))
+    return flagged[:limit]
+
+
+def _e(v: Any) -> str:
+    return html.escape("" if v is None else str(v), quote=True)
+
+
+def _number(v: Optional[float]) -> str:
+    return "–" if v is None else f"{v:.3g}"
+
+
+def section(table: pa.Table, player: Callable[[int], str], limit: int = 12) -> str:
+    """The report's quality section: counts, metric distributions, and the worst rows with
+    their flags and an audio player each (`player(row index)` gives its HTML, from the
+    report's own audio reader)."""
+    fig = figures(table)
+    if not fig["rows_by_attempts"] and not fig["rows_by_flag"]:
+        return '<h2>Quality</h2><p class="empty">No quality columns in this output.</p>'
+    counts = [
+        ("status", fig["rows_by_status"]),
+        ("flag", fig["rows_by_flag"]),
+        ("attempts", fig["rows_by_attempts"]),
+    ]
+    rows = "".join(
+        f"<tr><th>{_e(kind)}</th><td>{_e(', '.join(f'{k}: {n:,}' for k, n in tally.items()) or '–')}</td></tr>"
+        for kind, tally in counts
+    )
+    share = fig["discarded_share"]
+    rows += f"<tr><th>regenerated</th><td>{fig['discarded_frames']:,} frames discarded"
+    rows += f" ({share:.2%} of frames generated)</td></tr>" if share is not None else "</td></tr>"
+    dist = "".join(
+        f"<tr><th>{_e(name)}</th>" + "".join(f'<td class="num">{_number(v)}</td>' for v in values.values()) + "</tr>"
+        for name, values in fig["metrics"].items()
+    )
+    dist_head = "".join(f"<th>{h}</th>" for h in ("metric", *(f"p{q}" for q in PERCENTILES), "mean"))
+    ids, texts, flags = _column(table, S.ID), _column(table, S.TEXT), _column(table, S.QUALITY_FLAGS)
+    status = _column(table, S.STATUS)
+    worst = "".join(
+        f'<tr><td class="id">{_e(ids[i])}</td><td class="text">{_e((texts[i] or "")[:120])}</td>'
+        f"<td>{_e(status[i])}</td><td>{_e(', '.join(flags[i]))}</td><td>{player(i)}</td></tr>"
+        for i in worst_rows(table, limit)
+    )
+    worst_head = "".join(f"<th>{h}</th>" for h in ("id", "text", "status", "flags", "audio"))
+    return (
+        f'<h2>Quality</h2><table class="kv">{rows}</table>'
+        f'<table class="data"><thead><tr>{dist_head}</tr></thead><tbody>{dist}</tbody></table>'
+        + (
+            f'<h3>Worst rows</h3><table class="samples"><thead><tr>{worst_head}</tr></thead><tbody>{worst}</tbody></table>'
+            if worst
+            else ""
+        )
+    )
