@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from actors.quality.settings import ConfigError, QualitySettings
+from actors.quality.settings import QualitySettings
+from actors.settings import ConfigError
 from tests.helpers import REPO
 
 SR = 44100

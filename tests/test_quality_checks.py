@@ -9,8 +9,9 @@ import pytest
 
 from actors.quality import attempts, checks
 from actors.quality.gate import RowQuality, SegmentAttempts
-from actors.quality.settings import ConfigError, QualitySettings
+from actors.quality.settings import QualitySettings
 from actors.quality.text import char_error_rate, edit_distance, normalize, word_error_rate
+from actors.settings import ConfigError
 
 SR = 44100
 LIMITS = QualitySettings()

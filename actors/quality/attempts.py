@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Sequence
 
-from actors.quality.settings import FLAGS
+from actors.quality.flags import FLAGS
 
 SEED_MASK = (1 << 63) - 1  # seeds are stored as int64 (actors/synth.py)
 

@@ -14,8 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from actors.quality.loudness import integrated_loudness
-from actors.quality.settings import (
+from actors.quality.flags import (
     CLIPPING,
     FLAGS,
     LOUDNESS,
@@ -24,8 +23,9 @@ from actors.quality.settings import (
     SILENCE,
     SPEECH_RATE,
     TRUNCATED,
-    QualitySettings,
 )
+from actors.quality.loudness import integrated_loudness
+from actors.quality.settings import QualitySettings
 
 STOP_BUDGET = "budget"  # actors/engine/types.py's STOP_BUDGET, spelled here to stay torch- and engine-free
 

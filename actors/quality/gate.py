@@ -15,7 +15,8 @@ import numpy as np
 
 from actors import schema as S
 from actors.quality import attempts, checks
-from actors.quality.settings import SPEECH_RATE, WER, QualitySettings
+from actors.quality.flags import SPEECH_RATE, WER
+from actors.quality.settings import QualitySettings
 
 
 @dataclass
