@@ -58,6 +58,9 @@ class OutputSettings:
     on_change: str = "redo"
     # a rerun redoes error rows whose cause may be gone (I/O, timeout, internal); true: all
     retry_errors: bool = False
+    # a rerun keeps rows whose every attempt failed quality.reject (status rejected); true: redo
+    # them (worth it after raising quality.max_attempts or changing the model)
+    retry_rejected: bool = False
 
     def validate(self) -> None:
         if self.on_change not in ("redo", "refuse"):

@@ -190,12 +190,17 @@ class ResumePlan:
 
     skip: list  # ids already done with the same content
     changed: list  # done, but their content (text, reference, settings, model) changed
-    retried: list  # error rows redone (retryable, or all with output.retry_errors)
+    retried: list  # error rows redone (retryable, or all with output.retry_errors), rejected ones with retry_rejected
     new: int = 0  # never written
 
 
 def plan_resume(
-    accepted: list, hashes: dict, done: pa.Table, on_change: str = "redo", retry_errors: bool = False
+    accepted: list,
+    hashes: dict,
+    done: pa.Table,
+    on_change: str = "redo",
+    retry_errors: bool = False,
+    retry_rejected: bool = False,
 ) -> ResumePlan:
     """Compare the rows written (`done`: the newest row per id, with status, retryable and
     content hash) with the input's rows now. Raises OutputMismatch for changed rows when
@@ -214,6 +219,8 @@ def plan_resume(
             plan.new += 1
         elif row[S.CONTENT_HASH] is not None and row[S.CONTENT_HASH] != hashes.get(row_id):
             plan.changed.append(row_id)
+        elif row[S.STATUS] == S.STATUS_REJECTED:  # every attempt failed quality.reject: done, as ok is
+            (plan.retried if retry_rejected else plan.skip).append(row_id)
         elif row[S.STATUS] != S.STATUS_OK and (retry_errors or row[S.RETRYABLE]):
             plan.retried.append(row_id)
         else:  # done with this content (rows written before content hashes count as done)
@@ -517,6 +524,7 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
         layout.read([S.ID, S.STATUS, S.RETRYABLE, S.CONTENT_HASH]),
         on_change=output["on_change"],
         retry_errors=output["retry_errors"],
+        retry_rejected=output["retry_rejected"],
     )
     pending = len(scan.accepted_ids) - len(resume.skip)
     log.info(
@@ -536,9 +544,11 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
         )
     if resume.retried:
         log.info(
-            "%d error rows are retried (%s)",
+            "%d error or rejected rows are retried (%s)",
             len(resume.retried),
-            "output.retry_errors=true" if output["retry_errors"] else "their errors were transient",
+            "output.retry_errors / retry_rejected"
+            if output["retry_errors"] or output["retry_rejected"]
+            else "their errors were transient",
         )
     stream = {}
     if pending:

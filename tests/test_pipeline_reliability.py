@@ -334,6 +334,23 @@ def test_resume_redoes_changed_rows_and_transient_errors():
         plan_resume(accepted, hashes, done, on_change="refuse")
 
 
+def test_rejected_rows_count_as_done_unless_retry_rejected():
+    from pipeline.plan import plan_resume
+
+    done = S.output_table(
+        [
+            {S.ID: "ok", S.STATUS: S.STATUS_OK, S.CONTENT_HASH: "h1"},
+            {S.ID: "rejected", S.STATUS: S.STATUS_REJECTED, S.QUALITY_FLAGS: ["no_audio"], S.CONTENT_HASH: "h2"},
+            {S.ID: "bad-text", S.STATUS: S.STATUS_ERROR, S.RETRYABLE: False, S.CONTENT_HASH: "h3"},
+        ]
+    )
+    accepted, hashes = ["ok", "rejected", "bad-text"], {"ok": "h1", "rejected": "h2", "bad-text": "h3"}
+    assert plan_resume(accepted, hashes, done).skip == accepted
+    assert plan_resume(accepted, hashes, done, retry_errors=True).retried == ["bad-text"]  # errors only
+    redo = plan_resume(accepted, hashes, done, retry_rejected=True)
+    assert redo.retried == ["rejected"] and redo.skip == ["ok", "bad-text"]
+
+
 # ---- finding 7: input discovery ---------------------------------------------------------
 def test_input_discovery_skips_what_spark_and_notebooks_leave(tmp_path):
     from pipeline.inputs import scan_input
