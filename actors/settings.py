@@ -1,5 +1,5 @@
-"""The settings the actor receives: the run config's model, data, engine, long_form and sampling
-groups as typed dataclasses, each default here once. The driver's Hydra schema
+"""The settings the actor receives: the run config's model, data, engine, long_form, sampling and
+quality groups as typed dataclasses, each default here once. The driver's Hydra schema
 (pipeline/config.py) nests them, and `OmegaConf.to_object` hands the actor these objects, not
 dicts (docs/architecture.md §3).
 
@@ -22,6 +22,7 @@ from actors import schema
 from actors.engine.segment import DEFAULT_MAX_TURNS, DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from actors.engine.settings import DTYPE_NAMES, EngineConfig
 from actors.engine.types import SamplingParams
+from actors.quality.flags import ASR_BACKENDS, FLAGS, NO_AUDIO, WER
 
 MISSING = "???"  # OmegaConf's mark of a required value (omegaconf.MISSING), without importing it
 
@@ -272,6 +273,68 @@ class SamplingSettings:
 
 
 @dataclass
+class QualitySettings:
+    """The quality gate (actors/synth/gate.py; the checks in actors/quality/): which flags reject
+    an attempt, how many attempts a row gets, the bound each flag is raised at, optional ASR."""
+
+    # flags that reject an attempt and have the row (or the failed segment) generated again.
+    # Default: no audio only, so a random demo model is not regenerated endlessly; quality=strict
+    # adds truncated, repetition, speech_rate and silence for real checkpoints
+    reject: list[str] = field(default_factory=lambda: [NO_AUDIO])
+    # attempts per row (or per segment of a long row) before it is kept as `rejected`
+    max_attempts: int = 3
+    # repetition: share of codebook-0 n-grams of repeat_ngram frames repeating an earlier one
+    repeat_ngram: int = 4
+    max_repeat_ratio: float = 0.5
+    # speech_rate: seconds of audio per non-space character (English ~0.06-0.08, Chinese ~0.2-0.3)
+    min_s_per_char: float = 0.02
+    max_s_per_char: float = 0.4
+    # silence: share of 20 ms frames quieter than silence_dbfs (RMS, full scale 1.0)
+    silence_dbfs: float = -45.0
+    max_silence_ratio: float = 0.5
+    # clipping: share of samples with |x| >= clip_level
+    clip_level: float = 0.999
+    max_clipped_ratio: float = 0.001
+    # loudness: BS.1770-4 integrated loudness outside [min_lufs, max_lufs], or all below -70 LUFS
+    min_lufs: float = -45.0
+    max_lufs: float = -5.0
+    # ASR (asr_text, wer, cer): a backend and a local model directory (nothing downloaded; null:
+    # none, nothing of it imported), the language (null: detected), rows per batch, the wer bound
+    asr: Optional[str] = None
+    asr_model: Optional[str] = None
+    asr_language: Optional[str] = None
+    asr_batch_rows: int = 8
+    max_wer: float = 0.5
+
+    def validate(self) -> None:
+        for flag in self.reject:
+            if flag not in FLAGS:
+                raise ConfigError(f"quality.reject: unknown flag {flag!r} (known: {', '.join(FLAGS)})")
+        if WER in self.reject and self.asr is None:
+            raise ConfigError("quality.reject lists 'wer' but quality.asr is null (set quality.asr=whisper)")
+        for key in ("max_attempts", "repeat_ngram", "asr_batch_rows"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"quality.{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("max_repeat_ratio", "max_silence_ratio", "max_clipped_ratio"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(f"quality.{key} must be in [0, 1], got {getattr(self, key)}")
+        for low, high in (("min_s_per_char", "max_s_per_char"), ("min_lufs", "max_lufs")):
+            if not getattr(self, low) <= getattr(self, high):
+                raise ConfigError(
+                    f"quality.{low} ({getattr(self, low)}) must be <= quality.{high} ({getattr(self, high)})"
+                )
+        if not 0.0 < self.clip_level <= 1.0:
+            raise ConfigError(f"quality.clip_level must be in (0, 1], got {self.clip_level}")
+        if self.max_wer < 0:
+            raise ConfigError(f"quality.max_wer must be >= 0, got {self.max_wer}")
+        if self.asr is not None:
+            if self.asr not in ASR_BACKENDS:
+                raise ConfigError(f"quality.asr must be null or one of {', '.join(ASR_BACKENDS)}, got {self.asr!r}")
+            if not self.asr_model:
+                raise ConfigError("quality.asr is set but quality.asr_model is null: name a local model directory")
+
+
+@dataclass
 class RunContext:
     """What the driver knows about the run that the actor records or needs: the run's id (every
     output row's `run`), the input's directory (where clips are confined when data.audio_root
@@ -304,12 +367,13 @@ _ACTOR_GROUPS = {
     "sampling": SamplingSettings,
     "data": DataConfig,
     "long_form": LongFormSettings,
+    "quality": QualitySettings,
 }
 
 
 @dataclass
 class ActorSettings:
-    """Everything a SynthActor is told, as one object: the run config's five actor groups, the
+    """Everything a SynthActor is told, as one object: the run config's six actor groups, the
     run context and the crash settings. Small, picklable, the same on every actor; parts read
     what they need from it (`settings.engine.codec_batch_rows`) and copy nothing."""
 
@@ -318,6 +382,7 @@ class ActorSettings:
     sampling: SamplingSettings
     data: DataConfig = field(default_factory=DataConfig)
     long_form: LongFormSettings = field(default_factory=LongFormSettings)
+    quality: QualitySettings = field(default_factory=QualitySettings)
     run: RunContext = field(default_factory=RunContext)
     crash: CrashSettings = field(default_factory=CrashSettings)
 

@@ -40,7 +40,7 @@ from actors import schema as S
 from actors.cli import error
 from actors.files import write_atomically
 
-from . import metrics
+from . import metrics, quality
 from .config import CONF_DIR, REPO_ROOT
 from .output import engine_figures, is_local, local_path
 from .plan import connect, run
@@ -110,6 +110,7 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
     meta = pq.read_table(f"{output_dir}/data", columns=S.METADATA_COLUMNS)
     table = metrics.normalise(meta)
     counted, ok = metrics.counts(table), metrics.ok_rows(table)
+    gate = quality.figures(table)
     frames = metrics.total(ok, S.N_FRAMES)
     audio = metrics.total(ok, S.AUDIO_SECONDS)
     p50, p95, p99 = metrics.percentiles(ok.column(S.TOTAL_MS), [50, 95, 99])
@@ -148,6 +149,10 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
         "rows": counted["rows"],
         "rows_ok": counted["rows_ok"],
         "rows_error": counted["rows_error"],
+        # the quality gate: rows kept as rejected, and the frames regeneration generated and
+        # discarded, as a share of all frames generated (pipeline/quality.py)
+        "rows_rejected": gate["rows_by_status"].get(S.STATUS_REJECTED, 0),
+        "regenerated_frames_share": gate["discarded_share"],
         "frames": frames,
         "audio_seconds": audio,
         "wall_s": wall_s,
@@ -229,8 +234,9 @@ def markdown(report: dict) -> str:
     lines = [
         "| actors | slots | rows/s | frames/s | audio s / wall s | vs 1-row loop | vs engine only (whole run) "
         "| p50 / p95 / p99 latency ms | first row s | slot occupancy | engine busy | peak RSS MiB/actor | KV MiB "
-        "| prep / engine / codec / write / other s | overhead (after start-up) | Ray + Parquet + FLAC | report page s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| prep / engine / codec / write / other s | overhead (after start-up) | Ray + Parquet + FLAC | report page s "
+        "| rejected rows | regenerated frames |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def share(value):
@@ -250,7 +256,8 @@ def markdown(report: dict) -> str:
             f"{m['peak_rss_mb_per_actor']:.0f} | {m['kv_bytes'] / 2**20:.1f} | "
             f"{s['prep']:.1f} / {s['engine']:.1f} / {s['codec']:.1f} / {s['write']:.1f} / {s['other']:.1f} | "
             f"{m['overhead_fraction']:.1%} ({m['overhead_fraction_after_startup']:.1%}) | "
-            f"{m['pipeline_overhead_fraction']:.1%} | {m['report_s']:.1f} |"
+            f"{m['pipeline_overhead_fraction']:.1%} | {m['report_s']:.1f} | "
+            f"{m['rows_rejected']} | {share(m['regenerated_frames_share'])} |"
         )
     return "\n".join(lines) + "\n"
 

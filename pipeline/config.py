@@ -20,13 +20,13 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from actors.quality.settings import QualitySettings
 from actors.settings import (
     ConfigError,
     DataConfig,
     EngineSettings,
     LongFormSettings,
     ModelConfig,
+    QualitySettings,
     SamplingSettings,
 )
 

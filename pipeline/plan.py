@@ -345,7 +345,7 @@ def actor_restarts(cluster: dict, rows: int) -> int:
 
 
 # the run config's groups SynthActor receives, as their dataclasses (actors/settings.py)
-ACTOR_GROUPS = ("model", "data", "engine", "long_form", "sampling")
+ACTOR_GROUPS = ("model", "data", "engine", "long_form", "sampling", "quality")
 
 
 def actor_arguments(

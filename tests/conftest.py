@@ -225,8 +225,8 @@ def demo_table() -> pa.Table:
 def small_settings() -> list[str]:
     """Overrides that keep every synthesis in the tests short. EOS stopping is off: the random
     demo model samples <|im_end|> at arbitrary frames, the first one included, and a row
-    without a single frame is (rightly) an error row, which would make "every good row is
-    ok" depend on the seed."""
+    without a single frame after every attempt is (rightly) rejected, which would make "every
+    good row is ok" depend on the seed."""
     return [
         "engine.max_frames=24",
         "engine.frames_per_char=0.3",

@@ -17,6 +17,7 @@ from actors.settings import (
     EngineSettings,
     LongFormSettings,
     ModelConfig,
+    QualitySettings,
     SamplingSettings,
 )
 from actors.synth import SynthActor
@@ -31,6 +32,7 @@ TYPES = {
     "engine": EngineSettings,
     "long_form": LongFormSettings,
     "sampling": SamplingSettings,
+    "quality": QualitySettings,
 }
 
 
@@ -99,6 +101,7 @@ def test_defaults_are_the_dataclasses():
     args = actor_arguments(compose(), None, run_id="defaults")["settings"]
     assert args.long_form == LongFormSettings()
     assert args.sampling == SamplingSettings()
+    assert args.quality == QualitySettings()
     data = args.data
     for f in fields(DataConfig):
         if f.name not in ("path", "name"):

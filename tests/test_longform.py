@@ -131,8 +131,8 @@ def test_segments_that_end_on_im_end_are_not_truncated(actor, monkeypatch):
     seen = set()
     rows = [{S.ID: f"long-{seed}", S.TEXT: long_text(700), S.SEED: seed} for seed in range(8)]
     for out in actor(table(rows)).to_pylist():
-        if out[S.STATUS] != S.STATUS_OK:  # the random demo model may end a segment before any frame
-            assert "before the first frame" in out[S.ERROR], out[S.ERROR]
+        if out[S.STATUS] != S.STATUS_OK:  # a segment ended before any frame on every attempt
+            assert out[S.STATUS] == S.STATUS_REJECTED and "no_audio" in out[S.QUALITY_FLAGS], out[S.ERROR]
             continue
         reasons = out[S.SEGMENT_STOP_REASONS]
         assert set(reasons) <= {"eos", "budget"} and len(reasons) == out[S.SEGMENTS] > 1

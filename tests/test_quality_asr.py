@@ -11,8 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from actors.quality.settings import QualitySettings
-from actors.settings import ConfigError
+from actors.settings import ConfigError, QualitySettings
 from tests.helpers import REPO
 
 SR = 44100
@@ -147,8 +146,41 @@ def test_without_asr_nothing_of_it_is_imported():
     code = (
         "import sys\n"
         "from actors.quality.asr import load_asr\n"
-        "from actors.quality.settings import QualitySettings\n"
+        "from actors.settings import QualitySettings\n"
         "assert load_asr(QualitySettings(), 'cpu') is None\n"
         "assert 'transformers' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_the_actor_transcribes_its_rows(tiny_whisper, small_settings):
+    import pyarrow as pa
+
+    from actors import schema as S
+    from actors.quality.text import word_error_rate
+    from actors.synth import SynthActor
+    from pipeline.config import compose
+    from pipeline.plan import actor_arguments
+
+    overrides = ["quality.asr=whisper", f"quality.asr_model={tiny_whisper}", "quality.asr_batch_rows=2"]
+    actor = SynthActor(**actor_arguments(compose(small_settings + overrides), None, run_id="asr"))
+    texts = ["First sentence.", "A second one.", "And a third."]
+    table = pa.table({S.ID: ["a", "b", "c"], S.TEXT: texts, S.SEED: pa.array([1, 2, 3], pa.int64())})
+    out = actor(table).to_pylist()
+    assert [r[S.STATUS] for r in out] == [S.STATUS_OK] * 3
+    for text, row in zip(texts, out):
+        assert isinstance(row[S.ASR_TEXT], str) and row[S.CER] is not None
+        assert row[S.WER] == word_error_rate(text, row[S.ASR_TEXT])
+    # the rows are transcribed from their own audio: as the backend hears the decoded FLAC
+    heard = actor.gate.asr.transcribe([decode_flac(r) for r in out], out[0][S.SAMPLE_RATE])
+    assert [r[S.ASR_TEXT] for r in out] == heard
+
+
+def decode_flac(row: dict) -> np.ndarray:
+    import io
+
+    import soundfile as sf
+
+    from actors import schema as S
+
+    return sf.read(io.BytesIO(row["audio"][S.AUDIO_BYTES]), dtype="float32")[0]

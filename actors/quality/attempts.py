@@ -1,5 +1,7 @@
-"""The attempt logic of the quality gate, as plain host code: each attempt's seed, whether an
-attempt is rejected, and which of a row's attempts is kept.
+"""The attempt logic of the quality gate, as plain host code: whether an attempt is rejected,
+whether another follows, and which of a row's attempts is kept. Each attempt's seed is the
+chain's (actors/synth/chain.py::segment_seed: attempt 0 is the row's own seed, later ones a
+hash of it and the attempt).
 
 A row (or one segment of a long row) that fails `quality.reject` is generated again with a new
 seed, up to `quality.max_attempts` times; when every attempt fails the best one is kept and the
@@ -8,28 +10,12 @@ row is written as `rejected`.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Collection, Sequence
 
 from actors.quality.flags import FLAGS
 
-SEED_MASK = (1 << 63) - 1  # seeds are stored as int64 (actors/synth.py)
-
 # higher = worse; FLAGS lists the most severe first
 _SEVERITY = {flag: len(FLAGS) - i for i, flag in enumerate(FLAGS)}
-
-
-def attempt_seed(seed: int, attempt: int) -> int:
-    """The seed attempt `attempt` (0-based) of a row or segment samples with.
-
-    Attempt 0 is the seed itself, so a row that passes the gate first time has exactly the
-    codes it had before the gate existed. Later attempts hash (seed, attempt): deterministic,
-    a function of the row's own seed only (never of its batch, slot or actor), and unrelated
-    between attempts, so a retry does not replay the stream that failed."""
-    if attempt == 0:
-        return seed
-    digest = hashlib.blake2b(f"attempt\x00{seed}\x00{attempt}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & SEED_MASK
 
 
 def is_rejected(flags: Collection[str], reject: Collection[str]) -> bool:

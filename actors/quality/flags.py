@@ -1,5 +1,5 @@
-"""The quality flags' names and the ASR backends: no imports, so the settings (wherever they
-live) and the checks can both name them."""
+"""The quality flags' names and the ASR backends: no imports, so actors/settings.py
+(QualitySettings) and the checks can both name them without an import cycle."""
 
 # flags, most severe first: the order the best attempt is chosen by (attempts.py). No audio is
 # unusable; a cut-off or looping row says the wrong thing; an ASR mismatch says other words;

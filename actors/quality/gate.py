@@ -15,8 +15,8 @@ import numpy as np
 
 from actors import schema as S
 from actors.quality import attempts, checks
-from actors.quality.flags import SPEECH_RATE, WER
-from actors.quality.settings import QualitySettings
+from actors.quality.flags import NO_AUDIO, SPEECH_RATE, WER
+from actors.settings import QualitySettings
 
 
 @dataclass
@@ -43,7 +43,7 @@ class SegmentAttempts:
         if rate is not None and not self.settings.min_s_per_char <= rate <= self.settings.max_s_per_char:
             flags.append(SPEECH_RATE)
         self.attempts.append(Attempt(payload, checks.ordered(flags), frames, ratio))
-        return attempts.should_retry(flags, self.settings.rejects, len(self.attempts) - 1, self.settings.max_attempts)
+        return attempts.should_retry(flags, self.settings.reject, len(self.attempts) - 1, self.settings.max_attempts)
 
     @property
     def next_attempt(self) -> int:
@@ -90,7 +90,9 @@ class RowQuality:
 
     @property
     def rejected(self) -> bool:
-        return attempts.is_rejected(self.flags, self.settings.rejects)
+        """Kept as `rejected`: its flags fail quality.reject, or it has no audio at all (a row
+        without audio is never ok, whatever the gate rejects)."""
+        return NO_AUDIO in self.flags or attempts.is_rejected(self.flags, self.settings.reject)
 
     def columns(self) -> dict:
         """The output row's quality columns (keyed by name; actors/schema.py names them)."""

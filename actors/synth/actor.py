@@ -4,6 +4,8 @@ parts, each with one job (docs/architecture.md §2):
     caller (one thread per block; blocks.py): rows -> RowSpecs (rows.py) -> references
         (references.py, cached per actor) -> segment chains (chain.py) -> the engine feeder
     engine feeder (one thread; feeder.py): every block's rows through the engine's slots
+    quality gate (gate.py): each segment attempt checked, a rejected one generated again at
+        once; each decoded row measured (actors/quality/)
     finisher (one thread; finisher.py): codec decode, FLAC, output rows (output.py)
     crash guard (guard.py): attempts ledger, quarantine, watchdog around each call
 
@@ -25,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from actors import schema as S
+from actors.quality.asr import load_asr
 from actors.settings import ActorSettings
 from actors.synth import loading
 from actors.synth.blocks import Preparer, longest_first, run_block
@@ -32,6 +35,7 @@ from actors.synth.chain import ChainPlanner
 from actors.synth.clock import BusyClock
 from actors.synth.feeder import EngineFeeder
 from actors.synth.finisher import Finisher
+from actors.synth.gate import QualityGate
 from actors.synth.guard import CrashGuard
 from actors.synth.jobs import Block
 from actors.synth.output import RowWriter, batch_columns, output_table_per_row
@@ -70,11 +74,19 @@ class SynthActor:
         positions = min(self.engine.config.max_tokens, self.lm.config.max_seq_len)
         self.planner = ChainPlanner(settings, loaded.builder, positions, frozenset(self.lm.tokenizer.special))
         self.preparer = Preparer(settings, base_sampling, self.references, self.planner)
+        asr = load_asr(settings.quality, str(self.lm.device))  # None (nothing imported) without quality.asr
+        self.gate = QualityGate(settings, self.codec.sample_rate / self.codec.frame_length, self.codec.sample_rate, asr)
         self.finisher = Finisher(
-            settings, loaded.codec_runner, self.clock, self.writer, lambda: self.feeder.holding, loaded.codec_stream
+            settings,
+            loaded.codec_runner,
+            self.clock,
+            self.writer,
+            lambda: self.feeder.holding,
+            self.gate,
+            loaded.codec_stream,
         )
         self.feeder = EngineFeeder(
-            self.engine, settings, self.clock, self.recorder, self.writer.actor, self.finisher.intake.put
+            self.engine, settings, self.clock, self.recorder, self.writer.actor, self.finisher.intake.put, self.gate
         )
         self.guard = CrashGuard(settings, self.writer.actor, self._quarantined)
         self._numbers = itertools.count(1)

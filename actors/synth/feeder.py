@@ -6,9 +6,10 @@ among the blocks whose rows were live. A row leaves it done or failed, to the fi
 The bench's engine-only pass runs the same loop (`drain`) in the caller's thread, so there is
 one engine loop to measure and to trust.
 
-Hook point for a quality gate: `_segment_finished` is where a segment's result arrives; a gate
-that rejects it calls `job.chain.retry()` and puts the job back at the front of `ready` instead
-of recording the result (the chain then asks for the same segment, same prompt, new seed).
+Every segment's result passes the quality gate (gate.py) before it is recorded: an attempt the
+gate rejects goes back to the front of `ready` at once (the chain then asks for the same
+segment, same prompt, the next attempt's seed), and a segment whose kept attempt has no frames
+ends its row there, as `rejected`, not as an error.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from actors.engine.prompt import PromptError
 from actors.settings import ActorSettings
 from actors.synth.clock import BusyClock
+from actors.synth.gate import QualityGate
 from actors.synth.jobs import Job
 from actors.synth.recorder import Recorder
 
@@ -49,9 +51,17 @@ class _Loop:
 
 class EngineFeeder:
     def __init__(
-        self, engine: Any, settings: ActorSettings, clock: BusyClock, recorder: Recorder, name: str, finished: Callable
+        self,
+        engine: Any,
+        settings: ActorSettings,
+        clock: BusyClock,
+        recorder: Recorder,
+        name: str,
+        finished: Callable,
+        gate: QualityGate,
     ):
         self.engine, self.settings, self.clock, self.recorder, self.name = engine, settings, clock, recorder, name
+        self.gate = gate
         self._finished = finished  # the finisher's intake
         self.inbox: queue.Queue = queue.Queue()
         # back-pressure: rows past their caller's preparation and not yet out of the engine
@@ -146,10 +156,14 @@ class EngineFeeder:
         job = loop.running.pop(result.request_id, None)
         if job is None:  # not ours (another caller's request): cannot happen in an actor
             return
+        result = self.gate.segment(job, result)
+        if result is None:  # rejected, attempts left: the same segment again, first in line
+            loop.ready.appendleft(job)
+            return
         failure = job.chain.record(result, self.steps)
-        if failure:
+        if failure and not (result.ok and result.frames == 0):  # no frames after every attempt: rejected
             job.fail(failure)
-        if job.ok and job.chain.more:
+        if job.ok and job.chain.more and result.frames:
             loop.ready.appendleft(job)
             return
         # a failed row reports the failing segment's result, as a one-segment row does

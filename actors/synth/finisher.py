@@ -3,9 +3,9 @@ in codec batches of similar length, encoded to FLAC and turned into output rows;
 returns when its last row is here. On CUDA its codec work runs on a stream of its own, so it
 overlaps the engine's kernels instead of queueing behind them (CPU: threads are enough).
 
-Hook point for a quality gate: `_finish` is the one place every row passes after its audio is
-decoded and before its output row is built (`job.result.codes`, `job.wave`): a gate fails the
-row there, or sends it back to the engine feeder (`EngineFeeder.submit`) with a fresh chain.
+Each decoded batch is measured by the quality gate (gate.py: loudness, silence, clipping,
+speech rate, and ASR with quality.asr) before its output rows are built; a row the gate kept
+without frames has nothing to decode and is written as `rejected`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 from actors.alone import each_alone
 from actors.settings import ActorSettings
 from actors.synth.clock import BusyClock
+from actors.synth.gate import QualityGate
 from actors.synth.jobs import Job
 from actors.synth.output import RowWriter
 
@@ -37,9 +38,11 @@ class Finisher:
         clock: BusyClock,
         writer: RowWriter,
         engine_holding: Callable[[], int],
+        gate: QualityGate,
         stream: Any = None,
     ):
         self.settings, self.codec_runner, self.clock, self.writer = settings, codec_runner, clock, writer
+        self.gate = gate
         self._engine_holding = engine_holding  # rows still in the engine feeder: more may come soon
         self._stream = stream
         self.intake: queue.Queue = queue.Queue()
@@ -57,7 +60,8 @@ class Finisher:
             try:
                 # similar lengths decode together: a batch pads to its longest row
                 with self.clock.busy():
-                    self.decode(sorted((j for j in jobs if j.ok), key=lambda j: j.result.frames))
+                    self.decode(sorted((j for j in jobs if j.ok and j.result.frames), key=lambda j: j.result.frames))
+                self.gate.audio(jobs)
             except Exception as e:  # a bug or a device failure: the rows still come back, as errors
                 log.error("decode failed in %s:\n%s", self.writer.actor, traceback.format_exc())
                 for job in jobs:

@@ -113,13 +113,20 @@ class RowWriter:
             **_segment_columns(chain),
             **_sampling_columns(spec.sampling),
             **_timing_columns(job.result),
+            **(job.quality.columns() if job.quality is not None else {}),
         }
-        if job.failure is not None or flac is None:
+        silent = job.ok and job.quality is not None and job.result is not None and job.result.frames == 0
+        if job.failure is not None or (flac is None and not silent):
             failure = job.failure
             return as_error(
                 out, failure.message if failure else "unknown failure", failure.retryable if failure else False
             )
-        return {**out, **self._audio_columns(job, flac)}
+        if silent:  # the gate kept no frames after every attempt: rejected, nothing to play
+            return {**out, S.STATUS: S.STATUS_REJECTED, S.N_FRAMES: 0, S.AUDIO_SECONDS: 0.0}
+        audio = self._audio_columns(job, flac)
+        if job.quality is not None and job.quality.rejected:
+            audio[S.STATUS] = S.STATUS_REJECTED
+        return {**out, **audio}
 
     def _audio_columns(self, job: Job, flac: bytes) -> dict:
         result, seconds = job.result, len(job.wave) / self.sample_rate
