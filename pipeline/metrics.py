@@ -125,9 +125,21 @@ def rate(amount: float, seconds: Optional[float]) -> Optional[float]:
 # ---- the figures --------------------------------------------------------------------------
 
 
+def _rejected(table: pa.Table) -> pa.ChunkedArray:
+    return pc.fill_null(pc.equal(table.column(S.STATUS), S.STATUS_REJECTED), False)
+
+
 def counts(table: pa.Table) -> dict:
+    """Rows, and how many are ok, rejected by the quality gate (audio kept, not an error) and
+    errors (everything else)."""
     ok = int(pc.sum(table.column(OK)).as_py() or 0)
-    return {"rows": table.num_rows, "rows_ok": ok, "rows_error": table.num_rows - ok}
+    rejected = int(pc.sum(_rejected(table)).as_py() or 0)
+    return {
+        "rows": table.num_rows,
+        "rows_ok": ok,
+        "rows_error": table.num_rows - ok - rejected,
+        "rows_rejected": rejected,
+    }
 
 
 def error_kinds(
@@ -137,7 +149,7 @@ def error_kinds(
     [{"error", "rows", "example_id"}]. A null message reads as "" (or, name_missing, as a
     note with the row's status); `max_chars` cuts messages before they are counted, so long
     messages that differ only in their tail count as one."""
-    errors = table.filter(pc.invert(table.column(OK)))
+    errors = table.filter(pc.invert(pc.or_(table.column(OK), _rejected(table))))
     if not errors.num_rows:
         return []
     messages = errors.column(S.ERROR)

@@ -544,12 +544,13 @@ def engine_figures(batches: Iterable[Optional[dict]]) -> dict:
 
 
 def block_stats(table: pa.Table, part: str) -> dict:
-    ok = table.column(S.STATUS).to_pylist().count(S.STATUS_OK)
+    statuses = table.column(S.STATUS).to_pylist()
+    ok, rejected = statuses.count(S.STATUS_OK), statuses.count(S.STATUS_REJECTED)
     figures = engine_figures(table.column(S.BATCH).to_pylist())
     return {
         "rows": table.num_rows,
         "ok": ok,
-        "errors": table.num_rows - ok,
+        "errors": table.num_rows - ok - rejected,  # rejected rows are done, with audio
         "audio_seconds": float(pc.sum(table.column(S.AUDIO_SECONDS)).as_py() or 0.0),
         "frames": int(pc.sum(table.column(S.N_FRAMES)).as_py() or 0),
         "part": part,
@@ -600,6 +601,7 @@ def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> 
         "rows_total": whole["rows"],
         "rows_ok": whole["rows_ok"],
         "rows_error": whole["rows_error"],
+        "rows_rejected": whole["rows_rejected"],
         "audio_seconds": audio_seconds,
         "audio_hours": audio_seconds / 3600.0,
         "wall_s": wall_seconds,

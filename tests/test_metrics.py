@@ -62,7 +62,7 @@ def table() -> pa.Table:
 def test_counts_totals_and_percentiles(table):
     source = rows()
     ok = [r for r in source if r[S.STATUS] == S.STATUS_OK]
-    assert metrics.counts(table) == {"rows": 13, "rows_ok": len(ok), "rows_error": 13 - len(ok)}
+    assert metrics.counts(table) == {"rows": 13, "rows_ok": len(ok), "rows_error": 13 - len(ok), "rows_rejected": 0}
     ok_table = metrics.ok_rows(table)
     assert metrics.total(ok_table, S.N_FRAMES) == sum(r[S.N_FRAMES] for r in ok)
     assert isinstance(metrics.total(ok_table, S.N_FRAMES), int)
@@ -127,7 +127,7 @@ def test_foreign_tables_are_read_leniently():
     assert table.column(S.FINISHED_AT).to_pylist()[0] == stamp.timestamp()
     assert table.column(S.ACTOR).to_pylist() == ["1", "2", None]
     assert table.column(S.AUDIO_SECONDS).null_count == 3  # missing: all null
-    assert metrics.counts(table) == {"rows": 3, "rows_ok": 2, "rows_error": 1}
+    assert metrics.counts(table) == {"rows": 3, "rows_ok": 2, "rows_error": 1, "rows_rejected": 0}
     assert metrics.error_kinds(table, name_missing=True)[0]["error"] == "(no message; status='error')"
 
 

@@ -85,3 +85,14 @@ def test_the_report_page_has_the_section_with_the_worst_rows_audio(tmp_path):
     src = re.search(r'<audio controls preload="metadata" src="data:[^;]+;base64,([^"]+)"', worst).group(1)
     audio, sr = sf.read(io.BytesIO(base64.b64decode(src)))
     assert len(audio) / sr == pytest.approx(run[2]["audio_seconds"], abs=1e-3)
+
+
+def test_rejected_rows_are_neither_ok_nor_errors_in_the_counts():
+    from pipeline import metrics
+    from pipeline.output import block_stats
+
+    table = metrics.normalise(rows())
+    assert metrics.counts(table) == {"rows": 6, "rows_ok": 3, "rows_error": 1, "rows_rejected": 2}
+    assert [k["error"] for k in metrics.error_kinds(table)] == ["text is empty"]
+    stats = block_stats(rows(), "part")
+    assert (stats["ok"], stats["errors"]) == (3, 1)
