@@ -37,7 +37,7 @@ def _dtype(names: str) -> str:
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="codec.pth, or a directory holding it")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", type=_dtype, default="auto", help="auto (the pipeline's default) or a dtype")
+    parser.add_argument("--dtype", type=_dtype, default="float32", help="a dtype, or auto (the pipeline's default)")
 
 
 def _encode(args: argparse.Namespace) -> int:
