@@ -77,9 +77,10 @@ class ModelConfig:
     codec: Optional[str] = None
     # auto = cuda when the actor was granted a GPU, else cpu
     device: str = "auto"
-    # auto = bfloat16 on GPU, float32 on CPU
+    # auto = bfloat16 on GPU and on CPUs with bf16 units (AVX512-BF16, AMX), else float32
+    # (actors/engine/precision.py); the codec's likewise
     dtype: str = "auto"
-    codec_dtype: str = "float32"
+    codec_dtype: str = "auto"
     # where the demo checkpoint is built on each actor's node (null = ~/.cache/chorus there);
     # the driver's $CHORUS_CACHE, when set, is passed on
     cache_dir: Optional[str] = "${oc.env:CHORUS_CACHE,null}"
@@ -90,8 +91,8 @@ class ModelConfig:
         names = ", ".join(DTYPE_NAMES)
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
             raise ConfigError(f"model.dtype must be auto or one of {names}, got {self.dtype!r}")
-        if self.codec_dtype not in DTYPE_NAMES:
-            raise ConfigError(f"model.codec_dtype must be one of {names}, got {self.codec_dtype!r}")
+        if self.codec_dtype != "auto" and self.codec_dtype not in DTYPE_NAMES:
+            raise ConfigError(f"model.codec_dtype must be auto or one of {names}, got {self.codec_dtype!r}")
 
 
 @dataclass

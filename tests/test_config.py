@@ -134,7 +134,7 @@ def test_the_text_byte_cap_admits_every_text_within_max_text_chars():
         ("sampling.ras_window=-1", "sampling.ras_window"),
         ("model.device=gpu", "model.device must be .* got 'gpu'"),
         ("model.dtype=half", "model.dtype must be auto or one of .* got 'half'"),
-        ("model.codec_dtype=auto", "model.codec_dtype must be one of"),
+        ("model.codec_dtype=half", "model.codec_dtype must be auto or one of .* got 'half'"),
         ("engine.max_concurrent_blocks=0", "engine.max_concurrent_blocks must be >= 1, got 0"),
         ("engine.feed_queue_rows=-1", "engine.feed_queue_rows must be >= 0, got -1"),
     ],

@@ -18,23 +18,26 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from actors.cli import dispatch, error
 from actors.files import atomic_open, write_atomically
 
 
-def _dtype(name: str) -> torch.dtype:
-    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in choices:
-        raise argparse.ArgumentTypeError(f"dtype must be one of {sorted(choices)}")
-    return choices[name]
+def _dtype(names: str) -> str:
+    """A dtype name, `auto` (bf16 where the CPU has bf16 units: actors/engine/precision.py), or
+    for bench a comma list of them."""
+    from actors.engine.precision import AUTO, DTYPES
+
+    for name in names.split(","):
+        if name != AUTO and name not in DTYPES:
+            raise argparse.ArgumentTypeError(f"dtype must be auto or one of {sorted(DTYPES)}, got {name!r}")
+    return names
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="codec.pth, or a directory holding it")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", type=_dtype, default=torch.float32)
+    parser.add_argument("--dtype", type=_dtype, default="float32", help="a dtype, or auto (the pipeline's default)")
 
 
 def _encode(args: argparse.Namespace) -> int:
@@ -135,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--dtype",
         type=_dtype,
-        default=torch.float32,
-        help="bfloat16 is ~2x faster on CPUs with bf16 units, ~1.5%% error",
+        default="float32",
+        help="a dtype, auto, or a comma list (float32,bfloat16) timed side by side, interleaved; "
+        "bfloat16 is ~2x faster on CPUs with bf16 units, ~1.5%% error",
     )
     bench.add_argument("--json", type=Path, default=None)
     bench.set_defaults(func=_bench)

@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..engine.precision import choose_dtype
 from .config import CodecConfig
 from .model import Codec
 from .tiny import random_codec
@@ -83,58 +84,100 @@ def run_bench(
     big_batch: int = 16,
     big_batch_repeats: int = 1,
     threads: Optional[int] = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     log: Callable[[str], None] = print,
 ) -> dict:
+    """One dtype's table, or with a comma list of dtypes (`"float32,bfloat16"`) each dtype's
+    table from rounds that interleave the dtypes (a slow spell of a shared machine hits all
+    of them), plus each later dtype's median speed over the first's."""
     if threads:
         torch.set_num_threads(threads)
-    build_start = time.perf_counter()
-    codec = random_codec(bench_config(size), seed=0, dtype=dtype)
-    build_s = time.perf_counter() - build_start
-    log(f"built {size} codec with random weights in {build_s:.1f} s (peak RSS {peak_rss_gib():.2f} GiB)")
-    frames = math.ceil(seconds * codec.sample_rate / codec.frame_length)
-    clip_seconds = frames * codec.frame_length / codec.sample_rate
-    rows: list[BenchRow] = []
-    rss: dict[str, float] = {"after_build": peak_rss_gib()}
+    names = [d for d in dtype.split(",") if d] if isinstance(dtype, str) else [dtype]
+    benches = [_DtypeBench(size, choose_dtype(d).dtype, seconds, big_batch, log) for d in names]
+    for _ in range(max(repeats, big_batch_repeats)):
+        for bench in benches:
+            bench.round(repeats, big_batch_repeats)
+    results = [bench.result(size, seconds) for bench in benches]
+    if len(results) == 1:
+        return results[0]
+    first = {(r["operation"], r["batch"]): r["median_speed"] for r in results[0]["rows"]}
+    speedups = {
+        r["dtype"]: {f"{row['operation']}_b{row['batch']}": row["median_speed"] / first[(row["operation"], row["batch"])]
+                     for row in r["rows"]}
+        for r in results[1:]
+    }  # fmt: skip
+    return {"dtypes": [r["dtype"] for r in results], "results": results, "speedups": speedups}
 
-    def measure(operation: str, batch: int, call: Callable[[], object], count: int) -> None:
-        walls = _time_calls(call, count)
-        row = BenchRow(operation, batch, clip_seconds * batch, min(walls), statistics.median(walls), count)
-        rows.append(row)
-        rss[f"{operation}_b{batch}"] = peak_rss_gib()
+
+class _DtypeBench:
+    """One dtype's codec, inputs and timings; `round` times each operation once more."""
+
+    def __init__(self, size: str, dtype: torch.dtype, seconds: float, big_batch: int, log):
+        self.dtype, self.log = dtype, log
+        build_start = time.perf_counter()
+        self.codec = codec = random_codec(bench_config(size), seed=0, dtype=dtype)
+        self.build_s = time.perf_counter() - build_start
         log(
-            f"  {operation} batch {batch}: best {row.best_wall_s:.3f} s "
-            f"({row.best_speed:.3f} s audio / s), peak RSS {peak_rss_gib():.2f} GiB"
+            f"built {size} codec ({dtype}) with random weights in {self.build_s:.1f} s (peak RSS {peak_rss_gib():.2f} GiB)"
         )
+        self.frames = math.ceil(seconds * codec.sample_rate / codec.frame_length)
+        self.clip_seconds = self.frames * codec.frame_length / codec.sample_rate
+        self.rss: dict[str, float] = {"after_build": peak_rss_gib()}
+        codes_one = random_codes(codec, 1, self.frames, seed=1)
+        codes_many = random_codes(codec, big_batch, self.frames, seed=2)
+        clip = torch.from_numpy(synthetic_clip(self.frames * codec.frame_length, codec.sample_rate, 3))
+        clip = clip.view(1, 1, -1).to(dtype)
+        # warm-ups (allocator, oneDNN kernel selection), untimed
+        codec.decode(codes_one)
+        codec.decode(codes_many[:, :, :2])
+        codec.encode(clip)
+        self.calls = [
+            ("decode", 1, lambda: codec.decode(codes_one), False),
+            ("decode", big_batch, lambda: codec.decode(codes_many), True),
+            ("encode", 1, lambda: codec.encode(clip), False),
+        ]
+        self.walls: dict[tuple[str, int], list[float]] = {(op, b): [] for op, b, _, _ in self.calls}
 
-    codes_one = random_codes(codec, 1, frames, seed=1)
-    codec.decode(codes_one)  # warm-up: allocator, oneDNN kernel selection
-    measure("decode", 1, lambda: codec.decode(codes_one), repeats)
+    def round(self, repeats: int, big_batch_repeats: int) -> None:
+        for operation, batch, call, big in self.calls:
+            walls = self.walls[(operation, batch)]
+            if len(walls) < (big_batch_repeats if big else repeats):
+                walls += _time_calls(call, 1)
+                self.rss[f"{operation}_b{batch}"] = peak_rss_gib()
 
-    codes_many = random_codes(codec, big_batch, frames, seed=2)
-    codec.decode(codes_many[:, :, :2])
-    measure("decode", big_batch, lambda: codec.decode(codes_many), big_batch_repeats)
-
-    clip = torch.from_numpy(synthetic_clip(frames * codec.frame_length, codec.sample_rate, 3))
-    clip = clip.view(1, 1, -1).to(dtype)
-    codec.encode(clip)
-    measure("encode", 1, lambda: codec.encode(clip), repeats)
-
-    return {
-        "size": size,
-        "dtype": str(dtype).replace("torch.", ""),
-        "threads": torch.get_num_threads(),
-        "clip_seconds": clip_seconds,
-        "frames": frames,
-        "build_seconds": build_s,
-        "load_average": _load_average(),
-        "rows": [asdict(r) | {"best_speed": r.best_speed, "median_speed": r.median_speed} for r in rows],
-        "peak_rss_gib": rss,
-        "torch": torch.__version__,
-    }
+    def result(self, size: str, seconds: float) -> dict:
+        rows = []
+        for (operation, batch), walls in self.walls.items():
+            row = BenchRow(
+                operation, batch, self.clip_seconds * batch, min(walls), statistics.median(walls), len(walls)
+            )
+            rows.append(row)
+            self.log(
+                f"  {self.dtype} {operation} batch {batch}: best {row.best_wall_s:.3f} s "
+                f"({row.best_speed:.3f} s audio / s), median {row.median_wall_s:.3f} s"
+            )
+        return {
+            "size": size,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "threads": torch.get_num_threads(),
+            "clip_seconds": self.clip_seconds,
+            "frames": self.frames,
+            "build_seconds": self.build_s,
+            "load_average": _load_average(),
+            "rows": [asdict(r) | {"best_speed": r.best_speed, "median_speed": r.median_speed} for r in rows],
+            "peak_rss_gib": self.rss,
+            "torch": torch.__version__,
+        }
 
 
 def format_table(result: dict) -> str:
+    if "results" in result:
+        tables = [format_table(r) for r in result["results"]]
+        ratios = [
+            f"{d} / {result['dtypes'][0]} audio s per s (median): " + ", ".join(f"{k} {v:.2f}x" for k, v in r.items())
+            for d, r in result["speedups"].items()
+        ]
+        return "\n".join(tables + ratios)
     lines = [
         f"codec bench: size={result['size']} dtype={result['dtype']} threads={result['threads']} "
         f"clip={result['clip_seconds']:.2f} s ({result['frames']} frames) "

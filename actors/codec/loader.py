@@ -9,6 +9,7 @@ from typing import Optional, Union
 
 import torch
 
+from ..engine.precision import choose_dtype
 from .config import CONFIG_FILE_NAME, CodecConfig
 from .layers import WEIGHT_NORM_LEGACY, WEIGHT_NORM_PARAMETRIZED
 from .model import Codec
@@ -29,10 +30,11 @@ class CodecCheckpointError(ValueError):
 def load_codec(
     path: Union[str, Path],
     device: Union[str, torch.device] = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: Union[str, torch.dtype] = torch.float32,
     config: Optional[CodecConfig] = None,
 ) -> Codec:
-    """Load a codec from codec.pth or a directory holding it.
+    """Load a codec from codec.pth or a directory holding it, in `dtype` (a torch dtype, a
+    name, or `auto`: actors/engine/precision.py's rule for `device`).
 
     The architecture comes from `config`, else from config.json beside the
     checkpoint (upstream Hydra layout), else the real S1/S2 codec.
@@ -59,7 +61,7 @@ def codec_from_state_dict(
     config: CodecConfig,
     *,
     device: Union[str, torch.device] = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: Union[str, torch.dtype] = torch.float32,
     source: str = "state dict",
 ) -> Codec:
     """Build a Codec from an upstream-layout state dict (weight norm folded)."""
@@ -67,7 +69,7 @@ def codec_from_state_dict(
         codec = Codec(config)
     weights = fold_state_dict(unwrap_state_dict(raw, source), codec, source)
     codec.load_state_dict(weights, strict=True, assign=True)
-    codec = codec.to(device=device, dtype=dtype)
+    codec = codec.to(device=device, dtype=choose_dtype(dtype, device).dtype)
     codec.requires_grad_(False)
     return codec.eval()
 

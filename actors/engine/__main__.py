@@ -23,6 +23,7 @@ def _dtype_arg(p: argparse.ArgumentParser, default: str = "float32") -> None:
 
 def cmd_info(args) -> int:
     from .loader import load_model
+    from .precision import DtypeChoice
 
     lm = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
     c = lm.config
@@ -36,6 +37,7 @@ def cmd_info(args) -> int:
         "parameters": params,
         "bytes": params * elem,
         "dtype": str(lm.dtype),
+        "dtype_reason": lm.dtype_reason,
         "semantic_ids": [c.semantic_begin_id, c.semantic_end_id],
         "im_end_id": lm.im_end_id,
         "slow_kv_bytes_per_token": c.slow_kv_bytes_per_token(elem),
@@ -60,6 +62,7 @@ def cmd_info(args) -> int:
         f"codebooks    {c.num_codebooks} x {c.codebook_size}, semantic ids {c.semantic_begin_id}..{c.semantic_end_id}"
     )
     print(f"parameters   {params:,} ({params * elem / 2**20:.1f} MiB in {lm.dtype})")
+    print(f"dtype        {DtypeChoice(lm.dtype, lm.dtype_reason).describe()} on {lm.device}")
     print(
         f"KV bytes     {info['slow_kv_bytes_per_token']:,} per token (slow) + "
         f"{info['fast_kv_bytes_per_row']:,} per row (fast)"

@@ -12,11 +12,8 @@ from torch import nn
 from .checkpoint import LoadReport, load_weights
 from .config import ModelConfig, load_config, with_semantic_ids
 from .model import DualARModel
-from .settings import DTYPE_NAMES
+from .precision import choose_dtype
 from .tokenizer import Tokenizer, load_tokenizer
-
-# the dtype names a setting may use (torch-free, in settings.py: the driver checks them)
-DTYPES = {name: getattr(torch, attribute) for name, attribute in DTYPE_NAMES.items()}
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -26,14 +23,8 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | None = None) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device is not None and device.type == "cuda" else torch.float32
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)} or 'auto'") from None
+    """A dtype name or `auto` (precision.py's rule; device None = the CPU) -> torch's dtype."""
+    return choose_dtype(dtype, device).dtype
 
 
 @dataclass
@@ -45,6 +36,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     report: LoadReport
+    dtype_reason: str = "requested"  # why this dtype (precision.py: `auto`'s rule, or asked for)
 
     @property
     def name(self) -> str:
@@ -79,17 +71,20 @@ def load_model(
 ) -> LoadedModel:
     checkpoint_dir = Path(checkpoint_dir)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    choice = choose_dtype(dtype, dev)
     config = load_config(checkpoint_dir)
     tok = load_tokenizer(checkpoint_dir, prefer=tokenizer)
     config = with_semantic_ids(config, tok.semantic_begin_id, tok.semantic_end_id, tok.source)
-    model = build_empty_model(config, dev, dt)
+    model = build_empty_model(config, dev, choice.dtype)
     report = load_weights(model, checkpoint_dir)
     return LoadedModel(
-        config=config, model=model, tokenizer=tok, checkpoint_dir=checkpoint_dir, device=dev, dtype=dt, report=report
-    )
+        config=config, model=model, tokenizer=tok, checkpoint_dir=checkpoint_dir, device=dev, dtype=choice.dtype,
+        report=report, dtype_reason=choice.reason,
+    )  # fmt: skip
 
 
 def with_dtype(loaded: LoadedModel, dtype: str | torch.dtype) -> LoadedModel:
-    dt = resolve_dtype(dtype, loaded.device)
-    return dataclasses.replace(loaded, model=loaded.model.to(dt), dtype=dt)
+    choice = choose_dtype(dtype, loaded.device)
+    return dataclasses.replace(
+        loaded, model=loaded.model.to(choice.dtype), dtype=choice.dtype, dtype_reason=choice.reason
+    )

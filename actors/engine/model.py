@@ -6,6 +6,7 @@ Shapes: B rows, T new columns, C = num_codebooks, S = cache capacity per slot.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -166,13 +167,21 @@ def pack_cpu_linears(model: nn.Module, batch_hint: int) -> int:
         except RuntimeError:
             return packed
         bias = None if module.bias is None else module.bias.detach()
-
-        def forward(x, weight=weight, bias=bias):
-            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-        module.forward = forward
+        module.forward = functools.partial(_packed_linear, weight=weight, bias=bias)
         packed += 1
     return packed
+
+
+def _packed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """A pre-packed oneDNN linear whose rows never depend on how many rows share the call.
+    oneDNN runs a single row through another kernel whose sums differ in the last bit from the
+    same row among others (measured on AMD Zen 4, AVX-512, float32 and bfloat16, for the
+    2048- and 3072-wide inputs of wo and w2; 2..512 rows all agree): one row goes in as two."""
+    if x.numel() != x.shape[-1]:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    pair = x.reshape(1, -1).expand(2, -1).contiguous()
+    y = torch.ops.mkldnn._linear_pointwise(pair, weight, bias, "none", [], "")
+    return y[:1].reshape(*x.shape[:-1], y.shape[-1])
 
 
 def unpack_cpu_linears(model: nn.Module) -> int:

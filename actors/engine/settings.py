@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-# the dtype names a model or codec may be loaded in (loader.DTYPES maps them to torch's)
+# the dtype names a model or codec may be loaded in (precision.DTYPES maps them to torch's)
 DTYPE_NAMES = {
     "float32": "float32",
     "fp32": "float32",

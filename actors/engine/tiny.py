@@ -24,7 +24,8 @@ from .config import (
     parse_config,
     with_semantic_ids,
 )
-from .loader import LoadedModel, build_empty_model, resolve_device, resolve_dtype
+from .loader import LoadedModel, build_empty_model, resolve_device
+from .precision import choose_dtype
 from .tokenizer import IM_END, IM_START, INTERLEAVE, SEMANTIC_TEMPLATE, VOICE, Tokenizer
 
 SPECIAL_TOKENS = [
@@ -309,8 +310,8 @@ def random_model(
     tok = SyntheticTokenizer(sizes["codebook_size"])
     config = with_semantic_ids(config, tok.semantic_begin_id, tok.semantic_end_id, tok.source)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    model = build_empty_model(config, dev, dt)
+    choice = choose_dtype(dtype, dev)
+    model = build_empty_model(config, dev, choice.dtype)
     randomise_(model, seed)
     from .checkpoint import LoadReport
 
@@ -320,6 +321,7 @@ def random_model(
         tokenizer=tok,
         checkpoint_dir=Path(f"random-{size}"),
         device=dev,
-        dtype=dt,
+        dtype=choice.dtype,
         report=LoadReport(files=[]),
+        dtype_reason=choice.reason,
     )
