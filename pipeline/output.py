@@ -69,6 +69,11 @@ REPORT_FILE = "report.html"
 _PRE_CLAIM_ENTRIES = {RUNS_DIR, LEASE_FILE}
 
 
+def is_part(name: str) -> bool:
+    """A block part's (or the rejected part's) file name."""
+    return name.startswith(PART_PREFIX) and name.endswith(PART_SUFFIX)
+
+
 def _is_pre_claim_entry(name: str) -> bool:
     """An entry a starting run makes before its marker exists: the lease, the runs folder, or
     the temporary file of a lease heartbeat caught mid-rename (`.tmp-<pid>-<hex>-_chorus.lock`)."""
@@ -357,9 +362,7 @@ class OutputLayout:
         doomed = [
             f.path
             for f in self._data_files()
-            if f.base_name.startswith(TEMP_PREFIX)
-            or shards.is_shard(f.base_name)
-            or (f.base_name.startswith(PART_PREFIX) and f.base_name.endswith(PART_SUFFIX))
+            if f.base_name.startswith(TEMP_PREFIX) or shards.is_shard(f.base_name) or is_part(f.base_name)
         ]
         doomed += [
             self.path(name)
@@ -384,11 +387,7 @@ class OutputLayout:
 
     def parts(self) -> list[str]:
         """Every part file on disk, absorbed or not (what the writers left)."""
-        return sorted(
-            f.path
-            for f in self._data_files()
-            if f.base_name.startswith(PART_PREFIX) and f.base_name.endswith(PART_SUFFIX)
-        )
+        return sorted(f.path for f in self._data_files() if is_part(f.base_name))
 
     def clean_temp(self, keep_run: Optional[str] = None) -> int:
         """Delete what killed writers left behind (never read as data, but it takes space).
@@ -588,6 +587,24 @@ def write_block(batch: pa.Table, location: str, run_id: str = "") -> pa.Table:
     size = layout.fs.get_file_info(path).size
     stats = dict(block_stats(batch, name), bytes=size, write_ms=(time.perf_counter() - began) * 1000.0)
     return pa.Table.from_pylist([stats], schema=STATS_SCHEMA)
+
+
+# what summarize reads (never the texts, audio or codes)
+SUMMARY_COLUMNS = [
+    S.ID,
+    S.STATUS,
+    S.ERROR,
+    S.AUDIO_SECONDS,
+    S.N_FRAMES,
+    S.TOTAL_MS,
+    S.RTF,
+    S.ACTOR,
+    S.NODE,
+    S.DEVICE,
+    S.RUN,
+    S.FINISHED_AT,
+    S.BATCH,
+]
 
 
 def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> dict:

@@ -38,6 +38,7 @@ from .output import (
     ATTEMPTS_DIR,
     CONFIG_FILE,
     REJECTED_PART,
+    SUMMARY_COLUMNS,
     SUMMARY_FILE,
     Lease,
     OutputInUse,
@@ -563,7 +564,7 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
 
     wall = time.monotonic() - started
     summary = summarize(
-        layout.read(S.METADATA_COLUMNS),
+        layout.read(SUMMARY_COLUMNS),
         run_id,
         wall,
         {

@@ -40,8 +40,8 @@ SHARD_PREFIX = "shard-"
 SHARD_SUFFIX = ".parquet"
 ABSORBED_KEY = b"chorus.absorbed"  # footer metadata: JSON list of the part names a shard absorbs
 # a shard's row groups: big enough for dataset tools, small enough to read one at a time
-ROW_GROUP_BYTES = 64 << 20
-ROW_GROUP_ROWS = 8192
+ROW_GROUP_BYTES = 16 << 20
+ROW_GROUP_ROWS = 4096
 
 Hook = Optional[Callable[[str], None]]  # tests: called after each step ("written", "committed", ...)
 
@@ -90,13 +90,13 @@ class Listing:
 
 def list_data(layout: OutputLayout) -> Listing:
     """One listing of data/ plus one footer read per shard: O(files) on the driver."""
-    from .output import PART_PREFIX, PART_SUFFIX
+    from .output import is_part
 
     infos = sorted(layout._data_files(), key=lambda f: f.path)
     listing = Listing(shards=[f for f in infos if is_shard(f.base_name)])
     gone = frozenset().union(*(absorbed_by(layout, f) for f in listing.shards))
     for f in infos:
-        if f.base_name.startswith(PART_PREFIX) and f.base_name.endswith(PART_SUFFIX):
+        if is_part(f.base_name):
             (listing.dead if f.base_name in gone else listing.parts).append(f)
     return listing
 

@@ -181,3 +181,34 @@ def test_a_shard_loads_in_hf_datasets(tmp_path):
     raw = loaded.cast_column(S.AUDIO, datasets.Audio(decode=False))
     first = next(r for r in raw if r[S.ID] == IDS[0])
     assert first[S.AUDIO]["bytes"] == IDS[0].encode() * 50
+
+
+class _Crash(Exception):
+    pass
+
+
+def _crash_at(step: str):
+    def hook(name: str) -> None:
+        if name == step:
+            raise _Crash(name)
+
+    return hook
+
+
+def test_readers_skip_the_parts_a_committed_shard_absorbed(tmp_path):
+    from pipeline.export import export
+    from pipeline.report import _read_run
+
+    layout = job_output(tmp_path)
+    group = shards.pending_groups(layout, 1 << 30, 20)[0]
+    with pytest.raises(_Crash):
+        shards.compact(layout.location, group, RUN, hook=_crash_at("committed"))
+    assert len(layout.parts()) == 11  # every part still on disk, half of them absorbed
+    assert len(layout.live_files()) == 1 + 5 + 1  # the shard, the 5 parts it did not absorb, the rejected part
+    rows_by_id(layout)
+    run = _read_run(tmp_path / "out")
+    assert run.n == len(IDS) + 1 and sorted(i for i in run.strings(S.ID) if i) == sorted(IDS)
+    exported = export(layout.location)
+    assert (exported.written, exported.errors) == (len(IDS), 1)
+    index = (tmp_path / "out" / "audio" / "files.csv").read_text().splitlines()
+    assert len(index) == 1 + len(IDS) + 1
