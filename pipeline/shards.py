@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
@@ -29,7 +27,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from actors import schema as S
-from actors.files import TEMP_PREFIX
+from actors.files import TEMP_PREFIX, atomic_open
 
 from . import hf_features
 
@@ -232,21 +230,8 @@ def _write_committed(layout: OutputLayout, final: str, owner: str, write: Callab
             write(sink)
         _step(hook, "committed")
         return
-    directory, name = final.rsplit("/", 1)
-    temp = f"{directory}/{TEMP_PREFIX}{owner}-{os.getpid()}-{uuid.uuid4().hex[:8]}-{name}"
-    try:
-        with open(temp, "xb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        _step(hook, "written")
-        os.replace(temp, final)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(final, "wb", prefix=f"{TEMP_PREFIX}{owner}-", before_replace=lambda: _step(hook, "written")) as f:
+        write(f)
     _step(hook, "committed")
 
 

@@ -212,3 +212,10 @@ def test_readers_skip_the_parts_a_committed_shard_absorbed(tmp_path):
     assert (exported.written, exported.errors) == (len(IDS), 1)
     index = (tmp_path / "out" / "audio" / "files.csv").read_text().splitlines()
     assert len(index) == 1 + len(IDS) + 1
+
+
+def test_overwrite_deletes_shards_too(tmp_path):
+    layout = job_output(tmp_path)
+    shards.compact_all(layout, "r-end", 1 << 30, 20)
+    layout.claim({"input": "y"}, overwrite=True)
+    assert layout.live_files() == [] and list((tmp_path / "out" / "data").iterdir()) == []
