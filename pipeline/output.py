@@ -410,8 +410,7 @@ class OutputLayout:
         """The projected columns of these files (never the others: audio stays on disk)."""
         if not parts:
             return S.OUTPUT_SCHEMA.empty_table().select(columns)
-        tables = [pq.read_table(p, filesystem=self.fs, columns=columns, schema=S.OUTPUT_SCHEMA) for p in parts]
-        return pa.concat_tables(tables).replace_schema_metadata(None)
+        return pa.concat_tables([shards.read_file(self, p, columns) for p in parts])
 
     def read(self, columns: Optional[list[str]] = None, latest_only: bool = True) -> pa.Table:
         """Every output row; with latest_only, only the newest copy of each id outside the

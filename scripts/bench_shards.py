@@ -3,17 +3,16 @@
     .venv/bin/python scripts/bench_shards.py ROWS OUT [--audio-bytes B] [--block-rows R]
 
 Writes ROWS synthetic output rows (random, incompressible `audio` bytes of B each) as
-R-row block parts named as the job's write stage names them, then measures the reads a rerun,
-a summary and an export make -- first over the parts, then after packing them into shards at
-the defaults (output.shard_bytes / output.shard_rows). Each read runs in a fresh process so
-its peak RSS is its own. Prints a table; writes OUT/bench_shards.json.
+R-row block parts named as the job's write stage names them, then packs a linked copy of them
+into shards at the defaults (output.shard_bytes / output.shard_rows) and measures the reads a
+rerun, a summary and an export make over both, interleaved, each in a fresh process so its
+peak RSS is its own. Prints a table; writes OUT/bench_shards.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -90,42 +89,65 @@ def files_in(out: Path) -> int:
     return sum(1 for p in (out / "data").iterdir() if not p.name.startswith("."))
 
 
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("rows", type=int)
     parser.add_argument("out", type=Path)
     parser.add_argument("--audio-bytes", type=int, default=4096)
     parser.add_argument("--block-rows", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
     from pipeline import shards
     from pipeline.config import OutputSettings
     from pipeline.output import OutputLayout
 
-    out = args.out / f"rows-{args.rows}"
+    parts, packed_dir = args.out / f"rows-{args.rows}-parts", args.out / f"rows-{args.rows}-shards"
     result = {"rows": args.rows, "audio_bytes": args.audio_bytes, "block_rows": args.block_rows}
-    result["write_parts_s"] = write_parts(out, args.rows, args.audio_bytes, args.block_rows)
-    result["parts"] = {"files": files_in(out), **{r: measure_read(out, r) for r in READS}}
+    result["write_parts_s"] = write_parts(parts, args.rows, args.audio_bytes, args.block_rows)
+    subprocess.run(["rm", "-rf", str(packed_dir)], check=True)
+    subprocess.run(["cp", "-al", str(parts), str(packed_dir)], check=True)  # the same files, linked
     defaults = OutputSettings()
     began = time.perf_counter()
-    packed = shards.compact_all(OutputLayout(str(out)), "bench-end", defaults.shard_bytes, defaults.shard_rows)
+    packed = shards.compact_all(OutputLayout(str(packed_dir)), "bench-end", defaults.shard_bytes, defaults.shard_rows)
     result["compact_s"] = time.perf_counter() - began
     result["compact_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result["shards"] = {"files": files_in(out), "packed": len(packed), **{r: measure_read(out, r) for r in READS}}
+    result["files"] = {"parts": files_in(parts), "shards": files_in(packed_dir), "packed": len(packed)}
+    runs = {layout: {read: [] for read in READS} for layout in ("parts", "shards")}
+    for _ in range(args.repeats):  # interleaved: the machine's drift hits both alike
+        for read in READS:
+            for layout, where in (("parts", parts), ("shards", packed_dir)):
+                runs[layout][read].append(measure_read(where, read))
+    result["reads"] = {
+        layout: {
+            read: {
+                "s": median([m["s"] for m in ms]),
+                "peak_rss_mb": median([m["peak_rss_mb"] for m in ms]),
+                "value": ms[0]["value"],
+            }
+            for read, ms in by_read.items()
+        }
+        for layout, by_read in runs.items()
+    }
 
-    print(f"{args.rows} rows, {args.audio_bytes} B audio each, {args.block_rows}-row blocks")
+    print(f"{args.rows} rows, {args.audio_bytes} B audio each, {args.block_rows}-row blocks; medians of {args.repeats}")
     print(f"{'read':<12} {'parts s':>9} {'shards s':>9} {'ratio':>7} {'parts MB':>9} {'shards MB':>10}")
     for read in READS:
-        p, s = result["parts"][read], result["shards"][read]
+        p, s = result["reads"]["parts"][read], result["reads"]["shards"][read]
         print(
-            f"{read:<12} {p['s']:9.2f} {s['s']:9.2f} {p['s'] / max(s['s'], 1e-9):6.1f}x "
+            f"{read:<12} {p['s']:9.3f} {s['s']:9.3f} {p['s'] / max(s['s'], 1e-9):6.1f}x "
             f"{p['peak_rss_mb']:9.0f} {s['peak_rss_mb']:10.0f}"
         )
+    files = result["files"]
     print(
-        f"files: {result['parts']['files']} parts -> {result['shards']['files']} files; compaction {result['compact_s']:.1f} s"
+        f"files: {files['parts']} parts -> {files['shards']} files; compaction {result['compact_s']:.1f} s, "
+        f"peak RSS {result['compact_peak_rss_mb']:.0f} MB"
     )
     (args.out / "bench_shards.json").write_text(json.dumps(result, indent=2) + "\n")
-    os.sync()
     return 0
 
 
