@@ -77,8 +77,13 @@ def _rows(layout: OutputLayout, columns: list[str]):
     """The live files' rows, a few hundred at a time, only `columns` read."""
     for path in layout.live_files():
         with layout.fs.open_input_file(path) as handle:
-            for batch in pq.ParquetFile(handle).iter_batches(batch_size=EXPORT_BATCH_ROWS, columns=columns):
-                yield from batch.to_pylist()
+            source = pq.ParquetFile(handle)
+            # one row group at a time: over a whole file, iter_batches held every row group's
+            # audio at once (a 200 MB shard: 203 MB of Arrow memory; by row group: 19 MB)
+            for group in range(source.num_row_groups):
+                batches = source.iter_batches(EXPORT_BATCH_ROWS, row_groups=[group], columns=columns, use_threads=False)
+                for batch in batches:
+                    yield from batch.to_pylist()
 
 
 def export(output_dir: str, target: Optional[str] = None, overwrite: bool = False) -> ExportReport:
