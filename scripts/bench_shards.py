@@ -69,7 +69,7 @@ def write_parts(out: Path, rows: int, audio_bytes: int, block_rows: int) -> floa
 def measure_read(out: Path, read: str) -> dict:
     """One read in a fresh interpreter: its wall time and the process's peak RSS."""
     code = (
-        "import json, resource, sys, time\n"
+        "import json, sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from actors import schema as S\n"
         "from pipeline.export import _rows\n"
@@ -78,7 +78,8 @@ def measure_read(out: Path, read: str) -> dict:
         "began = time.perf_counter()\n"
         f"value = {READS[read]}\n"
         "seconds = time.perf_counter() - began\n"
-        "rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        # VmHWM, not ru_maxrss: the latter carries the forking parent's peak across exec
+        "rss = [int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')][0] / 1024\n"
         "print(json.dumps({'value': value, 's': seconds, 'peak_rss_mb': rss}))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
