@@ -37,6 +37,12 @@ def test_block_figures_count_ok_rows_only():
     assert refused["error"] == 1 and refused["slot_occupancy"] is None and refused["frames"] == 0
 
 
+def test_recording_outside_a_ray_worker_is_harmless():
+    # SynthActor also runs in plain processes (tests, the CLI): there the metrics go nowhere
+    metrics = ray_metrics.ActorMetrics("no-ray")
+    assert metrics.record_block(block("n", 1, ok=1, errors=0, occupancy=1.0, busy=1.0))["ok"] == 1
+
+
 def _scrape(port: int) -> dict[tuple[str, str], float]:
     """{(metric name, its tags as text): value} of the chorus metrics a node exports."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
