@@ -62,15 +62,18 @@ def _base_name(path: str) -> str:
 # ---- what holds rows ------------------------------------------------------------------------
 
 
-def absorbed_by(layout: OutputLayout, info: pafs.FileInfo) -> frozenset[str]:
-    """The part names a committed shard absorbed (its footer), cached per file version."""
+def absorbed_by(layout: OutputLayout, info: pafs.FileInfo) -> Optional[frozenset[str]]:
+    """The part names a committed shard absorbed (its footer), cached per file version; None
+    for a file with no valid footer (an object store's upload closed by a failing writer:
+    never committed, its parts are all still there)."""
     key = (info.path, info.size, info.mtime_ns)
-    cached = layout.footers.get(key)
-    if cached is None:
-        meta = pq.read_metadata(info.path, filesystem=layout.fs).metadata or {}
-        cached = frozenset(json.loads(meta.get(ABSORBED_KEY, b"[]")))
-        layout.footers[key] = cached
-    return cached
+    if key not in layout.footers:
+        try:
+            meta = pq.read_metadata(info.path, filesystem=layout.fs).metadata or {}
+            layout.footers[key] = frozenset(json.loads(meta.get(ABSORBED_KEY, b"[]")))
+        except (OSError, ValueError, pa.ArrowInvalid):
+            layout.footers[key] = None
+    return layout.footers[key]
 
 
 @dataclass
@@ -81,6 +84,7 @@ class Listing:
     shards: list[pafs.FileInfo] = field(default_factory=list)
     parts: list[pafs.FileInfo] = field(default_factory=list)
     dead: list[pafs.FileInfo] = field(default_factory=list)
+    torn: list[pafs.FileInfo] = field(default_factory=list)  # shard names without a valid footer
 
     def live_files(self) -> list[str]:
         return [f.path for f in self.shards] + [f.path for f in self.parts]
@@ -91,8 +95,13 @@ def list_data(layout: OutputLayout) -> Listing:
     from .output import is_part
 
     infos = sorted(layout._data_files(), key=lambda f: f.path)
-    listing = Listing(shards=[f for f in infos if is_shard(f.base_name)])
-    gone = frozenset().union(*(absorbed_by(layout, f) for f in listing.shards))
+    listing, footers = Listing(), []
+    for f in infos:
+        if is_shard(f.base_name):
+            absorbed = absorbed_by(layout, f)
+            (listing.torn if absorbed is None else listing.shards).append(f)
+            footers.append(absorbed or frozenset())
+    gone = frozenset().union(*footers)
     for f in infos:
         if is_part(f.base_name):
             (listing.dead if f.base_name in gone else listing.parts).append(f)
@@ -100,9 +109,10 @@ def list_data(layout: OutputLayout) -> Listing:
 
 
 def purge_absorbed(layout: OutputLayout) -> int:
-    """Delete the parts committed shards have absorbed (what a killed compaction left).
-    Only the lease holder calls this."""
-    dead = list_data(layout).dead
+    """Delete the parts committed shards have absorbed (what a killed compaction left), and
+    torn shards. Only the lease holder calls this."""
+    listing = list_data(layout)
+    dead = listing.dead + listing.torn
     for f in dead:
         _delete(layout, f.path)
     return len(dead)
@@ -227,19 +237,38 @@ def _step(hook: Hook, name: str) -> None:
         hook(name)
 
 
+def _abandon(writer: Optional[pq.ParquetWriter]) -> None:
+    """Drop a failed writer without its footer: a footer would make the rows written so far
+    look like a whole file (on an object store, a committed shard)."""
+    if writer is not None:
+        writer.is_open = False
+
+
 def _stream_parts(layout: OutputLayout, paths: list[str], sink, metadata: dict, hook: Hook) -> int:
     groups = _RowGroups(sink, metadata)
-    for path in paths:  # one part in memory at a time
-        groups.add(read_file(layout, path), hook)
-    return groups.close(hook)
+    try:
+        for path in paths:  # one part in memory at a time
+            groups.add(read_file(layout, path), hook)
+        return groups.close(hook)
+    except BaseException:
+        _abandon(groups.writer)
+        raise
 
 
-def _write_committed(layout: OutputLayout, final: str, owner: str, write: Callable, hook: Hook) -> None:
+def _write_committed(
+    layout: OutputLayout, final: str, owner: str, write: Callable, hook: Hook, discard_on_error: bool = True
+) -> None:
     """Run `write(sink)` so that `final` appears complete or not at all; the rename (or the
     upload's completion) is the commit point."""
     if not layout.local:
-        with layout.fs.open_output_stream(final) as sink:
-            write(sink)
+        try:
+            with layout.fs.open_output_stream(final) as sink:
+                write(sink)
+        except BaseException:
+            # pyarrow's streams have no abort: closing one may have published a torn object
+            if discard_on_error:
+                _delete(layout, final)
+            raise
         _step(hook, "committed")
         return
     with atomic_open(final, "wb", prefix=f"{TEMP_PREFIX}{owner}-", before_replace=lambda: _step(hook, "written")) as f:
@@ -280,8 +309,8 @@ def rewrite(layout: OutputLayout, path: str, keep: pa.Array, owner: str) -> None
     metadata = source.schema_arrow.metadata or {}
 
     def write(sink) -> None:
-        schema = S.OUTPUT_SCHEMA.with_metadata(metadata)
-        with pq.ParquetWriter(sink, schema) as writer:
+        writer = pq.ParquetWriter(sink, S.OUTPUT_SCHEMA.with_metadata(metadata))
+        try:
             offset = 0
             for g in range(source.num_row_groups):
                 group = source.read_row_group(g)
@@ -289,8 +318,13 @@ def rewrite(layout: OutputLayout, path: str, keep: pa.Array, owner: str) -> None
                 offset += group.num_rows
                 kept = conform(group.filter(mask)).replace_schema_metadata(metadata)
                 writer.write_table(kept, row_group_size=max(1, kept.num_rows))
+        except BaseException:
+            _abandon(writer)
+            raise
+        writer.close()
 
-    _write_committed(layout, path, owner, write, None)
+    # in place: on an object store a failure mid-rewrite may leave the shard torn (no rename there)
+    _write_committed(layout, path, owner, write, None, discard_on_error=False)
 
 
 def compact_all(layout: OutputLayout, owner: str, shard_bytes: int, shard_rows: int, hook: Hook = None) -> list[dict]:

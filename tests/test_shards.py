@@ -36,9 +36,9 @@ def ok(row_id: str, finished: float) -> dict:
     }
 
 
-def job_output(tmp_path, block_rows: int = 4) -> OutputLayout:
+def job_output(tmp_path, block_rows: int = 4, location: str = "") -> OutputLayout:
     """An output as a run leaves it before compaction: 10 block parts and a rejected part."""
-    layout = OutputLayout(str(tmp_path / "out"))
+    layout = OutputLayout(location or str(tmp_path / "out"))
     layout.claim({"input": "x"}, overwrite=False, run_id=RUN)
     for start in range(0, len(IDS), block_rows):
         rows = [ok(i, 1000.0 + start + k) for k, i in enumerate(IDS[start : start + block_rows])]
@@ -219,3 +219,35 @@ def test_overwrite_deletes_shards_too(tmp_path):
     shards.compact_all(layout, "r-end", 1 << 30, 20)
     layout.claim({"input": "y"}, overwrite=True)
     assert layout.live_files() == [] and list((tmp_path / "out" / "data").iterdir()) == []
+
+
+def test_an_object_store_output_commits_by_upload_and_never_keeps_a_torn_shard(tmp_path, monkeypatch):
+    # a filesystem that is not the local one takes the object-store path (no rename: an
+    # object appears when its upload completes); here it is a real directory behind pyarrow's
+    # SubTreeFileSystem, under a URI scheme of the test's own
+    import pyarrow.fs as pafs
+
+    from pipeline import output
+
+    real = output.open_location
+    store = pafs.SubTreeFileSystem(str(tmp_path / "store"), pafs.LocalFileSystem())
+    (tmp_path / "store").mkdir()
+
+    def open_location(location: str):
+        return (store, location.removeprefix("teststore://")) if location.startswith("teststore://") else real(location)
+
+    monkeypatch.setattr(output, "open_location", open_location)
+    layout = job_output(tmp_path, location="teststore://bucket/out")
+    assert not layout.local
+    before = rows_by_id(layout)
+    first = shards.pending_groups(layout, 1 << 30, 20)[0]
+    with pytest.raises(_Crash):  # the writer fails mid-shard: the closed upload is taken back
+        shards.compact(layout.location, first, RUN, hook=_crash_at("row_group"))
+    assert not [f for f in layout._data_files() if shards.is_shard(f.base_name)]
+    assert rows_by_id(layout) == before
+    torn = tmp_path / "store" / "bucket" / "out" / "data" / shards.shard_name(["x"])
+    torn.write_bytes(b"PAR1 an upload cut short")  # what a failing writer elsewhere may publish
+    assert rows_by_id(layout) == before  # not a shard: no footer, so it absorbed nothing
+    shards.compact_all(layout, "r-end", 1 << 30, 20)  # its start deletes the torn one
+    assert not torn.exists() and rows_by_id(layout) == before
+    assert sorted(f.base_name for f in layout._data_files() if not shards.is_shard(f.base_name)) == [REJECTED_PART]
