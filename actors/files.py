@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Union
+from typing import IO, Optional, Union
 
 TEMP_PREFIX = ".tmp-"  # readers (pyarrow, Ray, HF datasets, globs) skip names starting with '.'
 
 
 @contextmanager
-def atomic_open(path: Union[str, Path], mode: str = "wb", prefix: str = TEMP_PREFIX) -> Iterator[IO]:
+def atomic_open(
+    path: Union[str, Path], mode: str = "wb", prefix: str = TEMP_PREFIX, before_replace: Optional[Callable] = None
+) -> Iterator[IO]:
     """`with atomic_open(path, "w") as f: ...` writes `path` whole or not at all. The file gets
-    the permissions of any new file (the umask's), not a private temporary file's."""
+    the permissions of any new file (the umask's), not a private temporary file's.
+    `before_replace` runs once the data is on disk, just before the rename (a test's crash point)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open writes whole files: mode 'w' or 'wb', got {mode!r}")
     path = Path(path)
@@ -28,6 +31,8 @@ def atomic_open(path: Union[str, Path], mode: str = "wb", prefix: str = TEMP_PRE
             yield f
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(temp, path)
     except BaseException:
         try:

@@ -42,7 +42,7 @@ from actors.files import write_atomically
 
 from . import metrics, quality
 from .config import CONF_DIR, REPO_ROOT
-from .output import engine_figures, is_local, local_path
+from .output import OutputLayout, engine_figures, is_local, local_path
 from .plan import connect, run
 
 log = logging.getLogger("chorus")
@@ -107,7 +107,7 @@ def make_workload(
 def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -> dict:
     """The figures of one configuration's run, from its output rows (every row of the output
     belongs to this run: each configuration writes a fresh output)."""
-    meta = pq.read_table(f"{output_dir}/data", columns=S.METADATA_COLUMNS)
+    meta = OutputLayout(output_dir).read(S.METADATA_COLUMNS, latest_only=False)
     table = metrics.normalise(meta)
     counted, ok = metrics.counts(table), metrics.ok_rows(table)
     gate = quality.figures(table)

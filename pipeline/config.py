@@ -61,8 +61,16 @@ class OutputSettings:
     # a rerun keeps rows whose every attempt failed quality.reject (status rejected); true: redo
     # them (worth it after raising quality.max_attempts or changing the model)
     retry_rejected: bool = False
+    # finished blocks are packed into shards of about this many bytes, while the job runs and
+    # at its end (pipeline/shards.py), and of at most this many rows
+    shard_bytes: int = 512 * 1024 * 1024
+    shard_rows: int = 100_000
 
     def validate(self) -> None:
+        if self.shard_bytes < 1 or self.shard_rows < 1:
+            raise ConfigError(
+                f"output.shard_bytes and output.shard_rows must be >= 1, got {self.shard_bytes} and {self.shard_rows}"
+            )
         if self.on_change not in ("redo", "refuse"):
             raise ConfigError(f"output.on_change must be redo or refuse, got {self.on_change!r}")
         if not 0 < self.lease_heartbeat_s < self.lease_stale_s:

@@ -70,6 +70,22 @@ class FileNames:
         return stem
 
 
+EXPORT_BATCH_ROWS = 256  # rows of audio in memory at once: a shard's audio may not fit
+
+
+def _rows(layout: OutputLayout, columns: list[str]):
+    """The live files' rows, a few hundred at a time, only `columns` read."""
+    for path in layout.live_files():
+        with layout.fs.open_input_file(path) as handle:
+            source = pq.ParquetFile(handle)
+            # one row group at a time: over a whole file, iter_batches held every row group's
+            # audio at once (a 200 MB shard: 203 MB of Arrow memory; by row group: 19 MB)
+            for group in range(source.num_row_groups):
+                batches = source.iter_batches(EXPORT_BATCH_ROWS, row_groups=[group], columns=columns, use_threads=False)
+                for batch in batches:
+                    yield from batch.to_pylist()
+
+
 def export(output_dir: str, target: Optional[str] = None, overwrite: bool = False) -> ExportReport:
     layout = OutputLayout(output_dir)
     target = target or f"{layout.location}/audio"
@@ -81,21 +97,20 @@ def export(output_dir: str, target: Optional[str] = None, overwrite: bool = Fals
     written = skipped = errors = 0
     names = FileNames()
     columns = [S.ID, S.STATUS, S.ERROR, S.AUDIO, S.AUDIO_SECONDS]
-    for part in layout.parts():  # one part at a time: the audio of a whole run may not fit in memory
-        for row in pq.read_table(part, filesystem=layout.fs, columns=columns).to_pylist():
-            if row[S.STATUS] != S.STATUS_OK:
-                errors += 1
-                writer.writerow([row[S.ID], row[S.STATUS], "", "", row[S.ERROR]])
-                continue
-            name = names(row[S.ID]) + ".flac"
-            path = f"{base}/{name}"
-            if not overwrite and fs.get_file_info(path).type == pafs.FileType.File:
-                skipped += 1
-            else:
-                with fs.open_output_stream(path) as f:
-                    f.write(row[S.AUDIO][S.AUDIO_BYTES])
-                written += 1
-            writer.writerow([row[S.ID], row[S.STATUS], name, row[S.AUDIO_SECONDS], ""])
+    for row in _rows(layout, columns):
+        if row[S.STATUS] != S.STATUS_OK:
+            errors += 1
+            writer.writerow([row[S.ID], row[S.STATUS], "", "", row[S.ERROR]])
+            continue
+        name = names(row[S.ID]) + ".flac"
+        path = f"{base}/{name}"
+        if not overwrite and fs.get_file_info(path).type == pafs.FileType.File:
+            skipped += 1
+        else:
+            with fs.open_output_stream(path) as f:
+                f.write(row[S.AUDIO][S.AUDIO_BYTES])
+            written += 1
+        writer.writerow([row[S.ID], row[S.STATUS], name, row[S.AUDIO_SECONDS], ""])
     with fs.open_output_stream(f"{base}/{INDEX_FILE}") as f:
         f.write(index.getvalue().encode("utf-8"))
     return ExportReport(directory=target, written=written, skipped=skipped, errors=errors)

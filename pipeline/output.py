@@ -1,7 +1,9 @@
 """Output layout, crash-safe part files, resume and the summary.
 
     <output.dir>/
-      data/part-<hash>.parquet    synthesized rows (actors/schema.py OUTPUT_SCHEMA)
+      data/shard-<hash>.parquet   synthesized rows (actors/schema.py OUTPUT_SCHEMA), packed
+                                  from the parts (pipeline/shards.py)
+      data/part-<run>-<hash>.parquet  one block's rows, until a shard absorbs it
       data/part-rejected.parquet  rows the driver refused (null / malformed / duplicate ids)
       config.yaml                 the resolved config of the latest run
       summary.json                counts, audio hours, speed, per-actor figures
@@ -12,8 +14,10 @@
 
 Resume needs no manifest: a part file only ever appears complete (written under a temporary
 name, then renamed; object stores publish an object only when its upload completes), so the
-ids in the part files are exactly the rows done. A part is named by a hash of its ids, so a
-write retried after a crash replaces its own file instead of adding a second copy.
+ids in the live files (`OutputLayout.live_files`: the shards and the parts no shard has
+absorbed) are exactly the rows done. A part is named by its run and a hash of its ids, so a
+write retried after a crash replaces its own file instead of adding a second copy, and a
+later run's part never takes the name of one a shard has absorbed.
 
 One driver at a time: a run holds a lease on the directory (`_chorus.lock`: owner, host,
 pid, run, heartbeat; locally also an exclusive `flock` for the run's life); a second driver
@@ -47,7 +51,7 @@ import pyarrow.parquet as pq
 from actors import schema as S
 from actors.files import TEMP_PREFIX, atomic_open, write_atomically
 
-from . import metrics, quality
+from . import hf_features, metrics, quality, shards
 
 DATA_DIR = "data"
 PART_PREFIX = "part-"
@@ -63,6 +67,11 @@ REPORT_FILE = "report.html"
 # what may sit in a directory chorus has not claimed yet: Hydra creates _runs/ before the run
 # starts, and a lease is taken before the marker is written
 _PRE_CLAIM_ENTRIES = {RUNS_DIR, LEASE_FILE}
+
+
+def is_part(name: str) -> bool:
+    """A block part's (or the rejected part's) file name."""
+    return name.startswith(PART_PREFIX) and name.endswith(PART_SUFFIX)
 
 
 def _is_pre_claim_entry(name: str) -> bool:
@@ -83,6 +92,7 @@ STATS_SCHEMA = pa.schema(
         ("audio_seconds", pa.float64()),
         ("frames", pa.int64()),
         ("part", pa.string()),
+        ("bytes", pa.int64()),  # the part file's size (what compaction packs by)
         ("write_ms", pa.float64()),
         ("slot_rows", pa.float64()),
         ("slot_steps", pa.float64()),
@@ -315,6 +325,7 @@ class OutputLayout:
         self.fs, self.base = open_location(location)
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
         self.data_dir = f"{self.base}/{DATA_DIR}"
+        self.footers: dict = {}  # shard footers read so far (pipeline/shards.py absorbed_by)
 
     def path(self, name: str) -> str:
         return f"{self.base}/{name}"
@@ -351,8 +362,7 @@ class OutputLayout:
         doomed = [
             f.path
             for f in self._data_files()
-            if f.base_name.startswith(TEMP_PREFIX)
-            or (f.base_name.startswith(PART_PREFIX) and f.base_name.endswith(PART_SUFFIX))
+            if f.base_name.startswith(TEMP_PREFIX) or shards.is_shard(f.base_name) or is_part(f.base_name)
         ]
         doomed += [
             self.path(name)
@@ -370,12 +380,14 @@ class OutputLayout:
         selector = pafs.FileSelector(self.data_dir, allow_not_found=True, recursive=False)
         return [f for f in self.fs.get_file_info(selector) if f.type == pafs.FileType.File]
 
+    def live_files(self) -> list[str]:
+        """The Parquet files that hold rows now: the committed shards, the parts no shard has
+        absorbed, and the rejected part. From one listing and the shards' footers."""
+        return shards.list_data(self).live_files()
+
     def parts(self) -> list[str]:
-        return sorted(
-            f.path
-            for f in self._data_files()
-            if f.base_name.startswith(PART_PREFIX) and f.base_name.endswith(PART_SUFFIX)
-        )
+        """Every part file on disk, absorbed or not (what the writers left)."""
+        return sorted(f.path for f in self._data_files() if is_part(f.base_name))
 
     def clean_temp(self, keep_run: Optional[str] = None) -> int:
         """Delete what killed writers left behind (never read as data, but it takes space).
@@ -395,17 +407,17 @@ class OutputLayout:
         return len(stale)
 
     def _read_parts(self, parts: list[str], columns: list[str]) -> pa.Table:
+        """The projected columns of these files (never the others: audio stays on disk)."""
         if not parts:
             return S.OUTPUT_SCHEMA.empty_table().select(columns)
-        tables = [pq.read_table(p, filesystem=self.fs, columns=columns, schema=S.OUTPUT_SCHEMA) for p in parts]
-        return pa.concat_tables(tables)
+        return pa.concat_tables([shards.read_file(self, p, columns) for p in parts])
 
     def read(self, columns: Optional[list[str]] = None, latest_only: bool = True) -> pa.Table:
         """Every output row; with latest_only, only the newest copy of each id outside the
         rejected part (a row redone by a later run has an older copy until the run's end
         removes it). The rejected part is kept whole: it answers every refused input row."""
         columns = list(columns or S.OUTPUT_SCHEMA.names)
-        parts = self.parts()
+        parts = self.live_files()
         if not latest_only:
             return self._read_parts(parts, columns)
         rejected = [p for p in parts if p.endswith("/" + REJECTED_PART)]
@@ -425,7 +437,7 @@ class OutputLayout:
         `also_drop` ids (those the driver now refuses), so each id is on disk once. Each part
         is rewritten atomically; a crash between parts leaves only newer copies deleted from
         some, never a row lost. Returns the rows removed."""
-        parts = [p for p in self.parts() if not p.endswith("/" + REJECTED_PART)]
+        parts = [p for p in self.live_files() if not p.endswith("/" + REJECTED_PART)]
         if not parts:
             return 0
         keys = [self._read_parts([p], [S.ID, S.RUN, S.FINISHED_AT]) for p in parts]
@@ -442,10 +454,9 @@ class OutputLayout:
             if all(part_keep):
                 continue
             removed += length - sum(part_keep)
-            name = part.rsplit("/", 1)[-1]
-            if any(part_keep):
-                whole = pq.read_table(part, filesystem=self.fs, schema=S.OUTPUT_SCHEMA)
-                self.write_part(whole.filter(pa.array(part_keep)), name, owner="compact")
+            if any(part_keep) or shards.is_shard(part.rsplit("/", 1)[-1]):
+                # a shard stays, emptied or not: its footer keeps the parts it absorbed gone
+                shards.rewrite(self, part, pa.array(part_keep), owner="compact")
             else:
                 self.fs.delete_file(part)
         return removed
@@ -455,6 +466,7 @@ class OutputLayout:
         temporary file's name starts with the writing run (`owner`), so a cleaner knows
         whose it is."""
         final = f"{self.data_dir}/{name}"
+        table = hf_features.with_features(table)
         if not self.local:
             # an object store publishes an object only once its upload has completed
             pq.write_table(table, final, filesystem=self.fs)
@@ -492,6 +504,7 @@ class OutputLayout:
             )
         self.ensure()
         self.clean_temp(keep_run=run_id)
+        shards.purge_absorbed(self)  # what a killed compaction left: already in its shard
         if recorded is None:
             self.write_text(IDENTITY_FILE, json.dumps(identity, indent=2) + "\n")
 
@@ -518,12 +531,14 @@ def _newest_copies(table: pa.Table) -> pa.Array:
     return pa.array([row_id is None or i in winners for i, row_id in enumerate(ids)])
 
 
-def part_name(ids: pa.Array) -> str:
-    """A part's name from the ids it holds: the same rows always land in the same file."""
+def part_name(ids: pa.Array, run_id: str = "") -> str:
+    """A part's name from its run and the ids it holds: the same rows of a run always land in
+    the same file."""
     digest = hashlib.blake2b(digest_size=12)
     for value in ids.to_pylist():
         digest.update(value.encode("utf-8") + b"\x00")
-    return f"{PART_PREFIX}{digest.hexdigest()}{PART_SUFFIX}"
+    run = f"{run_id}-" if run_id else ""
+    return f"{PART_PREFIX}{run}{digest.hexdigest()}{PART_SUFFIX}"
 
 
 def engine_figures(batches: Iterable[Optional[dict]]) -> dict:
@@ -566,10 +581,30 @@ def write_block(batch: pa.Table, location: str, run_id: str = "") -> pa.Table:
         return pa.Table.from_pylist([], schema=STATS_SCHEMA)
     began = time.perf_counter()
     batch = batch.select(S.OUTPUT_SCHEMA.names).cast(S.OUTPUT_SCHEMA)
-    name = part_name(batch.column(S.ID).combine_chunks())
-    OutputLayout(location).write_part(batch, name, owner=run_id)
-    stats = dict(block_stats(batch, name), write_ms=(time.perf_counter() - began) * 1000.0)
+    name = part_name(batch.column(S.ID).combine_chunks(), run_id)
+    layout = OutputLayout(location)
+    path = layout.write_part(batch, name, owner=run_id)
+    size = layout.fs.get_file_info(path).size
+    stats = dict(block_stats(batch, name), bytes=size, write_ms=(time.perf_counter() - began) * 1000.0)
     return pa.Table.from_pylist([stats], schema=STATS_SCHEMA)
+
+
+# what summarize reads (never the texts, audio or codes)
+SUMMARY_COLUMNS = [
+    S.ID,
+    S.STATUS,
+    S.ERROR,
+    S.AUDIO_SECONDS,
+    S.N_FRAMES,
+    S.TOTAL_MS,
+    S.RTF,
+    S.ACTOR,
+    S.NODE,
+    S.DEVICE,
+    S.RUN,
+    S.FINISHED_AT,
+    S.BATCH,
+]
 
 
 def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> dict:

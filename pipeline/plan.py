@@ -3,9 +3,11 @@
     read_parquet -> prepare (canonical names, skip rows done or rejected)
       -> repartition(target_num_rows_per_block) -> map_batches(SynthActor, actor pool)
       -> map_batches(write_block): one crash-safe part file per block, stats back to the driver
+      (Ray tasks, while it runs): each shard's worth of parts packed into a shard
 
-The driver consumes the stream of per-block stats: that is the progress, and the part files
-it leaves behind are the resume state (pipeline/output.py). Nothing here imports torch.
+The driver consumes the stream of per-block stats: that is the progress, and what fills a
+shard starts its compaction (pipeline/compaction.py); the run's end packs the remaining
+parts. The live files are the resume state (pipeline/output.py). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ from actors.demo import cache_root
 from actors.files import write_atomically
 from actors.settings import ActorSettings, CrashSettings, RunContext
 
+from . import shards
+from .compaction import RunningCompaction
 from .config import ConfigError, in_ray_job, settings, to_plain, validate
 from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, scan_input, scan_rows
 from .output import (
     ATTEMPTS_DIR,
     CONFIG_FILE,
     REJECTED_PART,
+    SUMMARY_COLUMNS,
     SUMMARY_FILE,
     Lease,
     OutputInUse,
@@ -453,17 +458,20 @@ def synthesize(
         progress = Progress(
             scan.total_rows, scan.total_rows - pending, output["progress_interval_s"], output["progress_bar"]
         )
+        compaction = RunningCompaction(layout.location, run_id, output["shard_bytes"], output["shard_rows"])
         began = time.monotonic()
         try:
-            for stats in plan.iter_rows():
+            for stats in plan.iter_rows():  # O(1) per block: sums, and one part handed on
                 if stream["first_block_s"] is None:
                     stream["first_block_s"] = time.monotonic() - began
                 stream["write_s"] += (stats["write_ms"] or 0.0) / 1000.0
                 progress.update(
                     stats["rows"], stats["errors"], stats["audio_seconds"], stats["slot_rows"], stats["slot_steps"]
                 )
+                compaction.add(stats)
         finally:
             progress.close()
+            stream.update(compaction.finish())
     finally:
         if started_ray:
             ray.shutdown()
@@ -564,10 +572,13 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
     superseded = layout.drop_superseded(also_drop=pa.array(scan.rejected_ids, type=pa.string()))
     if superseded:
         log.info("removed %d older copies of rows this run redid", superseded)
+    packed = shards.compact_all(layout, run_id, output["shard_bytes"], output["shard_rows"])
+    if packed:
+        log.info("packed the last %d parts into %d shard(s)", sum(p["parts"] for p in packed), len(packed))
 
     wall = time.monotonic() - started
     summary = summarize(
-        layout.read(S.METADATA_COLUMNS),
+        layout.read(SUMMARY_COLUMNS),
         run_id,
         wall,
         {

@@ -45,8 +45,9 @@ import pyarrow.parquet as pq
 
 from actors import schema as S
 from actors.files import write_atomically
-from pipeline import metrics, quality
+from pipeline import metrics, quality, shards
 from pipeline.output import SUMMARY_FILE as SUMMARY_NAME
+from pipeline.output import OutputLayout, is_part
 from pipeline.progress import format_duration
 
 REPORT_NAME = "report.html"
@@ -104,11 +105,23 @@ class _Run:
         return self.table.column(metrics.OK).to_numpy()
 
 
-def _data_files(output_dir: Path) -> list[Path]:
+def _data_files(output_dir: Path, notes: list[str]) -> list[Path]:
+    """chorus's live files (pipeline/output.py: the shards, the parts no shard absorbed, the
+    rejected part), and any other Parquet file below data/ (a foreign layout is read too)."""
     data = output_dir / "data"
     if not data.is_dir():
         return []
-    return sorted(p for p in data.rglob("*.parquet") if p.is_file() and not p.name.startswith("."))
+
+    def chorus_named(p: Path) -> bool:
+        return p.parent == data and (shards.is_shard(p.name) or is_part(p.name))
+
+    found = [p for p in data.rglob("*.parquet") if p.is_file() and not p.name.startswith(".")]
+    try:
+        live = [Path(p) for p in OutputLayout(str(output_dir)).live_files()]
+    except Exception as exc:  # a torn shard footer: read every file rather than nothing
+        notes.append(f"could not tell which files are current ({exc}); read every Parquet file under data/")
+        return sorted(found)
+    return sorted(set(live) | {p for p in found if not chorus_named(p)})
 
 
 def _unify(tables: list[pa.Table], notes: list[str]) -> pa.Table:
@@ -139,7 +152,7 @@ def _unify(tables: list[pa.Table], notes: list[str]) -> pa.Table:
 
 def _read_run(output_dir: Path) -> _Run:
     notes: list[str] = []
-    files = _data_files(output_dir)
+    files = _data_files(output_dir, notes)
     tables = []
     for index, path in enumerate(files):
         try:

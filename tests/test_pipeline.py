@@ -239,6 +239,7 @@ def test_parts_are_atomic_and_idempotent(tmp_path):
             "audio_seconds": 0.5,
             "frames": 10,
             "part": part_name(table.column(S.ID)),
+            "bytes": os.path.getsize(os.path.join(layout.data_dir, part_name(table.column(S.ID)))),
             "slot_rows": 0.0,  # these rows carry no batch figures
             "slot_steps": 0.0,
         }
