@@ -377,6 +377,10 @@ class OutputLayout:
             if f.base_name.startswith(PART_PREFIX) and f.base_name.endswith(PART_SUFFIX)
         )
 
+    def live_files(self) -> list[str]:
+        """The Parquet files that hold rows now (what planning reads, projected)."""
+        return self.parts()
+
     def clean_temp(self, keep_run: Optional[str] = None) -> int:
         """Delete what killed writers left behind (never read as data, but it takes space).
         Only the lease holder calls this, and a temp file names the run that writes it: the
