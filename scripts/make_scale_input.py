@@ -67,29 +67,29 @@ def _write_clips(out: str) -> list[str]:
     return names
 
 
-def make(n: int, out: str, files: int, seed: int, ref_fraction: float) -> dict:
-    rng = np.random.default_rng(seed)
-    os.makedirs(out, exist_ok=True)
-    clips = _write_clips(out)
-    counts = planted(n)
+def _share(count: int, files: int, k: int) -> int:
+    return count // files + (1 if k < count % files else 0)
+
+
+def _file_table(rng, first: int, n: int, plants: dict, clips: list[str], ref_fraction: float) -> pa.Table:
+    """Rows first..first+n of the input, with this file's share of the planted rows."""
     speakers = rng.integers(0, SPEAKERS, size=n)
-    ids: list = [f"spk{s:04d}/utt{i:09d}" for i, s in enumerate(speakers.tolist())]
-    # planted rows, at spread-out positions: each kind its own rows
-    slots = iter(rng.permutation(n).tolist())
-    for _ in range(counts["duplicate_pairs"]):
-        first, second = next(slots), next(slots)
-        ids[second] = ids[first]
-    for _ in range(counts["null_id"]):
+    ids: list = [f"spk{s:04d}/utt{first + i:09d}" for i, s in enumerate(speakers.tolist())]
+    slots = iter(rng.permutation(n).tolist())  # each planted row its own position
+    for _ in range(plants["duplicate_pairs"]):
+        one, other = next(slots), next(slots)
+        ids[other] = ids[one]
+    for _ in range(plants["null_id"]):
         ids[next(slots)] = None
-    for _ in range(counts["long_id"]):
+    for _ in range(plants["long_id"]):
         ids[next(slots)] = "spk9999/" + "u" * ID_MAX_CHARS
-    with_ref = rng.random(n) < ref_fraction
-    ref_ids = [f"spk{s:04d}" if r else None for s, r in zip(speakers.tolist(), with_ref.tolist())]
-    ref_paths = [clips[s % 2] if r else None for s, r in zip(speakers.tolist(), with_ref.tolist())]
-    for k in range(counts["conflict_rows"]):
+    with_ref = (rng.random(n) < ref_fraction).tolist()
+    ref_ids = [f"spk{s:04d}" if r else None for s, r in zip(speakers.tolist(), with_ref)]
+    ref_paths = [clips[s % 2] if r else None for s, r in zip(speakers.tolist(), with_ref)]
+    for k in range(plants["conflict_rows"]):
         row = next(slots)
         ref_ids[row], ref_paths[row] = CONFLICT_REF, clips[k % 2]
-    table = pa.table(
+    return pa.table(
         {
             "id": pa.array(ids, pa.string()),
             "text": _texts(rng, n),
@@ -98,11 +98,25 @@ def make(n: int, out: str, files: int, seed: int, ref_fraction: float) -> dict:
             "ref_audio_path": pa.array(ref_paths, pa.string()),
         }
     )
+
+
+def make(n: int, out: str, files: int, seed: int, ref_fraction: float) -> dict:
+    """Write the input one file at a time (memory: one file's rows), planted rows spread
+    over the files; returns the expected counts."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(out, exist_ok=True)
+    clips = _write_clips(out)
+    counts = planted(n)
     per_file = -(-n // files)
     for k in range(files):
-        part = table.slice(k * per_file, per_file)
-        if part.num_rows:
-            pq.write_table(part, os.path.join(out, f"part-{k:04d}.parquet"), row_group_size=ROW_GROUP_ROWS)
+        first = k * per_file
+        rows = min(per_file, n - first)
+        if rows <= 0:
+            break
+        plants = {kind: _share(c, files, k) for kind, c in counts.items() if kind != "conflict_rows"}
+        plants["conflict_rows"] = counts["conflict_rows"] if k == 0 else 0
+        table = _file_table(rng, first, rows, plants, clips, ref_fraction)
+        pq.write_table(table, os.path.join(out, f"part-{k:04d}.parquet"), row_group_size=ROW_GROUP_ROWS)
     rejected = {
         "duplicate_id": 2 * counts["duplicate_pairs"],
         "long_id": counts["long_id"],
@@ -123,9 +137,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ref-fraction", type=float, default=0.2)
     args = parser.parse_args(argv)
-    if args.rows < 20:
-        parser.error("rows must be >= 20 (room for every planted kind of bad row)")
     files = args.files or max(4, -(-args.rows // 250_000))
+    if args.rows < 20 * files:
+        parser.error("rows must be >= 20 per file (room for every planted kind of bad row)")
     print(json.dumps(make(args.rows, args.out, files, args.seed, args.ref_fraction)))
     return 0
 
