@@ -21,6 +21,7 @@ from pipeline.config import compose
 from pipeline.output import (
     IDENTITY_FILE,
     LEASE_FILE,
+    REJECTED_PART,
     TEMP_PREFIX,
     Lease,
     OutputInUse,
@@ -445,3 +446,18 @@ def test_a_ref_id_naming_two_clips_refuses_its_rows_naming_both(bad_table, distr
     message = conflicts["bad-refid-b"]
     assert "'refs/speech.flac' (row 'bad-refid-a')" in message and "'refs/stereo.flac' (row 'bad-refid-b')" in message
     assert "ok-ref-id-1" not in conflicts  # two rows, one clip: fine
+
+
+def test_a_row_refused_by_an_earlier_run_is_planned_afresh(tmp_path):
+    # the rejected part answers the refusals of the run that wrote it; once the input is
+    # fixed (the duplicate gone), the row is new, not "done" as that part's error row
+    pq.write_table(pa.table({"id": ["dup", "other"], "text": ["fixed now", "x"]}), tmp_path / "in.parquet")
+    layout = OutputLayout(str(tmp_path / "out"))
+    layout.ensure()
+    refused = S.error_row("dup", "duplicate id 'dup': 2 input rows share it", **{S.RUN: "r0"})
+    layout.write_part(S.output_table([refused]), REJECTED_PART)
+    decided = decide_rows(tmp_path / "in.parquet", output=layout.location)
+    assert dict(zip(decided.column(S.ID).to_pylist(), decided.column("_decision").to_pylist())) == {
+        "dup": "new",
+        "other": "new",
+    }
