@@ -117,6 +117,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--work", default="/tmp/chorus-bench-preview")
     parser.add_argument("--done-rows", type=int, default=0)
     parser.add_argument("--out", default="bench-preview.json")
+    parser.add_argument(
+        "--base-max-rows", type=int, default=2_000_000, help="no base run above this size (its driver holds every id)"
+    )
     args = parser.parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
     results = []
@@ -134,7 +137,8 @@ def main(argv: list[str]) -> int:
         exact = figures["rejected"] == expected["rejected"] and args.done_rows - 10 <= figures["done"] <= args.done_rows
         exact = exact and figures["done"] + figures["to_synthesize"] + sum(expected["rejected"].values()) == rows
         entry["new"] = {"wall_s": wall, "peak_rss_mb": rss, "counts_exact": exact, "figures": figures}
-        if args.base:
+        print(json.dumps({"rows": rows, "new": entry["new"]}), flush=True)
+        if args.base and rows <= args.base_max_rows:
             wall, rss, out = peak_rss_run([PYTHON, "-c", BASE_PLAN, *overrides], args.base)
             base = json.loads(out.strip().splitlines()[-1])
             exact = base["rejected_rows"] == sum(expected["rejected"].values())
