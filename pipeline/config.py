@@ -93,6 +93,10 @@ class ClusterSettings:
     threads_per_actor: Optional[int] = None
     # rows per block = rows per actor call; small blocks spread work over every actor
     rows_per_block: int = 16
+    # inputs of at least this many rows are planned as distributed Ray Data work (hash
+    # shuffles by id and ref_id); smaller ones in-process, where a shuffle's start-up would
+    # cost more than the planning (same decisions either way; 0 = always distributed)
+    distributed_plan_rows: int = 100_000
     # a dead actor (crash, OOM) is restarted and its block retried, a bounded number of times
     # (Ray Data's default is forever); a block that killed its actor this many times has its
     # rows run alone, and the row that kills it alone becomes an error row (quarantined).
@@ -118,6 +122,8 @@ class ClusterSettings:
             raise ConfigError("cluster.cpus_per_actor and cluster.gpus_per_actor must be >= 0")
         if self.rows_per_block < 1:
             raise ConfigError("cluster.rows_per_block must be >= 1")
+        if self.distributed_plan_rows < 0:
+            raise ConfigError("cluster.distributed_plan_rows must be >= 0")
         if self.crash_quarantine_after < 1 or self.max_task_retries <= self.crash_quarantine_after:
             raise ConfigError(
                 "cluster.max_task_retries must exceed cluster.crash_quarantine_after (>= 1): a block is retried "
@@ -150,6 +156,15 @@ class BenchSettings:
 
 
 @dataclass
+class PreviewSettings:
+    """`python -m pipeline.preview` (a synthesis run ignores this group)."""
+
+    # a bench.json (python -m pipeline.bench) whose measured frames/s turn the plan's
+    # estimated frames into estimated hours; null: no estimate
+    bench: Optional[str] = None
+
+
+@dataclass
 class ChorusConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -160,6 +175,7 @@ class ChorusConfig:
     output: OutputSettings = field(default_factory=OutputSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     bench: BenchSettings = field(default_factory=BenchSettings)
+    preview: PreviewSettings = field(default_factory=PreviewSettings)
 
 
 # the groups with range checks, in the order they are checked

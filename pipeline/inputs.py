@@ -1,8 +1,9 @@
-"""Find the input files, check the table before any work starts, and screen the ids.
+"""Find the input files, check the table before any work starts, and read it as keys.
 
-The id column is read once on the driver (one column: cheap next to hours of synthesis):
-ids that are null, malformed or shared by several rows cannot name an output row, so those
-rows are answered right here as error rows and never reach an actor.
+The driver reads only what the files' footers say (schemas, row counts, row groups): O(files).
+Every per-row fact -- an id's problems, a row's content hash, its reference clip -- comes from
+`annotate`, which runs on one fragment (a row group) at a time wherever the planner puts it
+(pipeline/planner.py: in a Ray Data task, or in-process for a small job).
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import fnmatch
 import hashlib
 import os
 import re
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -31,6 +32,17 @@ class InputError(ValueError):
     """The input cannot be read as a table (no files, unreadable, wrong schema)."""
 
 
+@dataclass(frozen=True)
+class Fragment:
+    """One row group of one input file: the unit every planning and read task works on."""
+
+    index: int
+    file: int  # index into InputScan.files
+    row_group: int
+    first_row: int  # of the row group within its file
+    rows: int
+
+
 @dataclass
 class InputScan:
     source: str
@@ -38,10 +50,7 @@ class InputScan:
     files: list[str]
     rename: dict[str, str]  # table column -> canonical name, for the columns present
     total_rows: int
-    rejected: list[dict] = field(default_factory=list)  # error rows (actors/schema.py)
-    rejected_ids: list[str] = field(default_factory=list)  # non-null ids of rejected rows
-    accepted_ids: list[str] = field(default_factory=list)  # ids of the rows to synthesize
-    ids_digest: str = ""  # the ids in input order: the same table wherever it was copied to
+    fragments: list[Fragment] = field(default_factory=list)
 
     base_dir: str = ""  # the directory the input names (relative clip paths start there)
     searched: bool = False  # a directory or a glob: every file below base_dir may be read
@@ -56,6 +65,10 @@ class InputScan:
         if self.local_dir is not None:
             return self.local_dir
         return f"{self.source.split('://', 1)[0]}://{self.base_dir}"
+
+    @property
+    def file_names(self) -> list[str]:
+        return [os.path.basename(path) for path in self.files]
 
 
 def _hidden(name: str) -> bool:
@@ -123,15 +136,17 @@ def output_inside_input(scan: InputScan, output_location: str) -> bool:
 
 
 def scan_input(location: str, columns: Mapping[str, str]) -> InputScan:
-    """Check every file's schema and screen the ids; raise InputError/InputSchemaError for a
-    table no row of which could be processed."""
+    """Check every file's schema and list its row groups (footers only); raise
+    InputError/InputSchemaError for a table no row of which could be processed."""
     if is_local(location):
         location = local_path(location)
     fs, files, base_dir = find_files(location)
     rename: dict[str, str] = {}
-    for path in files:
+    fragments: list[Fragment] = []
+    for file_index, path in enumerate(files):
         try:
-            file_schema = pq.read_schema(path, filesystem=fs)
+            metadata = pq.ParquetFile(path, filesystem=fs).metadata
+            file_schema = metadata.schema.to_arrow_schema()
         except Exception as e:
             raise InputError(f"input file {path} is not readable Parquet: {e}") from None
         found = S.check_input_schema(file_schema, columns, path)
@@ -140,38 +155,45 @@ def scan_input(location: str, columns: Mapping[str, str]) -> InputScan:
                 f"input files disagree on their columns: {files[0]} has {sorted(rename)}, {path} has {sorted(found)}"
             )
         rename = found
-    id_column = columns.get(S.ID, S.ID)
-    ids_per_file = [
-        pq.read_table(path, filesystem=fs, columns=[id_column]).column(id_column).to_pylist() for path in files
-    ]
-    counts = Counter(value for ids in ids_per_file for value in ids if value is not None)
-    digest = hashlib.blake2b(digest_size=16)
-    scan = InputScan(
+        first = 0
+        for group in range(metadata.num_row_groups):
+            rows = metadata.row_group(group).num_rows
+            fragments.append(Fragment(len(fragments), file_index, group, first, rows))
+            first += rows
+    return InputScan(
         source=location,
         filesystem=fs,
         files=files,
         rename=rename,
-        total_rows=sum(map(len, ids_per_file)),
+        total_rows=sum(f.rows for f in fragments),
+        fragments=fragments,
         base_dir=base_dir,
         searched=not (len(files) == 1 and files[0] == open_location(location)[1]),
     )
-    for path, ids in zip(files, ids_per_file):
-        for row, value in enumerate(ids):
-            digest.update(b"\x01" if value is None else value.encode("utf-8", "surrogatepass") + b"\x00")
-            problem = S.id_problem(value)
-            if problem is None and counts[value] > 1:
-                problem = (
-                    f"duplicate id {value!r}: {counts[value]} input rows share it; ids must be "
-                    f"unique, so every one of them is rejected"
-                )
-            if problem is None:
-                scan.accepted_ids.append(value)
-                continue
-            scan.rejected.append(S.error_row(value, f"{problem} ({os.path.basename(path)} row {row})"))
-            if value is not None:
-                scan.rejected_ids.append(value)
-    scan.ids_digest = digest.hexdigest()
-    return scan
+
+
+def file_ids_digest(path: str, filesystem: pafs.FileSystem, id_column: str) -> str:
+    """A digest of one file's ids in order (the id column only, a batch at a time): for a
+    one-file input the same value the output's identity has always recorded."""
+    digest = hashlib.blake2b(digest_size=16)
+    reader = pq.ParquetFile(path, filesystem=filesystem)
+    for batch in reader.iter_batches(batch_size=65536, columns=[id_column]):
+        ids = batch.column(0).cast(pa.string())
+        # each id as its UTF-8 bytes + NUL, a null as 0x01: one buffer per batch, hashed whole
+        framed = pc.if_else(ids.is_null(), pa.scalar("\x01"), pc.binary_join_element_wise(ids, "", "\x00"))
+        framed = framed.combine_chunks() if isinstance(framed, pa.ChunkedArray) else framed
+        if len(framed):
+            offsets = memoryview(framed.buffers()[1]).cast("i")
+            start, stop = offsets[framed.offset], offsets[framed.offset + len(framed)]
+            digest.update(memoryview(framed.buffers()[2])[start:stop])
+    return digest.hexdigest()
+
+
+def ids_digest(file_digests: list[str]) -> str:
+    """The input's ids as one digest: one file's digest as it is, several files' combined."""
+    if len(file_digests) == 1:
+        return file_digests[0]
+    return hashlib.blake2b("|".join(file_digests).encode(), digest_size=16).hexdigest()
 
 
 # ---- row identity -----------------------------------------------------------------------
@@ -216,106 +238,6 @@ class _ClipStat:
         return stamp
 
 
-@dataclass
-class RowScan:
-    hashes: dict[str, str]  # id -> content hash
-    conflicts: dict[str, str]  # id -> why the row cannot run (its ref_id names two clips)
-
-
-def scan_rows(scan: InputScan, settings_digest: str, audio_root: str | None) -> RowScan:
-    """One pass over the accepted rows on the driver (in batches):
-
-    - id -> a digest of everything the row's audio depends on: every input column (clip
-      bytes by hash, clip paths with the file's mtime and size) and the run's settings +
-      model fingerprint (`settings_digest`);
-    - rows whose `ref_id` is shared with a row naming another clip: rows sharing a ref_id
-      share one encoded clip, so a conflict would silently give some rows another voice;
-      every row of such a ref_id is refused, naming both clips."""
-    accepted = set(scan.accepted_ids)
-    canonical = {table_name: name for table_name, name in scan.rename.items()}
-    clip_stat = _ClipStat(audio_root, scan.root)
-    hashes: dict[str, str] = {}
-    clips: dict[str, dict[bytes, str]] = {}  # ref_id -> clip identity -> first row id naming it
-    ref_rows: dict[str, list[str]] = {}
-    for path in scan.files:
-        reader = pq.ParquetFile(path, filesystem=scan.filesystem)
-        for batch in reader.iter_batches(batch_size=_HASH_BATCH_ROWS, columns=list(canonical)):
-            names = [canonical[n] for n in batch.schema.names]
-            columns = dict(zip(names, (batch.column(i).to_pylist() for i in range(batch.num_columns))))
-            order = sorted(names)
-            for r in range(batch.num_rows):
-                row_id = columns[S.ID][r]
-                if row_id not in accepted:
-                    continue
-                digest = hashlib.blake2b(settings_digest.encode(), digest_size=16)
-                for name in order:
-                    value = columns[name][r]
-                    digest.update(name.encode() + b"=" + _value_bytes(value) + b"\x00")
-                    if name == S.REF_AUDIO_PATH and isinstance(value, str):
-                        digest.update(clip_stat(value))
-                hashes[row_id] = digest.hexdigest()
-                ref_id = columns.get(S.REF_ID, [None] * batch.num_rows)[r]
-                clip = _clip_identity(columns, r)
-                if ref_id and clip is not None:
-                    clips.setdefault(ref_id, {}).setdefault(clip, row_id)
-                    ref_rows.setdefault(ref_id, []).append(row_id)
-    conflicts = {}
-    for ref_id, seen in clips.items():
-        if len(seen) > 1:
-            (first_clip, first_row), (other_clip, other_row) = list(seen.items())[:2]
-            message = (
-                f"ref_id {ref_id!r} names different clips: {_describe_clip(first_clip)} (row {first_row!r}) "
-                f"and {_describe_clip(other_clip)} (row {other_row!r}); rows sharing a ref_id must share "
-                f"one clip, so none of its {len(ref_rows[ref_id])} rows is synthesized"
-            )
-            conflicts.update({row_id: message for row_id in ref_rows[ref_id]})
-    return RowScan(hashes, conflicts)
-
-
-def _clip_identity(columns: dict, r: int) -> Optional[bytes]:
-    audio = columns.get(S.REF_AUDIO, ())
-    if audio and audio[r] is not None:
-        return b"bytes:" + hashlib.blake2b(bytes(audio[r]), digest_size=16).digest()
-    paths = columns.get(S.REF_AUDIO_PATH, ())
-    if paths and paths[r] is not None:
-        return b"path:" + paths[r].encode("utf-8", "surrogatepass")
-    return None
-
-
-def _describe_clip(identity: bytes) -> str:
-    kind, _, value = identity.partition(b":")
-    if kind == b"path":
-        return f"ref_audio_path {value.decode('utf-8', 'replace')!r}"
-    return f"ref_audio bytes (blake2b {value.hex()[:12]})"
-
-
-_shared: dict[str, dict] = {}  # per worker process: fetch the driver's shared state once
-
-
-def prepare_block(batch: pa.Table, rename: Mapping[str, str], state: list) -> pa.Table:
-    """Plan stage after the read: canonical column names, only the rows still to do (not
-    rejected by the driver, not already done with the same content), and each row's content
-    hash for its output row. `state` holds one object ref of {"skip": ids, "hash_ids": ids,
-    "hashes": digests}, wrapped in a list so Ray passes the ref instead of resolving it per
-    call."""
-    import pyarrow.compute as pc
-    import ray
-
-    key = state[0].hex()
-    if key not in _shared:
-        _shared.clear()
-        _shared[key] = ray.get(state[0])
-    shared = _shared[key]
-    batch = batch.rename_columns([rename.get(name, name) for name in batch.column_names])
-    batch = _decode_dictionaries(batch)
-    ids = pc.cast(batch.column(S.ID), pa.string())
-    keep = pc.and_(pc.is_valid(ids), pc.invert(pc.is_in(ids, value_set=shared["skip"])))
-    batch = batch.filter(pc.fill_null(keep, False))
-    ids = pc.cast(batch.column(S.ID), pa.string())
-    hashes = pc.take(shared["hashes"], pc.index_in(ids, value_set=shared["hash_ids"]))
-    return batch.append_column(S.CONTENT_HASH, hashes)
-
-
 def _decode_dictionaries(batch: pa.Table) -> pa.Table:
     """Dictionary-encoded columns (what many Parquet writers make of a repetitive `speaker`)
     as plain arrays of their value type: everything downstream reads plain values."""
@@ -325,17 +247,124 @@ def _decode_dictionaries(batch: pa.Table) -> pa.Table:
     return batch
 
 
-def read_dataset(scan: InputScan, rows_per_block: int):
-    """Ray Data dataset of the input's known columns, in blocks of about `rows_per_block`
-    rows, so that a small table of text is spread over every actor instead of arriving as
-    one block for one actor.
+# ---- keys: what planning needs of each row ---------------------------------------------------
+FRAGMENT = "_fragment"  # int32: Fragment.index
+ROW = "_row"  # int64: the row within its file (for messages: "bad.parquet row 7")
+PROBLEM = "_problem"  # why the id cannot name an output row (null when it can)
+REASON = "_reason"  # the problem's kind, for the counts: null_id, malformed_id, long_id, ...
+CLIP = "_clip"  # binary: which reference clip the row names (see _clip_identity)
+TEXT_CHARS = "_text_chars"  # int64
+KEY_SCHEMA = pa.schema(
+    [
+        (S.ID, pa.string()),
+        (S.CONTENT_HASH, pa.string()),
+        (S.REF_ID, pa.string()),
+        (CLIP, pa.binary()),
+        (PROBLEM, pa.string()),
+        (REASON, pa.string()),
+        (FRAGMENT, pa.int32()),
+        (ROW, pa.int64()),
+        (TEXT_CHARS, pa.int64()),
+    ]
+)
 
-    The blocks are cut by the read itself (override_num_blocks), not by
-    repartition(target_num_rows_per_block=...): in Ray 2.60 that operator's tasks ask for a
-    whole CPU, which a node whose actors hold part of its CPU never has free, and the run
-    hangs. For the same reason the read holds a quarter CPU, not Ray Data's default one."""
-    import ray
 
-    blocks = max(1, -(-scan.total_rows // rows_per_block))
-    ds = ray.data.read_parquet(scan.files, filesystem=scan.filesystem, num_cpus=0.25, override_num_blocks=blocks)
-    return ds.select_columns(list(scan.rename))
+def _reason(problem: str) -> str:
+    if problem == "id is null":
+        return "null_id"
+    if "characters long" in problem:
+        return "long_id"
+    return "malformed_id"
+
+
+@dataclass(frozen=True)
+class RowHasher:
+    """Everything a row's content hash depends on besides the row: picklable, so each planning
+    task builds its own (its clip cache lives as long as the task)."""
+
+    settings_digest: str
+    audio_root: Optional[str]
+    input_dir: Optional[str]
+
+    def hashes(self, table: pa.Table) -> list[Optional[str]]:
+        """Each row's digest of everything its audio depends on: every input column (clip
+        bytes by hash, clip paths with the file's mtime and size) and the run's settings +
+        model fingerprint; None for a row whose id is unusable. `table` has canonical names."""
+        clip_stat = _ClipStat(self.audio_root, self.input_dir)
+        order = sorted(table.column_names)
+        columns = [(name.encode() + b"=", table.column(name).to_pylist(), name == S.REF_AUDIO_PATH) for name in order]
+        ids = table.column(S.ID).to_pylist()
+        out: list[Optional[str]] = []
+        for r, row_id in enumerate(ids):
+            if S.id_problem(row_id) is not None:
+                out.append(None)
+                continue
+            digest = hashlib.blake2b(self.settings_digest.encode(), digest_size=16)
+            for prefix, values, is_path in columns:
+                value = values[r]
+                digest.update(prefix + _value_bytes(value) + b"\x00")
+                if is_path and isinstance(value, str):
+                    digest.update(clip_stat(value))
+            out.append(digest.hexdigest())
+        return out
+
+
+def read_fragment(scan: InputScan, fragment: Fragment) -> pa.Table:
+    """A fragment's known columns, by their canonical names, dictionaries decoded."""
+    reader = pq.ParquetFile(scan.files[fragment.file], filesystem=scan.filesystem)
+    table = reader.read_row_group(fragment.row_group, columns=list(scan.rename))
+    table = table.rename_columns([scan.rename.get(name, name) for name in table.column_names])
+    return _decode_dictionaries(table)
+
+
+def _text_chars(texts) -> pa.Array:
+    """Characters per text (bytes for a binary column, which may hold invalid UTF-8)."""
+    if len(texts) == 0:
+        return pa.array([], pa.int64())
+    if pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type):
+        return pc.fill_null(pc.utf8_length(texts), 0)
+    return pc.fill_null(pc.binary_length(texts), 0)
+
+
+def annotate(table: pa.Table, fragment: Fragment, hasher: RowHasher) -> pa.Table:
+    """One fragment's rows (canonical names) -> their keys (KEY_SCHEMA)."""
+    raw_ids = table.column(S.ID).to_pylist()
+    problems = [S.id_problem(value) for value in raw_ids]
+    ids = [value if isinstance(value, str) else (None if value is None else str(value)) for value in raw_ids]
+    n = table.num_rows
+    names = table.column_names
+    chars = _text_chars(table.column(S.TEXT))
+    return pa.table(
+        {
+            S.ID: pa.array(ids, pa.string()),
+            S.CONTENT_HASH: pa.array(hasher.hashes(table), pa.string()),
+            S.REF_ID: table.column(S.REF_ID).cast(pa.string()) if S.REF_ID in names else pa.nulls(n, pa.string()),
+            CLIP: pa.array(_clip_identities(table), pa.binary()),
+            PROBLEM: pa.array(problems, pa.string()),
+            REASON: pa.array([None if p is None else _reason(p) for p in problems], pa.string()),
+            FRAGMENT: pa.array([fragment.index] * n, pa.int32()),
+            ROW: pa.array(range(fragment.first_row, fragment.first_row + n), pa.int64()),
+            TEXT_CHARS: pc.cast(chars, pa.int64()),
+        },
+        schema=KEY_SCHEMA,
+    )
+
+
+def _clip_identities(table: pa.Table) -> list[Optional[bytes]]:
+    """Which clip each row names: its ref_audio bytes (by hash), else its ref_audio_path."""
+    n, names = table.num_rows, table.column_names
+    audio = table.column(S.REF_AUDIO).to_pylist() if S.REF_AUDIO in names else [None] * n
+    paths = table.column(S.REF_AUDIO_PATH).to_pylist() if S.REF_AUDIO_PATH in names else [None] * n
+    return [
+        b"bytes:" + hashlib.blake2b(bytes(a), digest_size=16).digest()
+        if a is not None
+        else (None if p is None else b"path:" + p.encode("utf-8", "surrogatepass"))
+        for a, p in zip(audio, paths)
+    ]
+
+
+def describe_clip(identity: bytes) -> str:
+    kind, _, value = identity.partition(b":")
+    if kind == b"path":
+        return f"ref_audio_path {value.decode('utf-8', 'replace')!r}"
+    return f"ref_audio bytes (blake2b {value.hex()[:12]})"

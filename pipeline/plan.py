@@ -1,7 +1,8 @@
 """One synthesis run: check the input and output, build the Ray Data plan, stream it, report.
 
-    read_parquet -> prepare (canonical names, skip rows done or rejected)
-      -> repartition(target_num_rows_per_block) -> map_batches(SynthActor, actor pool)
+    plan (pipeline/resume.py: every row new / done / changed / retry / rejected)
+      -> read the chosen rows (pipeline/todo_read.py: small blocks, content hash attached)
+      -> map_batches(SynthActor, actor pool)
       -> map_batches(write_block): one crash-safe part file per block, stats back to the driver
       (Ray tasks, while it runs): each shard's worth of parts packed into a shard
 
@@ -23,7 +24,7 @@ import uuid
 import warnings
 from dataclasses import dataclass, replace
 
-import pyarrow as pa
+import pyarrow.fs as pafs
 from omegaconf import DictConfig, OmegaConf
 
 from actors import schema as S
@@ -31,10 +32,11 @@ from actors.demo import cache_root
 from actors.files import write_atomically
 from actors.settings import ActorSettings, CrashSettings, RunContext
 
+from . import planner as P
 from . import shards
 from .compaction import RunningCompaction
 from .config import ConfigError, in_ray_job, settings, to_plain, validate
-from .inputs import InputScan, output_inside_input, prepare_block, read_dataset, scan_input, scan_rows
+from .inputs import InputScan, file_ids_digest, ids_digest, output_inside_input, scan_input
 from .output import (
     ATTEMPTS_DIR,
     CONFIG_FILE,
@@ -49,7 +51,9 @@ from .output import (
     summarize,
     write_block,
 )
+from .planning import todo_fragments, use_distributed
 from .progress import Progress
+from .resume import plan_job, rejected_id_array, rejected_rows, write_changed
 
 log = logging.getLogger("chorus")
 
@@ -189,64 +193,25 @@ def settings_digest(plain: dict, fingerprint: str) -> str:
     return hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
-@dataclass
-class ResumePlan:
-    """Which accepted rows a run does and why."""
+def input_ids_digest(scan: InputScan, distributed: bool) -> str:
+    """The input's ids in order, as one digest (inputs.ids_digest): each file's ids hashed by
+    its own Ray task when the job is planned distributed, else here."""
+    id_column = next((name for name, canonical in scan.rename.items() if canonical == S.ID), S.ID)
+    if not distributed or len(scan.files) == 1 and scan.total_rows < 1_000_000:
+        return ids_digest([file_ids_digest(path, scan.filesystem, id_column) for path in scan.files])
+    import ray
 
-    skip: list  # ids already done with the same content
-    changed: list  # done, but their content (text, reference, settings, model) changed
-    retried: list  # error rows redone (retryable, or all with output.retry_errors), rejected ones with retry_rejected
-    new: int = 0  # never written
-
-
-def plan_resume(
-    accepted: list,
-    hashes: dict,
-    done: pa.Table,
-    on_change: str = "redo",
-    retry_errors: bool = False,
-    retry_rejected: bool = False,
-) -> ResumePlan:
-    """Compare the rows written (`done`: the newest row per id, with status, retryable and
-    content hash) with the input's rows now. Raises OutputMismatch for changed rows when
-    on_change=refuse."""
-    from .output import OutputMismatch
-
-    written = {
-        r[S.ID]: r
-        for r in done.select([S.ID, S.STATUS, S.RETRYABLE, S.CONTENT_HASH]).to_pylist()
-        if r[S.ID] is not None
-    }
-    plan = ResumePlan(skip=[], changed=[], retried=[])
-    for row_id in accepted:
-        row = written.get(row_id)
-        if row is None:
-            plan.new += 1
-        elif row[S.CONTENT_HASH] is not None and row[S.CONTENT_HASH] != hashes.get(row_id):
-            plan.changed.append(row_id)
-        elif row[S.STATUS] == S.STATUS_REJECTED:  # every attempt failed quality.reject: done, as ok is
-            (plan.retried if retry_rejected else plan.skip).append(row_id)
-        elif row[S.STATUS] != S.STATUS_OK and (retry_errors or row[S.RETRYABLE]):
-            plan.retried.append(row_id)
-        else:  # done with this content (rows written before content hashes count as done)
-            plan.skip.append(row_id)
-    if plan.changed and on_change == "refuse":
-        shown = ", ".join(repr(i) for i in plan.changed[:5]) + (", ..." if len(plan.changed) > 5 else "")
-        raise OutputMismatch(
-            f"{len(plan.changed)} rows changed since they were written ({shown}): their text, "
-            f"reference, settings or model differ. Pass output.on_change=redo to redo them, or "
-            f"choose another output.dir to keep the old results"
-        )
-    return plan
+    task = ray.remote(num_cpus=0.25)(file_ids_digest)
+    return ids_digest(ray.get([task.remote(path, scan.filesystem, id_column) for path in scan.files]))
 
 
-def _identity(plain: dict, scan: InputScan) -> dict:
+def _identity(plain: dict, scan: InputScan, ids: str) -> dict:
     """What an output belongs to: the input's ids (not its path: a Ray Job reads its copy of
     the table from a new temporary directory each time) and the model."""
     checkpoint = plain["model"]["checkpoint"]
     return {
         "input_rows": scan.total_rows,
-        "input_ids": scan.ids_digest,
+        "input_ids": ids,
         "model": plain["model"]["name"],
         "checkpoint": os.path.basename(os.path.normpath(checkpoint)) if checkpoint else None,
     }
@@ -385,20 +350,15 @@ def actor_arguments(
     return {"settings": ActorSettings(**groups, run=run_context, crash=crash)}
 
 
-def build_plan(plain: dict, scan: InputScan, arguments: dict, layout: OutputLayout, state_ref, run_id: str):
-    ds = read_dataset(scan, plain["cluster"]["rows_per_block"])
-    ds = ds.map_batches(
-        prepare_block,
-        fn_kwargs={"rename": scan.rename, "state": [state_ref]},
-        batch_format="pyarrow",
-        batch_size=None,
-        num_cpus=0.25,
-    )
+def build_plan(plain: dict, scan: InputScan, todo: list, arguments: dict, layout: OutputLayout, run_id: str):
+    from .todo_read import read_dataset
+
+    ds = read_dataset(scan, todo, plain["cluster"]["rows_per_block"])
     with warnings.catch_warnings():
         # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
         # "use the named remote parameters" warning has nothing to point to); pinned <2.61
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        ds = _synth_stage(ds, plain, arguments, len(scan.accepted_ids))
+        ds = _synth_stage(ds, plain, arguments, scan.total_rows)
     return ds.map_batches(
         write_block,
         fn_kwargs={"location": layout.location, "run_id": run_id},
@@ -434,8 +394,18 @@ def _synth_stage(ds, plain: dict, arguments: dict, rows: int):
     )
 
 
+def data_context():
+    """Ray Data's settings for every plan of a run (planning and synthesis)."""
+    import ray
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # ours counts rows, audio and errors instead
+    context.use_datasource_v2 = False  # read_parquet's V2 listing task wants a whole CPU: hangs beside actors
+    return context
+
+
 def synthesize(
-    plain: dict, scan: InputScan, arguments: dict, layout: OutputLayout, state: dict, pending: int, run_id: str
+    plain: dict, scan: InputScan, todo: list, arguments: dict, layout: OutputLayout, pending: int, run_id: str
 ) -> dict:
     """Stream the rows still to do through the actors (constructed with `arguments`:
     actor_arguments) into part files, showing progress. Returns what only the stream sees:
@@ -447,13 +417,8 @@ def synthesize(
     started_ray = connect(plain["cluster"])
     try:
         _check_resources(plain["cluster"])
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False  # ours counts rows, audio and errors instead
-        # the V2 Parquet read starts with a ListFiles task that asks for a whole CPU (not
-        # configurable in 2.60): with actors on every node it never schedules and the run
-        # hangs. The V1 read honours the read's own (fractional) resources.
-        context.use_datasource_v2 = False
-        plan = build_plan(plain, scan, arguments, layout, ray.put(state), run_id)
+        data_context()
+        plan = build_plan(plain, scan, todo, arguments, layout, run_id)
         output = plain["output"]
         progress = Progress(
             scan.total_rows, scan.total_rows - pending, output["progress_interval_s"], output["progress_bar"]
@@ -495,46 +460,60 @@ def run(cfg: DictConfig) -> RunReport:
         )
     layout = OutputLayout(output["dir"])
     layout.check_ours()  # before the lease file goes in: a foreign directory is left untouched
-    lease = Lease(layout, run_id, heartbeat_s=output["lease_heartbeat_s"], stale_s=output["lease_stale_s"])
-    lease.acquire()
+    distributed = use_distributed(scan, plain["cluster"]["distributed_plan_rows"])
+    started_ray = connect(plain["cluster"]) if distributed else False  # planning runs on Ray too
     try:
-        return _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix)
+        if distributed:
+            data_context()
+        lease = Lease(layout, run_id, heartbeat_s=output["lease_heartbeat_s"], stale_s=output["lease_stale_s"])
+        lease.acquire()
+        try:
+            return _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix)
+        finally:
+            lease.release()
     finally:
-        lease.release()
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def plan_dir(output_location: str, run_id: str) -> str:
+    """Where a distributed plan's per-fragment row lists go (beside the output when local)."""
+    if is_local(output_location):
+        return os.path.join(local_path(output_location), PLAN_DIR, run_id)
+    return os.path.join(os.path.expanduser("~"), ".cache", "chorus", PLAN_DIR, run_id)
+
+
+PLAN_DIR = "_plan"
 
 
 def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) -> RunReport:
-    layout.claim(_identity(plain, scan), overwrite=plain["output"]["overwrite"], run_id=run_id)
+    distributed = use_distributed(scan, plain["cluster"]["distributed_plan_rows"])
+    layout.claim(
+        _identity(plain, scan, input_ids_digest(scan, distributed)),
+        overwrite=plain["output"]["overwrite"],
+        run_id=run_id,
+    )
     if layout.local:  # crash counts of earlier runs' blocks mean nothing to this run's blocks
         shutil.rmtree(os.path.join(layout.base, ATTEMPTS_DIR), ignore_errors=True)
+        shutil.rmtree(os.path.join(layout.base, PLAN_DIR), ignore_errors=True)
     layout.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
     output = plain["output"]
     digest = settings_digest(plain, model_fingerprint(plain["model"]))
     arguments = actor_arguments(cfg, scan.root, run_id, attempts_dir(layout.location, run_id), rows=scan.total_rows)
-    rows = scan_rows(scan, digest, arguments["settings"].data.audio_root)
-    hashes = rows.hashes
-    if rows.conflicts:  # refused like a bad id: answered here, never sent to an actor
-        scan.accepted_ids = [i for i in scan.accepted_ids if i not in rows.conflicts]
-        scan.rejected_ids += list(rows.conflicts)
-        scan.rejected += [S.error_row(i, message) for i, message in rows.conflicts.items()]
-        for row_id in rows.conflicts:
-            hashes.pop(row_id, None)
-    if scan.rejected:
-        rejected = [dict(row, **{S.RUN: run_id}) for row in scan.rejected]
-        layout.write_part(S.output_table(rejected), REJECTED_PART, owner=run_id)
+    job = plan_job(plain, scan, layout, digest, arguments["settings"].data.audio_root)
+    summary = job.summary
+    rejected = rejected_rows(job.decided, run_id)
+    if rejected.num_rows:
+        layout.write_part(rejected, REJECTED_PART, owner=run_id)
         log.warning(
             "%d input rows rejected before synthesis (bad or duplicate ids, ref_id conflicts); they are error rows",
-            len(rejected),
+            rejected.num_rows,
         )
-    resume = plan_resume(
-        scan.accepted_ids,
-        hashes,
-        layout.read([S.ID, S.STATUS, S.RETRYABLE, S.CONTENT_HASH]),
-        on_change=output["on_change"],
-        retry_errors=output["retry_errors"],
-        retry_rejected=output["retry_rejected"],
-    )
-    pending = len(scan.accepted_ids) - len(resume.skip)
+    elif layout.fs.get_file_info(f"{layout.data_dir}/{REJECTED_PART}").type == pafs.FileType.File:
+        layout.fs.delete_file(f"{layout.data_dir}/{REJECTED_PART}")  # an earlier run's: none is refused now
+    pending = summary.to_synthesize
     log.info(
         "input %s: %d rows in %d file(s); %d to synthesize, %d already in %s",
         scan.source,
@@ -544,32 +523,26 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
         scan.total_rows - pending,
         layout.location,
     )
-    if resume.changed:
+    if summary.count(P.CHANGED):
         log.warning(
-            "%d rows changed since they were written (text, reference, settings or model) and are redone: %s",
-            len(resume.changed),
-            ", ".join(map(repr, resume.changed[:10])) + (" ..." if len(resume.changed) > 10 else ""),
+            "%d rows changed since they were written (text, reference, settings or model) and are redone: %s "
+            "(every id in %s)",
+            summary.count(P.CHANGED),
+            ", ".join(map(repr, summary.changed_examples))
+            + (" ..." if summary.count(P.CHANGED) > len(summary.changed_examples) else ""),
+            write_changed(job.decided, layout, run_id),
         )
-    if resume.retried:
-        log.info(
-            "%d error or rejected rows are retried (%s)",
-            len(resume.retried),
-            "output.retry_errors / retry_rejected"
-            if output["retry_errors"] or output["retry_rejected"]
-            else "their errors were transient",
-        )
+    if summary.count(P.RETRY):
+        log.info()
     stream = {}
     if pending:
-        state = {
-            "skip": pa.array(resume.skip + scan.rejected_ids, type=pa.string()),
-            "hash_ids": pa.array(list(hashes), type=pa.string()),
-            "hashes": pa.array(list(hashes.values()), type=pa.string()),
-        }
-        stream = synthesize(plain, scan, arguments, layout, state, pending, run_id)
+        todo = todo_fragments(job.decided, plan_dir(layout.location, run_id))
+        stream = synthesize(plain, scan, todo, arguments, layout, pending, run_id)
+    shutil.rmtree(plan_dir(layout.location, run_id), ignore_errors=True)
     shutil.rmtree(attempts_dir(layout.location, run_id), ignore_errors=True)
     if lease.lost:
         raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")
-    superseded = layout.drop_superseded(also_drop=pa.array(scan.rejected_ids, type=pa.string()))
+    superseded = layout.drop_superseded(also_drop=rejected_id_array(rejected))
     if superseded:
         log.info("removed %d older copies of rows this run redid", superseded)
     packed = shards.compact_all(layout, run_id, output["shard_bytes"], output["shard_rows"])

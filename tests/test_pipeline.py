@@ -13,6 +13,7 @@ from dataclasses import asdict
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
@@ -36,7 +37,7 @@ from pipeline.output import (
 )
 from pipeline.plan import ConfigError, run
 from pipeline.progress import Progress
-from tests.helpers import REPO
+from tests.helpers import REPO, decide_rows
 
 
 # ---- config ---------------------------------------------------------------------------
@@ -154,18 +155,20 @@ def test_input_forms(tmp_path):
         scan_input(str(tmp_path / "junk.parquet"), {})
 
 
-def test_driver_rejects_unusable_ids(bad_table):
-    scan = scan_input(str(bad_table.path), {})
+@pytest.mark.parametrize("distributed", [False, True], ids=["in-process", "distributed"])
+def test_driver_rejects_unusable_ids(bad_table, distributed, request):
+    if distributed:
+        request.getfixturevalue("ray_cluster")
+    decided = decide_rows(bad_table.path, distributed=distributed)
     messages = {}
-    for row in scan.rejected:
-        messages.setdefault(row[S.ID], []).append(row[S.ERROR])
+    for row in decided.filter(pc.equal(decided.column("_decision"), "rejected")).to_pylist():
+        messages.setdefault(row[S.ID], []).append(row["_error"])
     for row_id, fragment in bad_table.rejected_by_driver.items():
         assert any(fragment in m for m in messages[row_id]), (row_id, messages.get(row_id))
     assert len(messages[bad_table.duplicate_id]) == 2  # every copy of a duplicate
     assert "duplicate id 'dup': 2 input rows share it" in messages["dup"][0]
     assert "bad.parquet row" in messages[None][0]  # says where the row is
-    assert scan.total_rows == bad_table.table.num_rows
-    assert len(scan.accepted_ids) + len(scan.rejected) == scan.total_rows
+    assert decided.num_rows == bad_table.table.num_rows  # one decision per input row
 
 
 @pytest.mark.parametrize("row_id", ["../../x", "a/b", "..", ".", " ", "a\\b", "x\x00y", "\u202eevil", "spk/utt"])

@@ -145,9 +145,18 @@ def test_rerun_resumes_instead_of_repeating(demo_output, small_settings, read_ro
     assert sorted(r[S.ID] for r in read_rows(demo_output)) == sorted(r[S.ID] for r in before)
 
 
-def test_bad_input_end_to_end(ray_cluster, bad_table, tmp_path, small_settings, read_rows):
+PLANS = pytest.mark.parametrize(
+    "plan",
+    ["cluster.distributed_plan_rows=100000", "cluster.distributed_plan_rows=0"],
+    ids=["in-process", "distributed"],
+)
+
+
+@PLANS
+def test_bad_input_end_to_end(ray_cluster, bad_table, tmp_path, small_settings, read_rows, plan):
     synthesize(
         small_settings,
+        plan,
         f"data.path={bad_table.path}",
         f"output.dir={tmp_path}/out",
         "engine.max_tokens=512",
@@ -260,7 +269,10 @@ def test_two_drivers_on_one_output(ray_cluster, driver_env, tmp_path, small_sett
     assert not (out / LEASE_FILE).exists()
 
 
-def test_rerun_redoes_changed_rows_and_transient_errors(ray_cluster, demo_table, tmp_path, small_settings, caplog):
+@PLANS
+def test_rerun_redoes_changed_rows_and_transient_errors(
+    ray_cluster, demo_table, tmp_path, small_settings, caplog, plan
+):
     """Findings 3 and 4: a rerun with edited text said "0 to synthesize" and kept the old
     audio, and a reference that was missing stayed an error row forever. Now both are redone
     (and the log says so), the rest is kept, and each id is on disk once."""
@@ -269,7 +281,7 @@ def test_rerun_redoes_changed_rows_and_transient_errors(ray_cluster, demo_table,
     table = table.append_column(S.REF_AUDIO_PATH, pa.array([None, None, "late.flac", None], pa.string()))
     source = tmp_path / "in.parquet"
     pq.write_table(table, source)
-    args = [*small_settings, f"data.path={source}", f"output.dir={tmp_path}/out", "cluster.rows_per_block=2"]
+    args = [*small_settings, f"data.path={source}", f"output.dir={tmp_path}/out", "cluster.rows_per_block=2", plan]
     first = synthesize(args)
     rows = {r[S.ID]: r for r in OutputLayout(str(tmp_path / "out")).read(latest_only=False).to_pylist()}
     assert rows[ids[2]][S.STATUS] == S.STATUS_ERROR and "not found" in rows[ids[2]][S.ERROR]
@@ -285,6 +297,8 @@ def test_rerun_redoes_changed_rows_and_transient_errors(ray_cluster, demo_table,
         f"2 rows changed since they were written (text, reference, settings or model) and are redone: {ids[1]!r}, {ids[2]!r}"
         in caplog.text
     )
+    (listed,) = (tmp_path / "out").glob("changed-ids-*.txt")  # the full list, under the output
+    assert sorted(listed.read_text().split()) == [ids[1], ids[2]]
     rows = OutputLayout(str(tmp_path / "out")).read(latest_only=False).to_pylist()
     assert_each_once(rows, ids)
     by_id = {r[S.ID]: r for r in rows}

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -20,6 +21,7 @@ from pipeline.config import compose
 from pipeline.output import (
     IDENTITY_FILE,
     LEASE_FILE,
+    REJECTED_PART,
     TEMP_PREFIX,
     Lease,
     OutputInUse,
@@ -28,6 +30,9 @@ from pipeline.output import (
     write_block,
 )
 from pipeline.plan import run
+from tests.helpers import decide_rows
+
+PINNED_HASH = "a1f9b881d0134741b62ab6f37f6b236c"  # inputs.scan_rows of commit 87c655c, for the row below
 
 
 def row(row_id: str, run_id: str, status: str = S.STATUS_OK, finished: float = 1.0) -> dict:
@@ -222,9 +227,19 @@ def test_overwrite_never_deletes_what_chorus_did_not_write(tmp_path):
 
 
 # ---- findings 3 and 4: honest resume ------------------------------------------------------
-def test_row_hashes_follow_text_reference_and_settings(tmp_path):
-    from pipeline.inputs import scan_input, scan_rows
+def hashes(path, settings: str) -> dict:
+    decided = decide_rows(path, settings=settings)
+    return dict(zip(decided.column(S.ID).to_pylist(), decided.column(S.CONTENT_HASH).to_pylist()))
 
+
+def test_row_hashes_keep_their_values(tmp_path):
+    # outputs written before planning moved to Ray Data resume: a row's hash is the digest it
+    # always was (this value was computed by the driver-side scan of the starting commit)
+    pq.write_table(pa.table({"id": ["a"], "text": ["hello"], "speaker": ["ada"]}), tmp_path / "in.parquet")
+    assert hashes(tmp_path / "in.parquet", "settings-1") == {"a": PINNED_HASH}
+
+
+def test_row_hashes_follow_text_reference_and_settings(tmp_path):
     clip = tmp_path / "clip.flac"
     clip.write_bytes(b"one clip")
     table = pa.table(
@@ -237,13 +252,13 @@ def test_row_hashes_follow_text_reference_and_settings(tmp_path):
     )
     path = tmp_path / "in.parquet"
     pq.write_table(table, path)
-    before = scan_rows(scan_input(str(path), {}), "settings-1", None).hashes
+    before = hashes(path, "settings-1")
     assert len(set(before.values())) == 3
     pq.write_table(table.set_column(1, "text", pa.array(["first", "second", "third, edited"])), path)
     clip.write_bytes(b"another clip, longer")  # same name, other content
-    after = scan_rows(scan_input(str(path), {}), "settings-1", None).hashes
+    after = hashes(path, "settings-1")
     assert after["a"] == before["a"] and after["b"] != before["b"] and after["c"] != before["c"]
-    other_settings = scan_rows(scan_input(str(path), {}), "settings-2", None).hashes
+    other_settings = hashes(path, "settings-2")
     assert not set(other_settings.values()) & set(after.values())
 
 
@@ -312,43 +327,93 @@ def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkey
     )
 
 
-def test_resume_redoes_changed_rows_and_transient_errors():
-    from pipeline.plan import plan_resume
+@pytest.mark.parametrize("distributed", [False, True], ids=["in-process", "distributed"])
+def test_resume_redoes_changed_rows_and_transient_errors(tmp_path, distributed, request):
+    import pyarrow.fs as pafs
 
-    done = S.output_table(
-        [
-            {S.ID: "same", S.STATUS: S.STATUS_OK, S.CONTENT_HASH: "h1"},
-            {S.ID: "edited", S.STATUS: S.STATUS_OK, S.CONTENT_HASH: "old"},
-            {S.ID: "io-error", S.STATUS: S.STATUS_ERROR, S.RETRYABLE: True, S.CONTENT_HASH: "h3"},
-            {S.ID: "bad-text", S.STATUS: S.STATUS_ERROR, S.RETRYABLE: False, S.CONTENT_HASH: "h4"},
-            {S.ID: "pre-hash", S.STATUS: S.STATUS_OK},  # written before content hashes existed
-        ]
+    from pipeline.inputs import RowHasher, scan_input
+    from pipeline.planner import Retry
+    from pipeline.planning import decide, output_key_files
+    from pipeline.resume import refuse_changed, summarize
+
+    if distributed:
+        request.getfixturevalue("ray_cluster")
+    ids = ["same", "edited", "io-error", "bad-text", "pre-hash", "new"]
+    pq.write_table(pa.table({"id": ids, "text": [f"text of {i}" for i in ids]}), tmp_path / "in.parquet")
+    now = hashes(tmp_path / "in.parquet", "settings")
+    layout = OutputLayout(str(tmp_path / "out"))
+    layout.ensure()
+    older = [  # copies an earlier run wrote, superseded by the newer ones below
+        {S.ID: "same", S.STATUS: S.STATUS_ERROR, S.RETRYABLE: True, S.CONTENT_HASH: now["same"], S.RUN: "r0"},
+        {S.ID: "edited", S.STATUS: S.STATUS_OK, S.CONTENT_HASH: now["edited"], S.RUN: "r0"},
+    ]
+    newer = [
+        {S.ID: "same", S.STATUS: S.STATUS_OK, S.CONTENT_HASH: now["same"], S.RUN: "r1"},
+        {S.ID: "edited", S.STATUS: S.STATUS_OK, S.CONTENT_HASH: "old", S.RUN: "r1"},
+        {S.ID: "io-error", S.STATUS: S.STATUS_ERROR, S.RETRYABLE: True, S.CONTENT_HASH: now["io-error"], S.RUN: "r1"},
+        {S.ID: "bad-text", S.STATUS: S.STATUS_ERROR, S.RETRYABLE: False, S.CONTENT_HASH: now["bad-text"], S.RUN: "r1"},
+        {S.ID: "pre-hash", S.STATUS: S.STATUS_OK, S.RUN: "r1"},  # written before content hashes existed
+    ]
+    layout.write_part(S.output_table(older), "part-older.parquet")
+    layout.write_part(S.output_table(newer), "part-newer.parquet")
+
+    def verdicts(**kwargs):
+        decided = decide_rows(tmp_path / "in.parquet", distributed=distributed, output=layout.location, **kwargs)
+        return dict(zip(decided.column(S.ID).to_pylist(), decided.column("_decision").to_pylist()))
+
+    assert verdicts() == {
+        "same": "done",
+        "bad-text": "done",
+        "pre-hash": "done",
+        "edited": "changed",
+        "io-error": "retry",
+        "new": "new",
+    }
+    assert verdicts(retry_errors=True)["bad-text"] == "retry"
+    scan = scan_input(str(tmp_path / "in.parquet"), {})
+    decided = decide(
+        scan,
+        RowHasher("settings", None, scan.root),
+        output_key_files(layout.live_files()),
+        pafs.LocalFileSystem(),
+        Retry(),
+        distributed,
     )
-    accepted = ["same", "edited", "io-error", "bad-text", "pre-hash", "new"]
-    hashes = {"same": "h1", "edited": "new", "io-error": "h3", "bad-text": "h4", "pre-hash": "h5", "new": "h6"}
-    plan = plan_resume(accepted, hashes, done)
-    assert plan.skip == ["same", "bad-text", "pre-hash"]
-    assert plan.changed == ["edited"] and plan.retried == ["io-error"] and plan.new == 1
-    assert plan_resume(accepted, hashes, done, retry_errors=True).retried == ["io-error", "bad-text"]
+    summary = summarize(decided, scan.total_rows, {"min_frames": 8, "max_frames": 1024, "frames_per_char": None})
+    assert summary.counts == {"done": 3, "changed": 1, "retry": 1, "new": 1} and summary.to_synthesize == 3
     with pytest.raises(OutputMismatch, match=r"1 rows changed since they were written \('edited'\)"):
-        plan_resume(accepted, hashes, done, on_change="refuse")
+        refuse_changed(summary)
 
 
-def test_rejected_rows_count_as_done_unless_retry_rejected():
-    from pipeline.plan import plan_resume
+@pytest.mark.parametrize("distributed", [False, True], ids=["in-process", "distributed"])
+def test_rejected_rows_count_as_done_unless_retry_rejected(tmp_path, distributed, request):
+    if distributed:
+        request.getfixturevalue("ray_cluster")
+    ids = ["ok", "rejected", "bad-text"]
+    pq.write_table(pa.table({"id": ids, "text": [f"text of {i}" for i in ids]}), tmp_path / "in.parquet")
+    now = hashes(tmp_path / "in.parquet", "settings")
+    layout = OutputLayout(str(tmp_path / "out"))
+    layout.ensure()
+    written = [
+        {S.ID: "ok", S.STATUS: S.STATUS_OK, S.CONTENT_HASH: now["ok"], S.RUN: "r1"},
+        {
+            S.ID: "rejected",
+            S.STATUS: S.STATUS_REJECTED,
+            S.QUALITY_FLAGS: ["no_audio"],
+            S.CONTENT_HASH: now["rejected"],
+            S.RUN: "r1",
+        },
+        {S.ID: "bad-text", S.STATUS: S.STATUS_ERROR, S.RETRYABLE: False, S.CONTENT_HASH: now["bad-text"], S.RUN: "r1"},
+    ]
+    layout.write_part(S.output_table(written), "part-r1.parquet")
 
-    done = S.output_table(
-        [
-            {S.ID: "ok", S.STATUS: S.STATUS_OK, S.CONTENT_HASH: "h1"},
-            {S.ID: "rejected", S.STATUS: S.STATUS_REJECTED, S.QUALITY_FLAGS: ["no_audio"], S.CONTENT_HASH: "h2"},
-            {S.ID: "bad-text", S.STATUS: S.STATUS_ERROR, S.RETRYABLE: False, S.CONTENT_HASH: "h3"},
-        ]
-    )
-    accepted, hashes = ["ok", "rejected", "bad-text"], {"ok": "h1", "rejected": "h2", "bad-text": "h3"}
-    assert plan_resume(accepted, hashes, done).skip == accepted
-    assert plan_resume(accepted, hashes, done, retry_errors=True).retried == ["bad-text"]  # errors only
-    redo = plan_resume(accepted, hashes, done, retry_rejected=True)
-    assert redo.retried == ["rejected"] and redo.skip == ["ok", "bad-text"]
+    def verdicts(**kwargs):
+        decided = decide_rows(tmp_path / "in.parquet", distributed=distributed, output=layout.location, **kwargs)
+        return dict(zip(decided.column(S.ID).to_pylist(), decided.column("_decision").to_pylist()))
+
+    assert verdicts() == {"ok": "done", "rejected": "done", "bad-text": "done"}
+    assert verdicts(retry_errors=True) == {"ok": "done", "rejected": "done", "bad-text": "retry"}  # errors only
+    assert verdicts(retry_rejected=True) == {"ok": "done", "rejected": "retry", "bad-text": "done"}
 
 
 # ---- finding 7: input discovery ---------------------------------------------------------
@@ -363,11 +428,12 @@ def test_input_discovery_skips_what_spark_and_notebooks_leave(tmp_path):
     for rel in ("_temporary/0/part-0.parquet", ".ipynb_checkpoints/part-0.parquet", "sub/_SUCCESS/x.parquet"):
         (data / rel).parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.table({"id": ["part-0.parquet"], "text": ["x"]}), data / rel)
-    scan = scan_input(str(data), {})
-    assert sorted(scan.accepted_ids) == ["part-0.parquet", "sub:part-1.parquet"] and not scan.rejected
+    decided = decide_rows(data)
+    assert sorted(decided.column(S.ID).to_pylist()) == ["part-0.parquet", "sub:part-1.parquet"]
+    assert set(decided.column("_decision").to_pylist()) == {"new"}
     # '*' stays within one directory level; hidden names need a pattern that names them
-    assert scan_input(str(data / "*.parquet"), {}).accepted_ids == ["part-0.parquet"]
-    assert scan_input(str(data / "*" / "*.parquet"), {}).accepted_ids == ["sub:part-1.parquet"]
+    assert decide_rows(data / "*.parquet").column(S.ID).to_pylist() == ["part-0.parquet"]
+    assert decide_rows(data / "*" / "*.parquet").column(S.ID).to_pylist() == ["sub:part-1.parquet"]
     assert scan_input(str(data / "_temporary" / "*" / "*.parquet"), {}).total_rows == 1
 
 
@@ -394,17 +460,36 @@ def test_dictionary_encoded_columns_are_read_as_their_values(tmp_path):
     )
     pq.write_table(table, tmp_path / "in.parquet")
     scan = scan_input(str(tmp_path / "in.parquet"), {})
-    assert scan.accepted_ids == ["a", "b"] and "speaker" in scan.rename.values()
+    assert decide_rows(tmp_path / "in.parquet").column(S.ID).to_pylist() == ["a", "b"]
+    assert "speaker" in scan.rename.values()
     plain = _decode_dictionaries(pq.read_table(tmp_path / "in.parquet"))
     assert plain.schema.field("speaker").type == pa.string() and plain.column("speaker").to_pylist() == ["ada"] * 2
 
 
 # ---- finding 9: one clip per ref_id ------------------------------------------------------
-def test_a_ref_id_naming_two_clips_refuses_its_rows_naming_both(bad_table):
-    from pipeline.inputs import scan_input, scan_rows
-
-    rows = scan_rows(scan_input(str(bad_table.path), {}), "settings", None)
-    assert sorted(rows.conflicts) == sorted(bad_table.ref_id_conflicts)
-    message = rows.conflicts["bad-refid-b"]
+@pytest.mark.parametrize("distributed", [False, True], ids=["in-process", "distributed"])
+def test_a_ref_id_naming_two_clips_refuses_its_rows_naming_both(bad_table, distributed, request):
+    if distributed:
+        request.getfixturevalue("ray_cluster")
+    decided = decide_rows(bad_table.path, distributed=distributed)
+    rejected = decided.filter(pc.equal(decided.column("_reason"), "ref_id_conflict"))
+    conflicts = dict(zip(rejected.column(S.ID).to_pylist(), rejected.column("_error").to_pylist()))
+    assert sorted(conflicts) == sorted(bad_table.ref_id_conflicts)
+    message = conflicts["bad-refid-b"]
     assert "'refs/speech.flac' (row 'bad-refid-a')" in message and "'refs/stereo.flac' (row 'bad-refid-b')" in message
-    assert "ok-ref-id-1" not in rows.conflicts  # two rows, one clip: fine
+    assert "ok-ref-id-1" not in conflicts  # two rows, one clip: fine
+
+
+def test_a_row_refused_by_an_earlier_run_is_planned_afresh(tmp_path):
+    # the rejected part answers the refusals of the run that wrote it; once the input is
+    # fixed (the duplicate gone), the row is new, not "done" as that part's error row
+    pq.write_table(pa.table({"id": ["dup", "other"], "text": ["fixed now", "x"]}), tmp_path / "in.parquet")
+    layout = OutputLayout(str(tmp_path / "out"))
+    layout.ensure()
+    refused = S.error_row("dup", "duplicate id 'dup': 2 input rows share it", **{S.RUN: "r0"})
+    layout.write_part(S.output_table([refused]), REJECTED_PART)
+    decided = decide_rows(tmp_path / "in.parquet", output=layout.location)
+    assert dict(zip(decided.column(S.ID).to_pylist(), decided.column("_decision").to_pylist())) == {
+        "dup": "new",
+        "other": "new",
+    }

@@ -1,0 +1,115 @@
+"""`python -m pipeline.preview [key=value ...]`: what `python -m pipeline` would do with these
+overrides, planned by the same code (pipeline/resume.py plan_job), without a model, actors
+or writing anything into the output. Prints a table, then as its last line one JSON object:
+rows_total, to_synthesize, done, changed, retry, rejected (reason -> rows), text_chars,
+estimated_frames, estimated_hours (from preview.bench=PATH, a bench.json; else null).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Optional
+
+from actors.cli import error
+
+from . import planner as P
+from .config import compose, to_plain
+from .output import OutputLayout, is_local, local_path
+from .resume import PlanSummary, plan_job
+
+log = logging.getLogger("chorus")
+
+
+def bench_frames_per_s(path: str, num_actors: int, slots: int) -> float:
+    """Frames/s a bench.json measured for this many actors and slots: its run of exactly that
+    shape, else its fastest scaled by the number of actors."""
+    with open(local_path(path), encoding="utf-8") as f:
+        configs = json.load(f)["configs"]
+    same = [c for c in configs if c["num_actors"] == num_actors and c["slots"] == slots]
+    if same:
+        return float(same[0]["frames_per_s"])
+    best = max(configs, key=lambda c: c["frames_per_s"])
+    return float(best["frames_per_s"]) * num_actors / best["num_actors"]
+
+
+def result(summary: PlanSummary, frames_per_s: Optional[float]) -> dict:
+    hours = summary.estimated_frames / frames_per_s / 3600.0 if frames_per_s else None
+    return {
+        "rows_total": summary.rows_total,
+        "to_synthesize": summary.to_synthesize,
+        "done": summary.count(P.DONE),
+        "changed": summary.count(P.CHANGED),
+        "retry": summary.count(P.RETRY),
+        "rejected": dict(sorted(summary.rejected.items())),
+        "text_chars": summary.text_chars,
+        "estimated_frames": summary.estimated_frames,
+        "estimated_hours": hours,
+    }
+
+
+def table(figures: dict, summary: PlanSummary) -> str:
+    lines = ["| rows | count |", "|---|---:|"]
+    for key in ("rows_total", "to_synthesize", "done", "changed", "retry"):
+        lines.append(f"| {key} | {figures[key]:,} |")
+    lines.append(f"| new | {summary.count(P.NEW):,} |")
+    for reason, rows in figures["rejected"].items():
+        lines.append(f"| rejected: {reason} | {rows:,} |")
+    lines.append(f"| text characters to synthesize | {figures['text_chars']:,} |")
+    lines.append(f"| estimated frames | {figures['estimated_frames']:,} |")
+    hours = figures["estimated_hours"]
+    lines.append(f"| estimated hours | {'-' if hours is None else f'{hours:.2f}'} |")
+    if summary.changed_examples:
+        lines.append(f"changed, e.g.: {', '.join(map(repr, summary.changed_examples))}")
+    return "\n".join(lines)
+
+
+def preview(overrides: list[str]) -> dict:
+    """Plan the run these overrides describe; returns the figures (see the module doc)."""
+    from .inputs import scan_input
+    from .plan import _check_settings, connect, data_context, model_fingerprint, settings_digest
+    from .planning import use_distributed
+
+    cfg = compose(overrides)
+    plain = to_plain(cfg)
+    _check_settings(cfg, plain)
+    scan = scan_input(plain["data"]["path"], plain["data"]["columns"])
+    layout = OutputLayout(plain["output"]["dir"])
+    layout.check_ours()
+    distributed = use_distributed(scan, plain["cluster"]["distributed_plan_rows"])
+    started_ray = connect(plain["cluster"]) if distributed else False
+    try:
+        if distributed:
+            data_context()
+        digest = settings_digest(plain, model_fingerprint(plain["model"]))
+        audio_root = plain["data"]["audio_root"]
+        if audio_root is not None and is_local(audio_root):
+            audio_root = local_path(audio_root)
+        summary = plan_job(plain, scan, layout, digest, audio_root).summary
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+    bench = plain["preview"]["bench"]
+    rate = bench_frames_per_s(bench, plain["cluster"]["num_actors"], plain["engine"]["max_rows"]) if bench else None
+    figures = result(summary, rate)
+    print(table(figures, summary), flush=True)
+    print(json.dumps(figures), flush=True)
+    return figures
+
+
+def main(argv: list[str]) -> int:
+    from .__main__ import USER_ERRORS
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        preview(argv)
+    except USER_ERRORS as e:
+        return error(e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
