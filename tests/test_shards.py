@@ -4,10 +4,12 @@ files that hold each row once, and compaction killed at every step, then rerun."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -251,3 +253,19 @@ def test_an_object_store_output_commits_by_upload_and_never_keeps_a_torn_shard(t
     shards.compact_all(layout, "r-end", 1 << 30, 20)  # its start deletes the torn one
     assert not torn.exists() and rows_by_id(layout) == before
     assert sorted(f.base_name for f in layout._data_files() if not shards.is_shard(f.base_name)) == [REJECTED_PART]
+
+
+def test_a_shard_rewritten_but_not_yet_deleted_is_read_once(tmp_path):
+    import shutil
+
+    layout = job_output(tmp_path)
+    shards.compact_all(layout, "r-end", 1 << 30, 100)
+    [old] = [p for p in layout.live_files() if "/shard-" in p]
+    shutil.copy(old, tmp_path / "old.parquet")
+    keep = pa.array([r != IDS[0] for r in layout.read([S.ID], latest_only=False).column(S.ID).to_pylist()[:-1]])
+    new = shards.rewrite(layout, old, keep, owner="compact")
+    shutil.copy(tmp_path / "old.parquet", old)  # as if killed between the new shard's commit and the delete
+    assert layout.live_files()[:1] == [new] and old not in layout.live_files()
+    ids = layout.read([S.ID], latest_only=False).column(S.ID).to_pylist()
+    assert sorted(i for i in ids if i) == sorted(IDS[1:])
+    assert shards.purge_absorbed(layout) == 1 and not os.path.exists(old)
