@@ -434,9 +434,9 @@ class OutputLayout:
 
     def drop_superseded(self, also_drop: Optional[pa.Array] = None) -> int:
         """Remove from their parts the older copies of rows a later run redid, and rows of
-        `also_drop` ids (those the driver now refuses), so each id is on disk once. Each part
-        is rewritten atomically; a crash between parts leaves only newer copies deleted from
-        some, never a row lost. Returns the rows removed."""
+        `also_drop` ids (those the driver now refuses), so each id is on disk once. Each file
+        is rewritten as a new shard absorbing it (pipeline/shards.py rewrite); a crash between
+        files leaves only older copies in some, never a row lost. Returns the rows removed."""
         parts = [p for p in self.live_files() if not p.endswith("/" + REJECTED_PART)]
         if not parts:
             return 0
@@ -455,7 +455,7 @@ class OutputLayout:
                 continue
             removed += length - sum(part_keep)
             if any(part_keep) or shards.is_shard(part.rsplit("/", 1)[-1]):
-                # a shard stays, emptied or not: its footer keeps the parts it absorbed gone
+                # a shard's successor stays, emptied or not: its footer keeps what it absorbed gone
                 shards.rewrite(self, part, pa.array(part_keep), owner="compact")
             else:
                 self.fs.delete_file(part)

@@ -95,13 +95,15 @@ def list_data(layout: OutputLayout) -> Listing:
     from .output import is_part
 
     infos = sorted(layout._data_files(), key=lambda f: f.path)
-    listing, footers = Listing(), []
+    listing, committed, footers = Listing(), [], []
     for f in infos:
         if is_shard(f.base_name):
             absorbed = absorbed_by(layout, f)
-            (listing.torn if absorbed is None else listing.shards).append(f)
+            (listing.torn if absorbed is None else committed).append(f)
             footers.append(absorbed or frozenset())
-    gone = frozenset().union(*footers)
+    gone = frozenset().union(*footers)  # a rewritten shard is absorbed by its successor too
+    for f in committed:
+        (listing.dead if f.base_name in gone else listing.shards).append(f)
     for f in infos:
         if is_part(f.base_name):
             (listing.dead if f.base_name in gone else listing.parts).append(f)
@@ -255,9 +257,7 @@ def _stream_parts(layout: OutputLayout, paths: list[str], sink, metadata: dict, 
         raise
 
 
-def _write_committed(
-    layout: OutputLayout, final: str, owner: str, write: Callable, hook: Hook, discard_on_error: bool = True
-) -> None:
+def _write_committed(layout: OutputLayout, final: str, owner: str, write: Callable, hook: Hook) -> None:
     """Run `write(sink)` so that `final` appears complete or not at all; the rename (or the
     upload's completion) is the commit point."""
     if not layout.local:
@@ -266,8 +266,7 @@ def _write_committed(
                 write(sink)
         except BaseException:
             # pyarrow's streams have no abort: closing one may have published a torn object
-            if discard_on_error:
-                _delete(layout, final)
+            _delete(layout, final)
             raise
         _step(hook, "committed")
         return
@@ -302,11 +301,18 @@ def compact(location: str, parts: list[str], owner: str, hook: Hook = None) -> d
     }
 
 
-def rewrite(layout: OutputLayout, path: str, keep: pa.Array, owner: str) -> None:
-    """Rewrite one file keeping the rows where `keep` is true, row group by row group, its
-    schema metadata (a shard's absorbed list, the features) carried over; atomically."""
+def rewrite(layout: OutputLayout, path: str, keep: pa.Array, owner: str) -> str:
+    """The rows of one file (a part or a shard) where `keep` is true, as a new shard that
+    absorbs the file (and whatever it absorbed), row group by row group; then the file goes.
+    Never in place: on an object store there is no rename, and a failed overwrite would lose
+    the file. Returns the new shard's path."""
+    old = _base_name(path)
     source = pq.ParquetFile(path, filesystem=layout.fs)
-    metadata = source.schema_arrow.metadata or {}
+    info = layout.fs.get_file_info(path)
+    absorbed = (absorbed_by(layout, info) or frozenset()) if is_shard(old) else frozenset()
+    absorbed = sorted(absorbed | {old})
+    metadata = {**(source.schema_arrow.metadata or {}), ABSORBED_KEY: json.dumps(absorbed).encode("utf-8")}
+    final = f"{layout.data_dir}/{shard_name(absorbed)}"
 
     def write(sink) -> None:
         writer = pq.ParquetWriter(sink, S.OUTPUT_SCHEMA.with_metadata(metadata))
@@ -323,8 +329,9 @@ def rewrite(layout: OutputLayout, path: str, keep: pa.Array, owner: str) -> None
             raise
         writer.close()
 
-    # in place: on an object store a failure mid-rewrite may leave the shard torn (no rename there)
-    _write_committed(layout, path, owner, write, None, discard_on_error=False)
+    _write_committed(layout, final, owner, write, None)
+    _delete(layout, path)
+    return final
 
 
 def compact_all(layout: OutputLayout, owner: str, shard_bytes: int, shard_rows: int, hook: Hook = None) -> list[dict]:

@@ -4,18 +4,22 @@ files that hold each row once, and compaction killed at every step, then rerun."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from actors import schema as S
 from helpers import REPO
 from pipeline import hf_features, shards
+from pipeline import planner as P
+from pipeline.inputs import FRAGMENT, KEY_SCHEMA, ROW
 from pipeline.output import REJECTED_PART, OutputLayout, write_block
-from pipeline.plan import plan_resume
+from pipeline.planning import read_output_keys
 
 RUN = "20260101-000000-abcdef"
 IDS = [f"spk{k % 3}/utt{k:03d}" for k in range(40)]
@@ -34,6 +38,20 @@ def ok(row_id: str, finished: float) -> dict:
         S.CONTENT_HASH: f"h-{row_id}",
         S.RETRYABLE: False,
     }
+
+
+def resume_decisions(layout: OutputLayout) -> dict:
+    """What a rerun's planning decides for IDS (their content unchanged) against `layout`."""
+    n = len(IDS)
+    keys = {name: pa.nulls(n, KEY_SCHEMA.field(name).type) for name in KEY_SCHEMA.names}
+    keys[S.ID] = pa.array(IDS, pa.string())
+    keys[S.CONTENT_HASH] = pa.array([f"h-{i}" for i in IDS], pa.string())
+    keys[FRAGMENT] = pa.array([0] * n, pa.int32())
+    keys[ROW] = pa.array(range(n), pa.int64())
+    written = [P.output_side(read_output_keys(path, layout.fs)) for path in layout.live_files()]
+    union = pa.concat_tables([P.input_side(pa.table(keys, schema=KEY_SCHEMA)), *written])
+    decided = P.resolve_ids(union, ["in.parquet"], P.Retry())
+    return dict(zip(decided.column(S.ID).to_pylist(), decided.column(P.DECISION).to_pylist()))
 
 
 def job_output(tmp_path, block_rows: int = 4, location: str = "") -> OutputLayout:
@@ -145,9 +163,7 @@ def test_compaction_killed_at_any_step_loses_and_redoes_nothing(tmp_path):
         # the rerun: the next driver's start cleans up, its resume redoes nothing, its end packs the rest
         rerun = OutputLayout(layout.location)
         rerun.claim({"input": "x"}, overwrite=False, run_id="20260101-000001-rerun0")
-        done = rerun.read([S.ID, S.STATUS, S.RETRYABLE, S.CONTENT_HASH])
-        plan = plan_resume(IDS, {i: f"h-{i}" for i in IDS}, done)
-        assert len(plan.skip) == len(IDS) and not (plan.new or plan.changed or plan.retried)
+        assert set(resume_decisions(rerun).values()) == {P.DONE}
         shards.compact_all(rerun, "20260101-000001-rerun0", 1 << 30, 20)
         assert rows_by_id(rerun) == before
         names = [f.base_name for f in rerun._data_files()]
@@ -251,3 +267,19 @@ def test_an_object_store_output_commits_by_upload_and_never_keeps_a_torn_shard(t
     shards.compact_all(layout, "r-end", 1 << 30, 20)  # its start deletes the torn one
     assert not torn.exists() and rows_by_id(layout) == before
     assert sorted(f.base_name for f in layout._data_files() if not shards.is_shard(f.base_name)) == [REJECTED_PART]
+
+
+def test_a_shard_rewritten_but_not_yet_deleted_is_read_once(tmp_path):
+    import shutil
+
+    layout = job_output(tmp_path)
+    shards.compact_all(layout, "r-end", 1 << 30, 100)
+    [old] = [p for p in layout.live_files() if "/shard-" in p]
+    shutil.copy(old, tmp_path / "old.parquet")
+    keep = pa.array([r != IDS[0] for r in layout.read([S.ID], latest_only=False).column(S.ID).to_pylist()[:-1]])
+    new = shards.rewrite(layout, old, keep, owner="compact")
+    shutil.copy(tmp_path / "old.parquet", old)  # as if killed between the new shard's commit and the delete
+    assert layout.live_files()[:1] == [new] and old not in layout.live_files()
+    ids = layout.read([S.ID], latest_only=False).column(S.ID).to_pylist()
+    assert sorted(i for i in ids if i) == sorted(IDS[1:])
+    assert shards.purge_absorbed(layout) == 1 and not os.path.exists(old)
