@@ -3,8 +3,9 @@ YAML groups under conf/ fill in. Because the schema is the base of the primary c
 in a key or a value of the wrong type is rejected when Hydra composes, before anything runs.
 
 Groups: model/ (checkpoint + codec), data/ (input table), engine/ (batching and frame
-budget), long_form (keys only), sampling/, quality/ (checks, regeneration, ASR), output/, cluster/ (Ray resources), bench/. The
-groups the actor receives (model, data, engine, long_form, sampling) are defined in
+budget), long_form (keys only), sampling/, quality/ (checks, regeneration, ASR), output/,
+cluster/ (Ray resources), bench/. The groups the actor receives (model, data, engine,
+long_form, sampling, quality) are defined in
 actors/settings.py, torch- and Hydra-free, and reach it as those dataclasses
 (`OmegaConf.to_object`); the driver's own groups are here. Each group's range checks are its
 dataclass's `validate()`; `validate(cfg)` runs them all.

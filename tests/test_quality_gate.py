@@ -159,3 +159,32 @@ def test_a_long_row_regenerates_only_its_failed_segment(actor, monkeypatch):
     assert gated[S.CODES] == once[S.CODES]
     assert all(np.array_equal(b.codes, a.codes) for (_, b), (_, a) in zip(before, after))
     assert actor.recorder.history["four"] == history
+
+
+@pytest.mark.slow
+def test_rejected_rows_are_done_on_rerun_unless_retry_rejected(ray_cluster, eos_first, tmp_path, small_settings):
+    import pyarrow.parquet as pq
+
+    from pipeline.output import OutputLayout
+    from pipeline.plan import run
+
+    source, out = tmp_path / "in.parquet", tmp_path / "out"
+    specs = [{S.ID: "bad", S.TEXT: TEXT, S.SEED: eos_first[0]}, {S.ID: "good", S.TEXT: TEXT, S.SEED: 500}]
+    pq.write_table(rows(specs), source)
+    args = [*small_settings, "engine.stop_on_eos=true", f"data.path={source}", f"output.dir={out}"]
+
+    def written() -> dict:
+        return {r[S.ID]: r for r in OutputLayout(str(out)).read().to_pylist()}
+
+    first = run(compose([*args, "quality.max_attempts=1"]))
+    assert (first.summary["rows_rejected"], first.summary["rows_error"]) == (1, 0)
+    assert first.summary["quality"]["rows_by_flag"]["no_audio"] == 1
+    assert written()["bad"][S.STATUS] == S.STATUS_REJECTED
+    # more attempts alone do not redo it: the quality settings are not part of the row's content
+    again = run(compose(args))
+    assert again.summary["run_rows"] == 0 and written()["bad"][S.RUN] == first.summary["run_id"]
+    redo = run(compose([*args, "output.retry_rejected=true"]))
+    bad = written()["bad"]
+    assert redo.summary["run_rows"] == 1 and bad[S.RUN] == redo.summary["run_id"]
+    assert bad[S.STATUS] == S.STATUS_OK and bad[S.ATTEMPTS] == 2
+    assert written()["good"][S.RUN] == first.summary["run_id"]
