@@ -27,7 +27,7 @@ class Metric:
     tag_keys: tuple[str, ...] = ()
 
 
-ROWS = Metric("chorus_rows", "counter", "Output rows finished, by status (ok / error)", ("actor", "status"))
+ROWS = Metric("chorus_rows", "counter", "Output rows finished, by status (ok / rejected / error)", ("actor", "status"))
 FRAMES = Metric("chorus_frames", "counter", "Codec frames generated (ok rows)", ("actor",))
 AUDIO_SECONDS = Metric("chorus_audio_seconds", "counter", "Seconds of audio synthesized (ok rows)", ("actor",))
 BLOCKS = Metric("chorus_blocks", "counter", "Blocks finished", ("actor",))
@@ -48,15 +48,17 @@ def _sum(values: pa.ChunkedArray) -> float:
 
 
 def block_figures(table: pa.Table) -> dict:
-    """What one finished block adds to the metrics: rows ok / error, frames and audio seconds
-    of its ok rows, and its engine figures (None when no row reached the engine)."""
-    ok_mask = pc.fill_null(pc.equal(table.column(S.STATUS), S.STATUS_OK), False)
-    ok = table.filter(ok_mask)
+    """What one finished block adds to the metrics: rows ok / rejected / error, frames and
+    audio seconds of its ok rows, and its engine figures (None when no row reached the engine)."""
+    status = table.column(S.STATUS)
+    ok = table.filter(pc.fill_null(pc.equal(status, S.STATUS_OK), False))
+    rejected = int(pc.sum(pc.fill_null(pc.equal(status, S.STATUS_REJECTED), False).cast(pa.int64())).as_py() or 0)
     batches = pc.drop_null(table.column(S.BATCH))
     batch = batches[0].as_py() if len(batches) else {}
     return {
-        "ok": ok.num_rows,
-        "error": table.num_rows - ok.num_rows,
+        S.STATUS_OK: ok.num_rows,
+        S.STATUS_REJECTED: rejected,
+        S.STATUS_ERROR: table.num_rows - ok.num_rows - rejected,
         "frames": _sum(ok.column(S.N_FRAMES)),
         "audio_seconds": _sum(ok.column(S.AUDIO_SECONDS)),
         "slot_occupancy": batch.get(S.BATCH_SLOT_OCCUPANCY),
@@ -81,7 +83,7 @@ class ActorMetrics:
         """Add one finished block (the output table the actor returns); returns its figures."""
         figures = block_figures(table)
         rows = self._metrics[ROWS.name]
-        for status in ("ok", "error"):
+        for status in (S.STATUS_OK, S.STATUS_REJECTED, S.STATUS_ERROR):
             if figures[status]:
                 rows.inc(figures[status], tags={"status": status})
         self._add(FRAMES, figures["frames"])

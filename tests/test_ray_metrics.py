@@ -13,20 +13,31 @@ from actors import ray_metrics
 from actors import schema as S
 
 
-def block(actor_name: str, number: int, ok: int, errors: int, occupancy: float, busy: float):
+def block(actor_name: str, number: int, ok: int, errors: int, occupancy: float, busy: float, rejected: int = 0):
     batch = {S.BATCH_ID: f"{actor_name}:{number}", S.BATCH_SLOT_OCCUPANCY: occupancy, S.BATCH_ENGINE_BUSY: busy}
     rows = [
         {S.ID: f"{number}-{k}", S.STATUS: S.STATUS_OK, S.N_FRAMES: 10 + k, S.AUDIO_SECONDS: 0.5, S.BATCH: batch}
         for k in range(ok)
     ]
     rows += [S.error_row(f"{number}-e{k}", "text is empty", **{S.BATCH: batch}) for k in range(errors)]
+    rows += [  # every attempt failed quality.reject: counted apart from ok and error rows
+        {
+            S.ID: f"{number}-r{k}",
+            S.STATUS: S.STATUS_REJECTED,
+            S.N_FRAMES: 0,
+            S.QUALITY_FLAGS: ["no_audio"],
+            S.BATCH: batch,
+        }
+        for k in range(rejected)
+    ]
     return S.output_table(rows)
 
 
 def test_block_figures_count_ok_rows_only():
-    figures = ray_metrics.block_figures(block("a", 1, ok=3, errors=2, occupancy=0.75, busy=0.5))
+    figures = ray_metrics.block_figures(block("a", 1, ok=3, errors=2, occupancy=0.75, busy=0.5, rejected=1))
     assert figures == {
         "ok": 3,
+        "rejected": 1,
         "error": 2,
         "frames": 10 + 11 + 12,
         "audio_seconds": 1.5,

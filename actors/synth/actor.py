@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from actors import schema as S
 from actors.quality.asr import load_asr
+from actors.ray_metrics import ActorMetrics
 from actors.settings import ActorSettings
 from actors.synth import loading
 from actors.synth.blocks import Preparer, longest_first, run_block
@@ -89,6 +90,7 @@ class SynthActor:
             self.engine, settings, self.clock, self.recorder, self.writer.actor, self.finisher.intake.put, self.gate
         )
         self.guard = CrashGuard(settings, self.writer.actor, self._quarantined)
+        self.metrics = ActorMetrics(self.writer.actor)  # Ray's dashboard / Prometheus; a no-op outside Ray
         self._numbers = itertools.count(1)
         self.init_ms = (time.perf_counter() - constructed) * 1000.0
         self.feeder.start()
@@ -107,7 +109,9 @@ class SynthActor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         """One block, start to end; safe to call from several threads at once (SynthStage
         does), the blocks then sharing the engine's slots."""
-        return self.guard.run(batch, next(self._numbers), lambda rows, number: run_block(self, rows, number))
+        table = self.guard.run(batch, next(self._numbers), lambda rows, number: run_block(self, rows, number))
+        self.metrics.record_block(table)
+        return table
 
     def batch_columns(self, block: Block) -> dict:
         figures = {
