@@ -62,7 +62,7 @@ SUMMARY_FILE = "summary.json"
 IDENTITY_FILE = "_chorus.json"  # also chorus's marker: overwrite only ever deletes where it is
 LEASE_FILE = "_chorus.lock"
 RUNS_DIR = "_runs"
-ATTEMPTS_DIR = "_attempts"  # per run: the blocks that killed an actor (actors/synth.py), removed at the end
+ATTEMPTS_DIR = "_attempts"  # per run: the blocks that killed an actor (actors/synth/guard.py), removed at the end
 REPORT_FILE = "report.html"
 # what may sit in a directory chorus has not claimed yet: Hydra creates _runs/ before the run
 # starts, and a lease is taken before the marker is written
@@ -604,6 +604,11 @@ SUMMARY_COLUMNS = [
     S.RUN,
     S.FINISHED_AT,
     S.BATCH,
+    # summary.json's quality object (pipeline/quality.py)
+    S.QUALITY_FLAGS,
+    S.ATTEMPTS,
+    S.DISCARDED_FRAMES,
+    *quality.METRIC_COLUMNS,
 ]
 
 

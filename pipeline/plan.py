@@ -533,7 +533,13 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
             write_changed(job.decided, layout, run_id),
         )
     if summary.count(P.RETRY):
-        log.info()
+        log.info(
+            "%d error or rejected rows are retried (%s)",
+            summary.count(P.RETRY),
+            "output.retry_errors / retry_rejected"
+            if output["retry_errors"] or output["retry_rejected"]
+            else "their errors were transient",
+        )
     stream = {}
     if pending:
         todo = todo_fragments(job.decided, plan_dir(layout.location, run_id))

@@ -56,14 +56,15 @@ def load(settings: ActorSettings) -> Loaded:
         # "cuda when granted"
         device = "cuda" if torch.cuda.is_available() else "cpu"
     lm = load_model(checkpoint, device=device, dtype=model.dtype)
-    codec = load_codec(codec_path, device=device, dtype=resolve_dtype(model.codec_dtype))
+    codec_dtype = resolve_dtype(model.codec_dtype, torch.device(device))  # auto: bf16 on CUDA, by the CPU's units else
+    codec = load_codec(codec_path, device=device, dtype=codec_dtype)
     # engine.codec_process (CPU): a copy of the codec in a child process, so the codec never
     # holds the engine loop's GIL
     codec_runner = codec
     if settings.engine.codec_process and codec.device.type == "cpu":
         from actors.codec.worker import CodecProcess
 
-        dtype_name = str(resolve_dtype(model.codec_dtype)).removeprefix("torch.")
+        dtype_name = str(codec_dtype).removeprefix("torch.")
         codec_runner = CodecProcess(codec_path, dtype=dtype_name, threads=int(threads or torch.get_num_threads()))
     if codec.num_codebooks != lm.config.num_codebooks:
         raise ValueError(

@@ -111,8 +111,8 @@ class RowWriter:
             S.FINISHED_AT: time.time(),
             S.CONTENT_HASH: spec.content_hash,
             **_segment_columns(chain),
-            **_sampling_columns(spec.sampling),
-            **_timing_columns(job.result),
+            **_columns_of(spec.sampling, SAMPLING_COLUMNS),
+            **_columns_of(job.result, TIMING_COLUMNS),
             **(job.quality.columns() if job.quality is not None else {}),
         }
         silent = job.ok and job.quality is not None and job.result is not None and job.result.frames == 0
@@ -158,28 +158,26 @@ def _segment_columns(chain: Any) -> dict:
     }
 
 
-def _sampling_columns(sampling: Any) -> dict:
-    if sampling is None:
-        return {}
-    return {
-        S.TEMPERATURE: sampling.temperature,
-        S.TOP_P: sampling.top_p,
-        S.TOP_K: sampling.top_k,
-        S.REPETITION_PENALTY: sampling.repetition_penalty,
-        S.RAS_WINDOW: sampling.ras_window,
-    }
+# output column -> the attribute it reports, of a row's SamplingParams and of its engine Result
+SAMPLING_COLUMNS = {
+    S.TEMPERATURE: "temperature",
+    S.TOP_P: "top_p",
+    S.TOP_K: "top_k",
+    S.REPETITION_PENALTY: "repetition_penalty",
+    S.RAS_WINDOW: "ras_window",
+}
+TIMING_COLUMNS = {
+    S.STOP_REASON: "stop_reason",
+    S.PROMPT_TOKENS: "prompt_tokens",
+    S.QUEUE_MS: "queue_ms",
+    S.PREFILL_MS: "prefill_ms",
+    S.DECODE_MS: "decode_ms",
+}
 
 
-def _timing_columns(result: Any) -> dict:
-    if result is None:
-        return {}
-    return {
-        S.STOP_REASON: result.stop_reason,
-        S.PROMPT_TOKENS: result.prompt_tokens,
-        S.QUEUE_MS: result.queue_ms,
-        S.PREFILL_MS: result.prefill_ms,
-        S.DECODE_MS: result.decode_ms,
-    }
+def _columns_of(source: Any, columns: dict) -> dict:
+    """The output columns `columns` names, read from `source`'s attributes (none when absent)."""
+    return {} if source is None else {column: getattr(source, name) for column, name in columns.items()}
 
 
 def batch_columns(block: Block, batch_id: str, rows: int, slots: int, actor: dict) -> dict:
