@@ -509,26 +509,26 @@ class OutputLayout:
             self.write_text(IDENTITY_FILE, json.dumps(identity, indent=2) + "\n")
 
 
+def newest_copy_mask(ids, runs, finished) -> pa.Array:
+    """A mask over the rows (three columns of one length) keeping, of the rows sharing an id,
+    the current copy: the latest run, then the latest finished_at (nulls oldest), then the last
+    read; rows without an id are all kept. The one rule for readers and for planning
+    (pipeline/planner.py), as Arrow sorts and group-bys, not a loop over rows."""
+    n = len(ids)
+    index = pa.array(range(n), pa.int64())
+    rows = pa.table({"id": ids, "run": runs, "finished": finished, "i": index})
+    keyed = rows.filter(pc.is_valid(rows.column("id")))
+    if pc.count_distinct(keyed.column("id")).as_py() == keyed.num_rows:
+        return pa.array([True] * n, pa.bool_())
+    keys = [("id", "ascending", "at_start"), ("run", "ascending", "at_start"), ("finished", "ascending", "at_start")]
+    ranked = keyed.take(pc.sort_indices(keyed, sort_keys=[*keys, ("i", "ascending", "at_start")]))
+    ranked = ranked.append_column("rank", pa.array(range(ranked.num_rows), pa.int64()))
+    current = ranked.take(ranked.group_by("id").aggregate([("rank", "max")]).column("rank_max")).column("i")
+    return pc.or_(pc.is_null(rows.column("id")), pc.is_in(index, value_set=current.combine_chunks()))
+
+
 def _newest_copies(table: pa.Table) -> pa.Array:
-    """A mask keeping, of the rows sharing an id, the one of the latest run (then the latest
-    finished_at, then the last read); rows without an id are all kept."""
-    n = table.num_rows
-    if n == 0:
-        return pa.array([], pa.bool_())
-    ids = table.column(S.ID).to_pylist()
-    if len(set(ids)) == n:
-        return pa.array([True] * n)
-    runs = table.column(S.RUN).to_pylist()
-    finished = table.column(S.FINISHED_AT).to_pylist()
-    best: dict[str, int] = {}
-    for i, row_id in enumerate(ids):
-        if row_id is None:
-            continue
-        j = best.get(row_id)
-        if j is None or (runs[i] or "", finished[i] or 0.0, i) >= (runs[j] or "", finished[j] or 0.0, j):
-            best[row_id] = i
-    winners = set(best.values())
-    return pa.array([row_id is None or i in winners for i, row_id in enumerate(ids)])
+    return newest_copy_mask(table.column(S.ID), table.column(S.RUN), table.column(S.FINISHED_AT))
 
 
 def part_name(ids: pa.Array, run_id: str = "") -> str:

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from actors import schema as S
 
 from .inputs import CLIP, FRAGMENT, KEY_SCHEMA, PROBLEM, REASON, ROW, describe_clip
+from .output import newest_copy_mask
 
 DECISION = "_decision"
 ERROR = "_error"
@@ -78,17 +79,11 @@ def output_side(done: pa.Table) -> pa.Table:
 
 
 def newest_copies(done: pa.Table) -> pa.Table:
-    """Of the output rows sharing an id, the current one: the latest run, then the latest
-    finished_at (nulls oldest), as pipeline/output.py reads an output."""
-    if done.num_rows == 0:
-        return done
-    ordered = done.sort_by(
-        [(S.ID, "ascending"), (DONE_COLUMNS[S.RUN], "ascending"), (DONE_COLUMNS[S.FINISHED_AT], "ascending")],
-        null_placement="at_start",
+    """Of the output rows sharing an id, the current one, by the readers' own rule
+    (pipeline/output.py newest_copy_mask)."""
+    return done.filter(
+        newest_copy_mask(done.column(S.ID), done.column(DONE_COLUMNS[S.RUN]), done.column(DONE_COLUMNS[S.FINISHED_AT]))
     )
-    ordered = ordered.append_column("_i", pa.array(range(ordered.num_rows), pa.int64()))
-    last = ordered.group_by(S.ID).aggregate([("_i", "max")]).column("_i_max")
-    return ordered.take(last).drop_columns(["_i"])
 
 
 def resolve_ids(union: pa.Table, fragment_files: list[str], retry: Retry) -> pa.Table:

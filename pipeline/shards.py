@@ -11,7 +11,7 @@ deletes it), after it in the shard, where any part still on disk that a committe
 names is treated as gone (and deleted by the lease holder). A shard's name is a hash of the
 parts it absorbs: a compaction retried after its commit finds its own shard and only
 finishes the deletes. Compaction copies every row it reads; which copy of an id is current
-stays the readers' rule (pipeline/output.py `_newest_copies`).
+stays the readers' rule (pipeline/output.py `newest_copy_mask`).
 """
 
 from __future__ import annotations
