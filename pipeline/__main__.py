@@ -13,7 +13,8 @@ from actors.schema import InputSchemaError
 
 from .config import CONF_DIR
 from .inputs import InputError
-from .output import OutputInUse, OutputMismatch
+from .lease import OutputInUse
+from .output import OutputMismatch
 from .plan import ConfigError, run
 
 # problems with the user's input or settings: a message, not a traceback

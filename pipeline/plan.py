@@ -37,14 +37,13 @@ from . import shards
 from .compaction import RunningCompaction
 from .config import ConfigError, in_ray_job, settings, to_plain, validate
 from .inputs import InputScan, file_ids_digest, ids_digest, output_inside_input, scan_input
+from .lease import Lease, OutputInUse
 from .output import (
     ATTEMPTS_DIR,
     CONFIG_FILE,
     REJECTED_PART,
     SUMMARY_COLUMNS,
     SUMMARY_FILE,
-    Lease,
-    OutputInUse,
     OutputLayout,
     is_local,
     local_path,

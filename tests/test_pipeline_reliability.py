@@ -18,13 +18,11 @@ import pytest
 
 from actors import schema as S
 from pipeline.config import compose
+from pipeline.lease import LEASE_FILE, Lease, OutputInUse
 from pipeline.output import (
     IDENTITY_FILE,
-    LEASE_FILE,
     REJECTED_PART,
     TEMP_PREFIX,
-    Lease,
-    OutputInUse,
     OutputLayout,
     OutputMismatch,
     write_block,
@@ -111,7 +109,8 @@ def test_a_dead_drivers_lease_is_taken_over(tmp_path):
 
 _RACER = """
 import sys, time
-from pipeline.output import Lease, OutputInUse, OutputLayout
+from pipeline.lease import Lease, OutputInUse
+from pipeline.output import OutputLayout
 start, out, run = float(sys.argv[1]), sys.argv[2], sys.argv[3]
 lease = Lease(OutputLayout(out), run, heartbeat_s=0.05)
 time.sleep(max(0.0, start - time.time()))
