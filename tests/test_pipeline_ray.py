@@ -23,12 +23,11 @@ import soundfile as sf
 
 from actors import schema as S
 from pipeline.config import compose
+from pipeline.lease import LEASE_FILE, OutputInUse
 from pipeline.output import (
     CONFIG_FILE,
-    LEASE_FILE,
     SUMMARY_FILE,
     TEMP_PREFIX,
-    OutputInUse,
     OutputLayout,
     OutputMismatch,
 )
