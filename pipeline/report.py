@@ -261,7 +261,7 @@ def _pcts(values) -> list[float]:
 # ---- plots (matplotlib object API -> inline SVG) ----------------------------------------
 
 
-class _Plots:
+class Plots:
     def __init__(self) -> None:
         import matplotlib
         from matplotlib.figure import Figure
@@ -300,7 +300,7 @@ class _Plots:
         return text.replace("<svg ", f'<svg role="img" aria-label="{html.escape(name)}" class="plot" ', 1)
 
 
-def _plot_throughput(p: _Plots, run: _Run, ok: np.ndarray) -> tuple[str, str]:
+def _plot_throughput(p: Plots, run: _Run, ok: np.ndarray) -> tuple[str, str]:
     seconds = run.floats(S.AUDIO_SECONDS)
     finished = run.floats(S.FINISHED_AT)
     have_time = np.isfinite(finished)
@@ -353,7 +353,7 @@ def _plot_throughput(p: _Plots, run: _Run, ok: np.ndarray) -> tuple[str, str]:
 
 
 def _hist(
-    p: _Plots,
+    p: Plots,
     name: str,
     values: np.ndarray,
     *,
@@ -389,7 +389,7 @@ def _hist(
     return p.svg(fig, name)
 
 
-def _plot_outcomes(p: _Plots, run: _Run, ok: np.ndarray) -> Optional[str]:
+def _plot_outcomes(p: Plots, run: _Run, ok: np.ndarray) -> Optional[str]:
     if not run.n:
         return None
     stops = run.strings(S.STOP_REASON)
@@ -648,7 +648,7 @@ def _summary_file_section(summ: dict) -> str:
 def _plots_section(run: _Run) -> str:
     if not run.n:
         return '<h2>Plots</h2><p class="empty">No rows yet — nothing to plot.</p>'
-    p = _Plots()
+    p = Plots()
     with p.style():
         plots = _plots(p, run, run.ok)
     return (
@@ -663,7 +663,7 @@ def _plots_section(run: _Run) -> str:
     )
 
 
-def _plots(p: _Plots, run: _Run, ok: np.ndarray) -> list[tuple[str, Optional[str], str]]:
+def _plots(p: Plots, run: _Run, ok: np.ndarray) -> list[tuple[str, Optional[str], str]]:
     """(name, SVG or None, caption) of each plot, in page order."""
     svg, caption = _plot_throughput(p, run, ok)
     latency = run.floats(S.TOTAL_MS)[ok]

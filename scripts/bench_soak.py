@@ -1,0 +1,272 @@
+"""Memory over a long job: the demo job on a large generated input for a set time, the resident
+memory of every process it runs sampled once a minute, and the slope of each after warm-up.
+
+    .venv/bin/python scripts/bench_soak.py [--minutes 20] [--warmup-min 6] [--rows 1000000]
+        [--every-s 60] [--work DIR] [--out DIR] [--tree DIR] [overrides ...]
+
+The job is `python -m pipeline` on a fresh output, in its own process group; its input comes
+from scripts/make_scale_input.py (reference clips included: the reference caches are part of
+what is measured). Each sample reads /proc (Linux): the driver (the job's process), every Ray
+Data actor running the synthesis stage (SynthStage), every codec child (`actors.codec.worker`), and, for context, the
+rest of Ray (GCS, raylet, dashboard, idle workers) as one sum. Also sampled: the rows in the
+output (from the live files' footers) and the driver's blocks finished.
+
+Writes OUT/soak.json (the series, per-process slopes in MB/min over minutes >= warmup by least
+squares, MB per 1,000 rows finished over the same span) and OUT/soak.html (RSS over time, one
+line per process). Slopes are per wall minute, and the job's speed sets how many rows a minute
+is: read the per-1,000-rows figure beside it when comparing machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import html
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from pipeline.output import OutputLayout  # noqa: E402
+from pipeline.report import Plots  # noqa: E402
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:  # the process exited between the listing and the read
+        return ""
+
+
+def processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process now."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        stat = _read(f"/proc/{name}/stat")
+        if not stat:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        found[int(name)] = (parent, _read(f"/proc/{name}/cmdline").replace("\x00", " ").strip())
+    return found
+
+
+def rss_mb(pid: int) -> float | None:
+    fields = _read(f"/proc/{pid}/statm").split()
+    return int(fields[1]) * PAGE / 2**20 if len(fields) > 1 else None
+
+
+def role(command: str) -> str:
+    """What a process of the job is, from its command line (Ray sets a worker's to its task or
+    actor: `ray::MapWorker(MapBatches(SynthStage))`, `ray::IDLE`, ...)."""
+    if "actors.codec.worker" in command:
+        return "codec"
+    if command.startswith("ray::") and ("SynthStage" in command or "SynthActor" in command):
+        return "actor"
+    return "ray"
+
+
+def descendants(root: int, table: dict[int, tuple[int, str]]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def sample(driver: int) -> dict:
+    """One sample: every process of the job's tree by role and pid (the raylet starts the workers
+    and the driver starts the raylet, so one tree holds them all)."""
+    table = processes()
+    entry = {"driver": rss_mb(driver), "actor": {}, "codec": {}, "ray_mb": 0.0}
+    for pid in descendants(driver, table):
+        kind, mb = role(table[pid][1]), rss_mb(pid)
+        if mb is None:
+            continue
+        if kind == "ray":
+            entry["ray_mb"] += mb
+        else:
+            entry[kind][str(pid)] = mb
+    return entry
+
+
+def rows_done(output: str) -> int:
+    try:
+        import pyarrow.parquet as pq
+
+        return sum(pq.ParquetFile(path).metadata.num_rows for path in OutputLayout(output).live_files())
+    except Exception:  # a file replaced between the listing and the read: next sample counts it
+        return -1
+
+
+def slope(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (x, y) points; None below three points."""
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else None
+
+
+def series(samples: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """Name -> (minute, MB) points: the driver, each actor and each codec child by pid."""
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for s in samples:
+        if s["rss"]["driver"] is not None:
+            lines.setdefault("driver", []).append((s["minute"], s["rss"]["driver"]))
+        for kind in ("actor", "codec"):
+            for pid, mb in s["rss"][kind].items():
+                lines.setdefault(f"{kind} {pid}", []).append((s["minute"], mb))
+        lines.setdefault("rest of ray (sum)", []).append((s["minute"], s["rss"]["ray_mb"]))
+    return lines
+
+
+def figures(samples: list[dict], warmup_min: float) -> dict:
+    """Per line: first and last MB after warm-up, slope MB/min, MB per 1,000 rows finished."""
+    after = [s for s in samples if s["minute"] >= warmup_min]
+    rows = [(s["minute"], s["rows"]) for s in after if s["rows"] >= 0]
+    rows_per_min = slope(rows)
+    out = {"rows_per_min_after_warmup": rows_per_min}
+    for name, points in series(samples).items():
+        late = [p for p in points if p[0] >= warmup_min]
+        per_min = slope(late)
+        out[name] = {
+            "mb_at_warmup": late[0][1] if late else None,
+            "mb_last": late[-1][1] if late else None,
+            "mb_peak": max(mb for _, mb in points),
+            "slope_mb_per_min": per_min,
+            "mb_per_1k_rows": per_min / rows_per_min * 1000 if per_min is not None and rows_per_min else None,
+        }
+    return out
+
+
+def page(samples: list[dict], result: dict) -> str:
+    plots = Plots()
+    with plots.style():
+        fig, (ax,) = plots.figure(height=3.6)
+        for name, points in series(samples).items():
+            ax.plot([m for m, _ in points], [mb for _, mb in points], marker=".", label=name)
+        ax.axvline(result["warmup_min"], color="grey", linestyle="--", linewidth=0.8)
+        ax.set_xlabel("minutes since the job started")
+        ax.set_ylabel("resident memory (MB)")
+        ax.legend(fontsize=7)
+        svg = plots.svg(fig, "soak")
+    rows = "".join(
+        f"<tr><td>{html.escape(k)}</td><td>{v['mb_at_warmup']:.0f}</td><td>{v['mb_last']:.0f}</td>"
+        f"<td>{v['slope_mb_per_min']:.3f}</td></tr>"
+        for k, v in result["figures"].items()
+        if isinstance(v, dict) and v["slope_mb_per_min"] is not None
+    )
+    return (
+        f"<!doctype html><meta charset='utf-8'><title>chorus soak</title><h1>chorus soak</h1>"
+        f"<p>{html.escape(result['cpu'])}, {result['minutes']} min, {result['rows_finished']} rows finished; "
+        f"slopes over minutes &ge; {result['warmup_min']}.</p>{svg}<table><tr><th>process</th>"
+        f"<th>MB at warm-up</th><th>MB last</th><th>MB/min</th></tr>{rows}</table>"
+    )
+
+
+def cpu_name() -> str:
+    for line in _read("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown cpu"
+
+
+def make_input(work: str, rows: int) -> str:
+    data = os.path.join(work, f"input-{rows}")
+    if not os.path.exists(os.path.join(data, "expected.json")):
+        make = [sys.executable, os.path.join(REPO, "scripts", "make_scale_input.py"), str(rows), data]
+        subprocess.run(make, check=True, stdout=subprocess.DEVNULL)
+    return data
+
+
+def soak(args) -> tuple[list[dict], float]:
+    data, output = make_input(args.work, args.rows), os.path.join(args.work, "output")
+    subprocess.run(["rm", "-rf", output], check=True)
+    log = open(os.path.join(args.out, "soak-job.log"), "wb")
+    command = [sys.executable, "-m", "pipeline", f"data.path={data}", f"output.dir={output}", *args.overrides]
+    job = subprocess.Popen(
+        command,
+        cwd=args.tree,
+        env=dict(os.environ, PYTHONPATH=args.tree),
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    began, samples = time.monotonic(), []
+    try:
+        while (minute := (time.monotonic() - began) / 60.0) <= args.minutes:
+            if job.poll() is not None:
+                raise RuntimeError(f"the job ended (status {job.returncode}) after {minute:.1f} min: see soak-job.log")
+            samples.append({"minute": round(minute, 3), "rows": rows_done(output), "rss": sample(job.pid)})
+            print(json.dumps(samples[-1]), flush=True)
+            time.sleep(max(0.0, began + len(samples) * args.every_s - time.monotonic()))
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        try:
+            job.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    return samples, (time.monotonic() - began) / 60.0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=20.0)
+    parser.add_argument("--warmup-min", type=float, default=6.0)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--every-s", type=float, default=60.0)
+    parser.add_argument("--work", default="/tmp/chorus-soak")
+    parser.add_argument("--out", default="soak")
+    parser.add_argument("--tree", default=REPO)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
+    samples, ran = soak(args)
+    result = {
+        "cpu": f"{cpu_name()}, {os.cpu_count()} cpus",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "tree": args.tree,
+        "overrides": args.overrides,
+        "minutes": round(ran, 1),
+        "warmup_min": args.warmup_min,
+        "rows_finished": max(s["rows"] for s in samples),
+        "figures": figures(samples, args.warmup_min),
+        "samples": samples,
+    }
+    with open(os.path.join(args.out, "soak.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(args.out, "soak.html"), "w") as f:
+        f.write(page(samples, result))
+    print("| process | MB at warm-up | MB last | MB peak | MB/min | MB per 1k rows |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, v in result["figures"].items():
+        if isinstance(v, dict) and v["slope_mb_per_min"] is not None:
+            per_k = f"{v['mb_per_1k_rows']:.3f}" if v["mb_per_1k_rows"] is not None else "-"
+            print(
+                f"| {name} | {v['mb_at_warmup']:.0f} | {v['mb_last']:.0f} | {v['mb_peak']:.0f} "
+                f"| {v['slope_mb_per_min']:.3f} | {per_k} |"
+            )
+    print(f"rows/min after warm-up: {result['figures']['rows_per_min_after_warmup']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
