@@ -94,6 +94,9 @@ class ClusterSettings:
     threads_per_actor: Optional[int] = None
     # rows per block = rows per actor call; small blocks spread work over every actor
     rows_per_block: int = 16
+    # rows the job's read may run ahead of the rows written (pipeline/readahead.py); null =
+    # three times what the actors hold at once (num_actors x blocks per actor x rows_per_block)
+    read_ahead_rows: Optional[int] = None
     # inputs of at least this many rows are planned as distributed Ray Data work (hash
     # shuffles by id and ref_id); smaller ones in-process, where a shuffle's start-up would
     # cost more than the planning (same decisions either way; 0 = always distributed)
@@ -123,6 +126,8 @@ class ClusterSettings:
             raise ConfigError("cluster.cpus_per_actor and cluster.gpus_per_actor must be >= 0")
         if self.rows_per_block < 1:
             raise ConfigError("cluster.rows_per_block must be >= 1")
+        if self.read_ahead_rows is not None and self.read_ahead_rows < 1:
+            raise ConfigError("cluster.read_ahead_rows must be >= 1 (or null: from the actors' blocks)")
         if self.distributed_plan_rows < 0:
             raise ConfigError("cluster.distributed_plan_rows must be >= 0")
         if self.crash_quarantine_after < 1 or self.max_task_retries <= self.crash_quarantine_after:

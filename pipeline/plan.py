@@ -33,9 +33,10 @@ from actors.files import write_atomically
 from actors.settings import ActorSettings, CrashSettings, RunContext
 
 from . import planner as P
-from . import shards
+from . import readahead, shards
 from .compaction import RunningCompaction
 from .config import ConfigError, in_ray_job, settings, to_plain, validate
+from .executor_stats import TRIM_EVERY_BLOCKS, trim_block_stats
 from .inputs import InputScan, file_ids_digest, ids_digest, output_inside_input, scan_input
 from .lease import Lease, OutputInUse
 from .output import (
@@ -349,10 +350,12 @@ def actor_arguments(
     return {"settings": ActorSettings(**groups, run=run_context, crash=crash)}
 
 
-def build_plan(plain: dict, scan: InputScan, todo: list, arguments: dict, layout: OutputLayout, run_id: str):
+def build_plan(plain: dict, scan: InputScan, todo: list, arguments: dict, layout: OutputLayout, run_id: str, gate):
     from .todo_read import read_dataset
 
-    ds = read_dataset(scan, todo, plain["cluster"]["rows_per_block"])
+    rows_per_block = plain["cluster"]["rows_per_block"]
+    chunk = readahead.chunk_rows(arguments["settings"].engine.max_concurrent_blocks, rows_per_block)
+    ds = read_dataset(scan, todo, rows_per_block, chunk, gate)
     with warnings.catch_warnings():
         # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
         # "use the named remote parameters" warning has nothing to point to); pinned <2.61
@@ -393,6 +396,14 @@ def _synth_stage(ds, plain: dict, arguments: dict, rows: int):
     )
 
 
+def start_read_ahead(cluster: dict, arguments: dict):
+    """The run's ReadAhead actor (pipeline/readahead.py), its window from the actors' blocks."""
+    blocks = arguments["settings"].engine.max_concurrent_blocks  # resolved by actor_arguments
+    window = readahead.window_rows(cluster["num_actors"], blocks, cluster["rows_per_block"], cluster["read_ahead_rows"])
+    log.debug("read-ahead window: %d rows", window)
+    return readahead.start(window)
+
+
 def data_context():
     """Ray Data's settings for every plan of a run (planning and synthesis)."""
     import ray
@@ -417,7 +428,8 @@ def synthesize(
     try:
         _check_resources(plain["cluster"])
         data_context()
-        plan = build_plan(plain, scan, todo, arguments, layout, run_id)
+        gate = start_read_ahead(plain["cluster"], arguments)
+        plan = build_plan(plain, scan, todo, arguments, layout, run_id, gate)
         output = plain["output"]
         progress = Progress(
             scan.total_rows, scan.total_rows - pending, output["progress_interval_s"], output["progress_bar"]
@@ -425,9 +437,12 @@ def synthesize(
         compaction = RunningCompaction(layout.location, run_id, output["shard_bytes"], output["shard_rows"])
         began = time.monotonic()
         try:
-            for stats in plan.iter_rows():  # O(1) per block: sums, and one part handed on
+            for seen, stats in enumerate(plan.iter_rows(), 1):  # O(1) per block: sums, one part handed on
+                gate.release.remote(stats["rows"])
                 if stream["first_block_s"] is None:
                     stream["first_block_s"] = time.monotonic() - began
+                if seen % TRIM_EVERY_BLOCKS == 0:
+                    trim_block_stats(plan)
                 stream["write_s"] += (stats["write_ms"] or 0.0) / 1000.0
                 progress.update(
                     stats["rows"], stats["errors"], stats["audio_seconds"], stats["slot_rows"], stats["slot_steps"]

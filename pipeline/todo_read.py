@@ -1,8 +1,10 @@
 """The job's read: only the rows planning chose, each with its content hash, in small blocks.
 
-One read task per fragment holding rows to synthesize (pipeline/planning.py TodoFragment):
-it reads the fragment's row group, keeps its chosen rows and appends their content hashes.
-Nothing a task does depends on the job's other rows.
+Each fragment's rows to synthesize (pipeline/planning.py TodoFragment) are cut into chunks of
+about one actor's worth of rows, one read task each: it waits for the job's ReadAhead actor to
+admit it (pipeline/readahead.py: the read never runs more than a window of rows ahead of the
+rows written), reads the fragment's row group, keeps the chunk's rows and appends their
+content hashes. Nothing a task does depends on the job's other rows.
 
 The blocks are cut by the read itself (override_num_blocks: Ray Data splits each task's
 output), not by repartition(target_num_rows_per_block=...): in Ray 2.60 that operator's tasks
@@ -13,27 +15,79 @@ skips read_parquet's remote sampling task (~0.8 s per run).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from actors import schema as S
+from actors.lru import LRU
 
 from .inputs import ROW, InputScan, read_fragment
 from .planning import TodoFragment, todo_rows
 
 
-def read_chosen_rows(scan: InputScan, todo: TodoFragment) -> pa.Table:
-    """One fragment's rows to synthesize (canonical columns + content_hash), in file order."""
+@dataclass(frozen=True)
+class Chunk:
+    """Rows [start, stop) of one fragment's rows to synthesize (in file order): one read task."""
+
+    number: int
+    todo: TodoFragment
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def chunks(todo: list[TodoFragment], rows: int) -> list[Chunk]:
+    """Each fragment's rows cut into read tasks of at most `rows` rows."""
+    out = []
+    for entry in todo:
+        for start in range(0, entry.rows, rows):
+            out.append(Chunk(len(out), entry, start, min(entry.rows, start + rows)))
+    return out
+
+
+# a worker reads a fragment's chunks one after another: it decodes the row group (and reads the
+# fragment's todo list) once, not once per chunk; one entry each bounds what a worker keeps
+_FRAGMENTS: LRU[pa.Table] = LRU(1)
+_TODO: LRU[pa.Table] = LRU(1)
+
+
+def _cached(cache: LRU, key: str, load) -> pa.Table:
+    value = cache.get(key)
+    if value is None:
+        value = load()
+        cache.put(key, value)
+    return value
+
+
+def read_chosen_rows(scan: InputScan, chunk: Chunk) -> pa.Table:
+    """A chunk's rows to synthesize (canonical columns + content_hash), in file order."""
+    todo = chunk.todo
     fragment = scan.fragments[todo.fragment]
-    chosen = todo_rows(todo).sort_by(ROW)
-    table = read_fragment(scan, fragment)
+    key = f"{scan.files[fragment.file]}#{fragment.row_group}"
+    if todo.path is None:  # planned in-process: the rows came with the task
+        chosen = todo.table.sort_by(ROW)
+    else:
+        chosen = _cached(_TODO, todo.path, lambda: todo_rows(todo).sort_by(ROW))
+    chosen = chosen.slice(chunk.start, chunk.rows)
+    table = _cached(_FRAGMENTS, key, lambda: read_fragment(scan, fragment))
     table = table.take(pc.subtract(chosen.column(ROW), fragment.first_row))
     return table.append_column(S.CONTENT_HASH, chosen.column(S.CONTENT_HASH))
 
 
-def _datasource(scan: InputScan, todo: list[TodoFragment]):
+def _admitted_read(scan: InputScan, chunk: Chunk, gate) -> list[pa.Table]:
+    import ray
+
+    ray.get(gate.admit.remote(chunk.number, chunk.rows))
+    return [read_chosen_rows(scan, chunk)]
+
+
+def _datasource(scan: InputScan, work: list[Chunk], gate):
     from ray.data.block import BlockMetadata
     from ray.data.datasource import Datasource, ReadTask
 
@@ -47,21 +101,24 @@ def _datasource(scan: InputScan, todo: list[TodoFragment]):
         def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list:
             return [
                 ReadTask(
-                    lambda entry=entry: [read_chosen_rows(scan, entry)],
-                    BlockMetadata(num_rows=entry.rows, size_bytes=None, input_files=None, exec_stats=None),
+                    lambda chunk=chunk: _admitted_read(scan, chunk, gate),
+                    BlockMetadata(num_rows=chunk.rows, size_bytes=None, input_files=None, exec_stats=None),
                 )
-                for entry in todo
+                for chunk in work
             ]
 
     return ChosenRows()
 
 
-def read_dataset(scan: InputScan, todo: list[TodoFragment], rows_per_block: int):
+def read_dataset(scan: InputScan, todo: list[TodoFragment], rows_per_block: int, chunk_rows: int, gate):
     """Ray Data dataset of the rows to synthesize, in blocks of about `rows_per_block` rows,
     so that a small table of text is spread over every actor instead of arriving as one block
-    for one actor."""
+    for one actor; read a chunk of `chunk_rows` at a time, each once `gate` (a ReadAhead
+    actor) admits it, by one read task at a time."""
     import ray
 
-    rows = sum(entry.rows for entry in todo)
-    blocks = max(1, -(-rows // rows_per_block))
-    return ray.data.read_datasource(_datasource(scan, todo), num_cpus=0.25, override_num_blocks=blocks)
+    work = chunks(todo, chunk_rows)
+    blocks = sum(-(-chunk.rows // rows_per_block) for chunk in work)
+    return ray.data.read_datasource(
+        _datasource(scan, work, gate), num_cpus=0.25, concurrency=1, override_num_blocks=max(1, blocks)
+    )

@@ -35,7 +35,7 @@ sys.path.insert(0, REPO)
 from pipeline.output import OutputLayout  # noqa: E402
 from pipeline.report import Plots  # noqa: E402
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
+MEASURES = ("rss", "anon", "shmem")
 
 
 def _read(path: str) -> str:
@@ -60,9 +60,18 @@ def processes() -> dict[int, tuple[int, str]]:
     return found
 
 
-def rss_mb(pid: int) -> float | None:
-    fields = _read(f"/proc/{pid}/statm").split()
-    return int(fields[1]) * PAGE / 2**20 if len(fields) > 1 else None
+def memory_mb(pid: int) -> dict | None:
+    """Resident memory in MB: `rss` (all of it), `anon` (the process's own heap and stacks) and
+    `shmem` (shared memory mapped in: Ray's object store pages a process has touched count in
+    its RSS, so RSS climbs as it reads objects until the store's size, with no leak behind it)."""
+    fields = {}
+    for line in _read(f"/proc/{pid}/status").splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssShmem"):
+            fields[key] = int(value.split()[0]) / 1024.0
+    if "VmRSS" not in fields:
+        return None
+    return {"rss": fields["VmRSS"], "anon": fields.get("RssAnon", 0.0), "shmem": fields.get("RssShmem", 0.0)}
 
 
 def role(command: str) -> str:
@@ -89,17 +98,17 @@ def descendants(root: int, table: dict[int, tuple[int, str]]) -> list[int]:
 
 def sample(driver: int) -> dict:
     """One sample: every process of the job's tree by role and pid (the raylet starts the workers
-    and the driver starts the raylet, so one tree holds them all)."""
+    and the driver starts the raylet, so one tree holds them all); the rest of Ray summed."""
     table = processes()
-    entry = {"driver": rss_mb(driver), "actor": {}, "codec": {}, "ray_mb": 0.0}
+    entry = {"driver": memory_mb(driver), "actor": {}, "codec": {}, "ray": dict.fromkeys(MEASURES, 0.0)}
     for pid in descendants(driver, table):
-        kind, mb = role(table[pid][1]), rss_mb(pid)
-        if mb is None:
+        kind, memory = role(table[pid][1]), memory_mb(pid)
+        if memory is None:
             continue
         if kind == "ray":
-            entry["ray_mb"] += mb
+            entry["ray"] = {k: entry["ray"][k] + memory[k] for k in MEASURES}
         else:
-            entry[kind][str(pid)] = mb
+            entry[kind][str(pid)] = memory
     return entry
 
 
@@ -123,60 +132,80 @@ def slope(points: list[tuple[float, float]]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else None
 
 
-def series(samples: list[dict]) -> dict[str, list[tuple[float, float]]]:
-    """Name -> (minute, MB) points: the driver, each actor and each codec child by pid."""
-    lines: dict[str, list[tuple[float, float]]] = {}
+def series(samples: list[dict]) -> dict[str, list[tuple[float, dict]]]:
+    """Name -> (minute, memory) points: the driver, each actor and codec child by pid, the rest
+    of Ray as one sum."""
+    lines: dict[str, list[tuple[float, dict]]] = {}
     for s in samples:
-        if s["rss"]["driver"] is not None:
-            lines.setdefault("driver", []).append((s["minute"], s["rss"]["driver"]))
+        if s["memory"]["driver"] is not None:
+            lines.setdefault("driver", []).append((s["minute"], s["memory"]["driver"]))
         for kind in ("actor", "codec"):
-            for pid, mb in s["rss"][kind].items():
-                lines.setdefault(f"{kind} {pid}", []).append((s["minute"], mb))
-        lines.setdefault("rest of ray (sum)", []).append((s["minute"], s["rss"]["ray_mb"]))
+            for pid, memory in s["memory"][kind].items():
+                lines.setdefault(f"{kind} {pid}", []).append((s["minute"], memory))
+        lines.setdefault("rest of ray (sum)", []).append((s["minute"], s["memory"]["ray"]))
     return lines
 
 
 def figures(samples: list[dict], warmup_min: float) -> dict:
-    """Per line: first and last MB after warm-up, slope MB/min, MB per 1,000 rows finished."""
+    """Per process and measure: MB at warm-up and last, peak, slope MB/min after warm-up, and
+    the same slope per 1,000 rows finished."""
     after = [s for s in samples if s["minute"] >= warmup_min]
-    rows = [(s["minute"], s["rows"]) for s in after if s["rows"] >= 0]
-    rows_per_min = slope(rows)
-    out = {"rows_per_min_after_warmup": rows_per_min}
+    rows_per_min = slope([(s["minute"], s["rows"]) for s in after if s["rows"] >= 0])
+    out = {"rows_per_min_after_warmup": rows_per_min, "processes": {}}
     for name, points in series(samples).items():
-        late = [p for p in points if p[0] >= warmup_min]
-        per_min = slope(late)
-        out[name] = {
-            "mb_at_warmup": late[0][1] if late else None,
-            "mb_last": late[-1][1] if late else None,
-            "mb_peak": max(mb for _, mb in points),
-            "slope_mb_per_min": per_min,
-            "mb_per_1k_rows": per_min / rows_per_min * 1000 if per_min is not None and rows_per_min else None,
-        }
+        late = [(m, memory) for m, memory in points if m >= warmup_min]
+        out["processes"][name] = {}
+        for measure in MEASURES:
+            per_min = slope([(m, memory[measure]) for m, memory in late])
+            out["processes"][name][measure] = {
+                "mb_at_warmup": late[0][1][measure] if late else None,
+                "mb_last": late[-1][1][measure] if late else None,
+                "mb_peak": max(memory[measure] for _, memory in points),
+                "slope_mb_per_min": per_min,
+                "mb_per_1k_rows": per_min / rows_per_min * 1000 if per_min is not None and rows_per_min else None,
+            }
     return out
+
+
+def table_rows(result: dict) -> list[list[str]]:
+    """process, measure, MB at warm-up, last, peak, MB/min, MB per 1k rows (a row per pair)."""
+
+    def text(v, digits):
+        return "-" if v is None else f"{v:.{digits}f}"
+
+    out = []
+    for name, measures in result["figures"]["processes"].items():
+        for measure, v in measures.items():
+            out.append(
+                [name, measure, text(v["mb_at_warmup"], 0), text(v["mb_last"], 0), text(v["mb_peak"], 0)]
+                + [text(v["slope_mb_per_min"], 3), text(v["mb_per_1k_rows"], 3)]
+            )
+    return out
+
+
+HEADERS = ["process", "measure", "MB at warm-up", "MB last", "MB peak", "MB/min after warm-up", "MB per 1k rows"]
 
 
 def page(samples: list[dict], result: dict) -> str:
     plots = Plots()
     with plots.style():
-        fig, (ax,) = plots.figure(height=3.6)
-        for name, points in series(samples).items():
-            ax.plot([m for m, _ in points], [mb for _, mb in points], marker=".", label=name)
-        ax.axvline(result["warmup_min"], color="grey", linestyle="--", linewidth=0.8)
-        ax.set_xlabel("minutes since the job started")
-        ax.set_ylabel("resident memory (MB)")
-        ax.legend(fontsize=7)
+        fig, axes = plots.figure(rows=2, height=3.2)
+        for ax, measure in zip(axes, ("rss", "anon")):
+            for name, points in series(samples).items():
+                ax.plot([m for m, _ in points], [memory[measure] for _, memory in points], marker=".", label=name)
+            ax.axvline(result["warmup_min"], color="grey", linestyle="--", linewidth=0.8)
+            ax.set_ylabel(f"{measure} (MB)")
+        axes[0].set_title("resident memory (rss) and its private part (anon) per process")
+        axes[-1].set_xlabel("minutes since the job started")
+        axes[0].legend(fontsize=7)
         svg = plots.svg(fig, "soak")
-    rows = "".join(
-        f"<tr><td>{html.escape(k)}</td><td>{v['mb_at_warmup']:.0f}</td><td>{v['mb_last']:.0f}</td>"
-        f"<td>{v['slope_mb_per_min']:.3f}</td></tr>"
-        for k, v in result["figures"].items()
-        if isinstance(v, dict) and v["slope_mb_per_min"] is not None
-    )
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in table_rows(result))
     return (
         f"<!doctype html><meta charset='utf-8'><title>chorus soak</title><h1>chorus soak</h1>"
-        f"<p>{html.escape(result['cpu'])}, {result['minutes']} min, {result['rows_finished']} rows finished; "
-        f"slopes over minutes &ge; {result['warmup_min']}.</p>{svg}<table><tr><th>process</th>"
-        f"<th>MB at warm-up</th><th>MB last</th><th>MB/min</th></tr>{rows}</table>"
+        f"<p>{html.escape(result['cpu'])}, {result['minutes']} min, {result['rows_finished']} rows finished, "
+        f"overrides {html.escape(' '.join(result['overrides']) or 'none')}; slopes by least squares over minutes "
+        f"&ge; {result['warmup_min']} (dashed line).</p>{svg}<table><tr>{head}</tr>{body}</table>"
     )
 
 
@@ -213,7 +242,7 @@ def soak(args) -> tuple[list[dict], float]:
         while (minute := (time.monotonic() - began) / 60.0) <= args.minutes:
             if job.poll() is not None:
                 raise RuntimeError(f"the job ended (status {job.returncode}) after {minute:.1f} min: see soak-job.log")
-            samples.append({"minute": round(minute, 3), "rows": rows_done(output), "rss": sample(job.pid)})
+            samples.append({"minute": round(minute, 3), "rows": rows_done(output), "memory": sample(job.pid)})
             print(json.dumps(samples[-1]), flush=True)
             time.sleep(max(0.0, began + len(samples) * args.every_s - time.monotonic()))
     finally:
@@ -255,15 +284,10 @@ def main(argv: list[str]) -> int:
         json.dump(result, f, indent=2)
     with open(os.path.join(args.out, "soak.html"), "w") as f:
         f.write(page(samples, result))
-    print("| process | MB at warm-up | MB last | MB peak | MB/min | MB per 1k rows |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, v in result["figures"].items():
-        if isinstance(v, dict) and v["slope_mb_per_min"] is not None:
-            per_k = f"{v['mb_per_1k_rows']:.3f}" if v["mb_per_1k_rows"] is not None else "-"
-            print(
-                f"| {name} | {v['mb_at_warmup']:.0f} | {v['mb_last']:.0f} | {v['mb_peak']:.0f} "
-                f"| {v['slope_mb_per_min']:.3f} | {per_k} |"
-            )
+    print("| " + " | ".join(HEADERS) + " |")
+    print("|---|---|" + "---:|" * (len(HEADERS) - 2))
+    for row in table_rows(result):
+        print("| " + " | ".join(row) + " |")
     print(f"rows/min after warm-up: {result['figures']['rows_per_min_after_warmup']}")
     return 0
 

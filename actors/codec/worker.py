@@ -31,12 +31,14 @@ import numpy as np
 def _serve(fd: int, path: str, dtype: str, threads: int) -> None:
     import torch
 
+    from ..heap import HeapTrimmer
     from .loader import load_codec
 
     conn = Connection(fd)
     torch.set_num_threads(threads)
     codec = load_codec(path, device="cpu", dtype=getattr(torch, dtype))
     conn.send(("ready", None))
+    heap = HeapTrimmer()  # waveforms of every size come and go: give freed memory back now and then
     while True:
         try:
             method, arrays, max_batch_rows = conn.recv()
@@ -48,6 +50,7 @@ def _serve(fd: int, path: str, dtype: str, threads: int) -> None:
             conn.send(("ok", getattr(codec, method)(arrays, max_batch_rows=max_batch_rows)))
         except Exception as e:  # the caller decides what fails: report, keep serving
             conn.send(("error", f"{type(e).__name__}: {e}"))
+        heap.maybe_trim()
 
 
 _METHODS = ("decode_batch", "encode_batch")

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from actors import schema as S
+from actors.heap import HeapTrimmer
 from actors.quality.asr import load_asr
 from actors.ray_metrics import ActorMetrics
 from actors.settings import ActorSettings
@@ -91,6 +92,7 @@ class SynthActor:
         )
         self.guard = CrashGuard(settings, self.writer.actor, self._quarantined)
         self.metrics = ActorMetrics(self.writer.actor)  # Ray's dashboard / Prometheus; a no-op outside Ray
+        self.heap = HeapTrimmer()  # freed memory back to the system now and then (actors/heap.py)
         self._numbers = itertools.count(1)
         self.init_ms = (time.perf_counter() - constructed) * 1000.0
         self.feeder.start()
@@ -111,6 +113,7 @@ class SynthActor:
         does), the blocks then sharing the engine's slots."""
         table = self.guard.run(batch, next(self._numbers), lambda rows, number: run_block(self, rows, number))
         self.metrics.record_block(table)
+        self.heap.maybe_trim()
         return table
 
     def batch_columns(self, block: Block) -> dict:

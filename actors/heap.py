@@ -1,0 +1,59 @@
+"""Handing freed heap memory back to the operating system (glibc's malloc_trim).
+
+An actor and its codec child allocate and free many buffers of changing sizes from several
+threads (prompts, K/V prefix copies, codes, waveforms, FLAC bytes). glibc keeps what is freed
+inside its arenas for reuse and returns it to the system only from the top of each heap, so
+the resident size of a long-running process creeps up with fragmentation although nothing is
+leaked. `HeapTrimmer.maybe_trim` calls malloc_trim(0), which also releases the free pages in
+the middle of every arena, at most once per `every_s` seconds (a trim walks the arenas: a few
+ms). Where there is no glibc (macOS, musl) it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+import time
+from typing import Optional
+
+TRIM_EVERY_S = 30.0
+
+
+def _malloc_trim():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+class HeapTrimmer:
+    def __init__(self, every_s: float = TRIM_EVERY_S):
+        self.every_s = every_s
+        self._trim = _malloc_trim()
+        self._lock = threading.Lock()
+        self._last = time.monotonic()
+        self.trims = 0
+
+    @property
+    def available(self) -> bool:
+        return self._trim is not None
+
+    def maybe_trim(self, now: Optional[float] = None) -> bool:
+        """Trim if `every_s` has passed since the last trim; True when it trimmed. Safe from
+        any thread (one trims, the others return)."""
+        if self._trim is None:
+            return False
+        now = time.monotonic() if now is None else now
+        if now - self._last < self.every_s or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._last = now
+            self._trim(0)
+            self.trims += 1
+            return True
+        finally:
+            self._lock.release()

@@ -1,0 +1,126 @@
+"""The job's read runs at most a window of rows ahead of the rows written (pipeline/readahead.py,
+pipeline/todo_read.py), and Ray Data's per-block stats lists stay bounded while a run streams
+(pipeline/executor_stats.py). Real Ray, real Parquet."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from actors import schema as S
+from pipeline import readahead
+from pipeline.executor_stats import trim_block_stats
+from pipeline.inputs import FRAGMENT, ROW, scan_input
+from pipeline.planning import TodoFragment
+from pipeline.todo_read import chunks, read_dataset
+
+
+def test_window_follows_the_actors_blocks_and_holds_three_chunks():
+    assert readahead.chunk_rows(4, 16) == 64
+    assert readahead.window_rows(actors=2, blocks_per_actor=4, rows_per_block=16) == 3 * 2 * 4 * 16
+    assert readahead.window_rows(actors=1, blocks_per_actor=1, rows_per_block=16) == 48
+    assert readahead.window_rows(actors=8, blocks_per_actor=4, rows_per_block=16, configured=10) == 64  # >= a chunk
+    assert readahead.window_rows(actors=8, blocks_per_actor=4, rows_per_block=16, configured=5000) == 5000
+
+
+def _admitted_within(gate, chunk: int, rows: int, seconds: float) -> bool:
+    import ray
+
+    ready, _ = ray.wait([gate.admit.remote(chunk, rows)], timeout=seconds)
+    return bool(ready)
+
+
+def test_admission_waits_for_room_and_a_retried_chunk_counts_once(ray_cluster):
+    import ray
+
+    gate = readahead.start(100)
+    assert _admitted_within(gate, 0, 60, 10)
+    assert not _admitted_within(gate, 1, 60, 1.0)  # 120 > 100: waits
+    assert _admitted_within(gate, 0, 60, 10)  # chunk 0 again (a retried read task): no new rows
+    ray.get(gate.release.remote(60))
+    # chunk 1's first admit (still waiting) now fits; its second call returns at once
+    assert _admitted_within(gate, 1, 60, 10)
+    assert ray.get(gate.state.remote())["in_flight"] == 60
+    ray.get(gate.release.remote(60))
+    assert _admitted_within(gate, 2, 500, 10)  # larger than the window: admitted once it is empty
+    assert ray.get(gate.state.remote())["in_flight"] == 500
+
+
+def _input(tmp_path, rows: int, row_group: int):
+    path = tmp_path / "input.parquet"
+    table = pa.table({S.ID: [f"spk/{i:05d}" for i in range(rows)], S.TEXT: [f"text {i}" for i in range(rows)]})
+    pq.write_table(table, path, row_group_size=row_group)
+    scan = scan_input(str(path), {})
+    todo = []
+    for fragment in scan.fragments:
+        chosen = list(range(fragment.first_row, fragment.first_row + fragment.rows, 2))  # every other row
+        todo.append(
+            TodoFragment(
+                fragment.index,
+                len(chosen),
+                table=pa.table(
+                    {
+                        FRAGMENT: pa.array([fragment.index] * len(chosen), pa.int32()),
+                        ROW: pa.array(chosen, pa.int64()),
+                        S.CONTENT_HASH: [f"h{r}" for r in chosen],
+                    }
+                ),
+            )
+        )
+    return scan, todo
+
+
+def test_chunks_cover_each_fragments_rows_once(tmp_path):
+    scan, todo = _input(tmp_path, rows=500, row_group=200)
+    work = chunks(todo, 32)
+    assert [c.number for c in work] == list(range(len(work)))
+    assert sum(c.rows for c in work) == 250
+    for entry in todo:
+        mine = [c for c in work if c.todo is entry]
+        assert [c.start for c in mine] == list(range(0, entry.rows, 32))
+        assert mine[-1].stop == entry.rows
+
+
+def test_the_read_stops_at_the_window_until_rows_are_released(ray_cluster, tmp_path):
+    import ray
+
+    scan, todo = _input(tmp_path, rows=1000, row_group=400)  # 500 chosen rows
+    gate = readahead.start(64)  # two chunks of 32
+    rows = []
+    for batch in read_dataset(scan, todo, rows_per_block=16, chunk_rows=32, gate=gate).iter_batches(
+        batch_size=None, batch_format="pyarrow", prefetch_batches=0
+    ):
+        rows.extend(batch.to_pylist())
+        time.sleep(0.05)  # a slow consumer: the read has every chance to run ahead
+        state = ray.get(gate.state.remote())
+        assert state["admitted_rows"] - len(rows) <= 64 + 32, state
+        ray.get(gate.release.remote(batch.num_rows))
+    ids = [r[S.ID] for r in rows]
+    assert sorted(ids) == [f"spk/{i:05d}" for i in range(0, 1000, 2)]  # every chosen row once
+    assert {r[S.CONTENT_HASH] for r in rows} == {f"h{i}" for i in range(0, 1000, 2)}
+    assert all(r[S.CONTENT_HASH] == "h" + str(int(r[S.ID][4:])) for r in rows)  # each with its own hash
+
+
+def test_ray_datas_per_block_stats_are_cleared_while_streaming(ray_cluster):
+    import ray
+
+    ds = ray.data.range(4000, override_num_blocks=200).map_batches(lambda b: b, batch_size=None)
+    dropped = []
+    for i, _ in enumerate(ds.iter_batches(batch_size=None, prefetch_batches=0)):
+        if i % 50 == 49:
+            dropped.append(trim_block_stats(ds))
+    # on the pinned Ray the lists exist and are emptied: what stays is at most what arrived since
+    assert sum(dropped) >= 150, dropped
+    topology = ds._current_executor._topology if ds._current_executor else {}
+    assert all(len(getattr(op, "_output_blocks_stats", [])) <= 200 for op in topology)
+
+
+@pytest.mark.parametrize("configured", [0, -5])
+def test_read_ahead_rows_must_be_positive(configured):
+    from pipeline.config import ClusterSettings, ConfigError
+
+    with pytest.raises(ConfigError, match="read_ahead_rows"):
+        ClusterSettings(read_ahead_rows=configured).validate()
