@@ -230,33 +230,13 @@ class OutputLayout:
         return pc.drop_null(ids)
 
     def drop_superseded(self, also_drop: Optional[pa.Array] = None) -> int:
-        """Remove from their parts the older copies of rows a later run redid, and rows of
-        `also_drop` ids (those the driver now refuses), so each id is on disk once. Each file
-        is rewritten as a new shard absorbing it (pipeline/shards.py rewrite); a crash between
-        files leaves only older copies in some, never a row lost. Returns the rows removed."""
-        parts = [p for p in self.live_files() if not p.endswith("/" + REJECTED_PART)]
-        if not parts:
-            return 0
-        keys = [self._read_parts([p], [S.ID, S.RUN, S.FINISHED_AT]) for p in parts]
-        lengths = [t.num_rows for t in keys]
-        table = pa.concat_tables(keys)
-        keep = _newest_copies(table)
-        if also_drop is not None and len(also_drop):
-            keep = pc.and_(keep, pc.invert(pc.fill_null(pc.is_in(table.column(S.ID), value_set=also_drop), False)))
-        keep = keep.to_pylist()
-        removed, offset = 0, 0
-        for part, length in zip(parts, lengths):
-            part_keep = keep[offset : offset + length]
-            offset += length
-            if all(part_keep):
-                continue
-            removed += length - sum(part_keep)
-            if any(part_keep) or shards.is_shard(part.rsplit("/", 1)[-1]):
-                # a shard's successor stays, emptied or not: its footer keeps what it absorbed gone
-                shards.rewrite(self, part, pa.array(part_keep), owner="compact")
-            else:
-                self.fs.delete_file(part)
-        return removed
+        """Remove from their files the older copies of rows a later run redid, and rows of
+        `also_drop` ids (those the driver now refuses), so each id is on disk once; in this
+        process (pipeline/supersede.py: the run's end chooses between this and Ray tasks).
+        Returns the rows removed."""
+        from .supersede import drop_in_process
+
+        return drop_in_process(self, also_drop)
 
     def write_part(self, table: pa.Table, name: str, owner: str = "") -> str:
         """Write a part so that it is either absent or complete under its final name. The

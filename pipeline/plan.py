@@ -33,7 +33,7 @@ from actors.files import write_atomically
 from actors.settings import ActorSettings, CrashSettings, RunContext
 
 from . import planner as P
-from . import shards
+from . import shards, supersede
 from .compaction import RunningCompaction
 from .config import ConfigError, in_ray_job, settings, to_plain, validate
 from .inputs import InputScan, file_ids_digest, ids_digest, output_inside_input, scan_input
@@ -547,7 +547,7 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
     shutil.rmtree(attempts_dir(layout.location, run_id), ignore_errors=True)
     if lease.lost:
         raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")
-    superseded = layout.drop_superseded(also_drop=rejected_id_array(rejected))
+    superseded = supersede.drop_superseded(layout, summary, rejected_id_array(rejected), distributed)
     if superseded:
         log.info("removed %d older copies of rows this run redid", superseded)
     packed = shards.compact_all(layout, run_id, output["shard_bytes"], output["shard_rows"])
