@@ -42,17 +42,16 @@ from .output import (
     ATTEMPTS_DIR,
     CONFIG_FILE,
     REJECTED_PART,
-    SUMMARY_COLUMNS,
     SUMMARY_FILE,
     OutputLayout,
     is_local,
     local_path,
-    summarize,
     write_block,
 )
 from .planning import todo_fragments, use_distributed
 from .progress import Progress
 from .resume import plan_job, rejected_id_array, rejected_rows, write_changed
+from .summary import summary_of
 
 log = logging.getLogger("chorus")
 
@@ -555,8 +554,8 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
         log.info("packed the last %d parts into %d shard(s)", sum(p["parts"] for p in packed), len(packed))
 
     wall = time.monotonic() - started
-    summary = summarize(
-        layout.read(SUMMARY_COLUMNS),
+    summary = summary_of(
+        layout,
         run_id,
         wall,
         {
@@ -569,6 +568,7 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
             "started_at_unix": started_unix,
             **stream,
         },
+        distributed,
     )
     layout.write_text(SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     report_began = time.monotonic()

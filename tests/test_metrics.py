@@ -12,7 +12,7 @@ import pytest
 
 from actors import schema as S
 from pipeline import metrics
-from pipeline.output import summarize
+from pipeline.summary import summarize
 
 
 def batch(actor: str, number: int, rows: int = 3) -> dict:
