@@ -39,6 +39,7 @@ from .planning import PARTITION_ROWS
 FILE, ROW = "_file", "_row"  # a key row's file (index into the list of files) and position in it
 KEY_COLUMNS = [S.ID, S.RUN, S.FINISHED_AT]  # what deciding the current copy reads (never audio)
 _NUM_CPUS = 0.25  # as planning's tasks: a whole-CPU request never schedules beside actors
+DRIVER_DROPS = 1_000_000  # (file, row) pairs the driver groups by file itself (~12 MB)
 
 
 def row_files(layout: OutputLayout) -> list[str]:
@@ -156,9 +157,25 @@ def _rewrite_file(drops: pa.Table, location: str, files: list[str]) -> pa.Table:
     return pa.table({FILE: pa.array([index], pa.int32()), "removed": pa.array([int((~keep).sum())], pa.int64())})
 
 
-def drop_distributed(layout: OutputLayout, files: list[str], refused: Optional[pa.Array] = None) -> int:
-    """Ray Data: keys per file -> shuffle by id -> drops -> grouped by file -> rewrites. The
-    driver sees one result row per rewritten file."""
+def _each_file(blocks: list[pa.Table]):
+    """The drops of each file in turn, as tables of their own (copies: a task gets its file's)."""
+    blocks = [t.select([FILE, ROW]) for t in blocks if t.num_rows]
+    if not blocks:
+        return
+    table = pa.concat_tables(blocks).sort_by(FILE)
+    file_of, row_of = table.column(FILE).to_numpy(), table.column(ROW).to_numpy()
+    bounds = np.flatnonzero(np.diff(file_of, prepend=-1, append=-1))
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        yield pa.table({FILE: pa.array(file_of[start:end].copy()), ROW: pa.array(row_of[start:end].copy())})
+
+
+def drop_distributed(
+    layout: OutputLayout, files: list[str], refused: Optional[pa.Array] = None, driver_drops: Optional[int] = None
+) -> int:
+    """Ray Data: keys per file -> shuffle by id -> drops -> grouped by file -> rewrites. When
+    there are at most `driver_drops` drops in all (DRIVER_DROPS: ~12 MB) the driver groups
+    them by file itself, sparing a second shuffle's start-up, and hands each file's drops to
+    its own rewrite task; else Ray Data groups them. The driver keeps a row per file."""
     import ray
 
     rows = footer_rows(layout, files)
@@ -170,7 +187,11 @@ def drop_distributed(layout: OutputLayout, files: list[str], refused: Optional[p
     by_id = keys.repartition(partitions, shuffle=True, keys=[S.ID])
     drops = by_id.map_batches(
         _drops, fn_kwargs={"refused": refused}, batch_format="pyarrow", batch_size=None, num_cpus=_NUM_CPUS
-    )
+    ).materialize()
+    if drops.count() <= (DRIVER_DROPS if driver_drops is None else driver_drops):
+        task = ray.remote(num_cpus=_NUM_CPUS)(_rewrite_file)
+        results = [task.remote(mine, layout.location, files) for mine in _each_file(ray.get(drops.to_arrow_refs()))]
+        return sum(r.column("removed")[0].as_py() for r in ray.get(results))
     rewritten = drops.groupby(FILE, num_partitions=min(partitions, len(files))).map_groups(
         _rewrite_file,
         fn_kwargs={"location": layout.location, "files": files},

@@ -77,7 +77,8 @@ def on_disk(layout: OutputLayout) -> list[tuple]:
     return sorted(rows, key=lambda r: (r[0] or "", r[1] or "", r[3] or ""))
 
 
-def test_both_ways_leave_the_same_rows(ray_cluster, tmp_path):
+@pytest.mark.parametrize("driver_drops", [None, 0], ids=["drops-grouped-here", "drops-grouped-by-ray"])
+def test_both_ways_leave_the_same_rows(ray_cluster, tmp_path, driver_drops):
     here = copies_output(tmp_path / "here")
     shutil.copytree(tmp_path / "here", tmp_path / "ray")
     there = OutputLayout(str(tmp_path / "ray"))
@@ -86,7 +87,7 @@ def test_both_ways_leave_the_same_rows(ray_cluster, tmp_path):
     latest = here.read([S.ID, S.RUN, S.TEXT]).to_pylist()
     expected = sorted((r[S.ID] or "", r[S.RUN], r[S.TEXT]) for r in latest if r[S.ID] != "a33")
     removed_here = supersede.drop_in_process(here, refused)
-    removed_there = supersede.drop_distributed(there, supersede.row_files(there), refused)
+    removed_there = supersede.drop_distributed(there, supersede.row_files(there), refused, driver_drops)
     # the 28 redone rows' old copies, a55's r1 copy and the tie's loser, the refused a33
     assert removed_here == removed_there == 28 + 2 + 1
     assert on_disk(here) == on_disk(there)
