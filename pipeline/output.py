@@ -22,7 +22,7 @@ later run's part never takes the name of one a shard has absorbed.
 One driver at a time: a run holds a lease on the directory (pipeline/lease.py). A row redone by a
 later run (changed content, a retryable error) has an older copy in an earlier part: reads
 keep the newest copy of each id, and the run ends by removing the older copies from their
-parts, so the files on disk hold each id once.
+files (pipeline/supersede.py), so the files on disk hold each id once.
 """
 
 from __future__ import annotations
