@@ -199,7 +199,8 @@ def _read_run(output_dir: Path) -> _Run:
             notes.append(f"{SUMMARY_NAME} could not be read: {exc}")
     run = _Run(output_dir, files, metrics.normalise(table), present, summary, notes, rows_in_files=sum(sizes))
     if run.sampled:
-        totals = f"the totals are {SUMMARY_NAME}'s" if _summary_counts_every_row(run) else "so are the totals"
+        counted = report_sample.summary_totals(summary, run.rows_in_files)
+        totals = f"the totals are {SUMMARY_NAME}'s" if counted else "so are the totals"
         notes.append(
             f"{sum(sizes):,} rows: the plots and tables show an evenly spread sample of {run.n:,} of them; {totals}"
         )
@@ -619,7 +620,7 @@ def _summary_section(run: _Run) -> str:
     summary.json's wall time when the run wrote one."""
     h = metrics.headline(run.table, _num(run.summary, "wall_s"))
     if run.sampled:
-        h.update(_totals(run))
+        h.update(report_sample.summary_totals(run.summary, run.rows_in_files))
     n, n_err, audio_s = h["rows"], h["rows_error"], h["audio_s"]
     cards = [
         ("rows ok", f"{h['rows_ok']:,}", "ok"),
@@ -640,31 +641,6 @@ def _summary_section(run: _Run) -> str:
         )
         + "</div>"
     )
-
-
-def _summary_counts_every_row(run: _Run) -> bool:
-    return _num(run.summary, "rows_total") == run.rows_in_files
-
-
-def _totals(run: _Run) -> dict:
-    """A sampled page's counts and speeds: summary.json's (every row), the sample's percentiles
-    standing; the sample's own without a summary that counts these rows."""
-    summ = run.summary
-    if not _summary_counts_every_row(run):
-        return {}
-    wall, audio_s = _num(summ, "wall_s"), _num(summ, "audio_seconds")
-    counts = {
-        key: _num(summ, name)
-        for key, name in (("rows", "rows_total"), ("rows_ok", "rows_ok"), ("rows_error", "rows_error"))
-    }
-    figures = {
-        **{key: int(v) for key, v in counts.items() if v is not None},
-        "audio_s": audio_s,
-        "rows_per_s": metrics.rate(counts["rows"], wall),
-        "frames_per_s": _num(summ, "frames_per_s"),  # this run's, as summary.json has it
-        "rtf": metrics.rate(wall, audio_s) if wall and audio_s else None,
-    }
-    return {key: v for key, v in figures.items() if v is not None}
 
 
 def _ms_as_duration(ms: Optional[float]) -> str:

@@ -6,6 +6,7 @@ summary.json, which counts every row (pipeline/summary.py)."""
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -47,3 +48,29 @@ def read_rows(source: pq.ParquetFile, columns: list[str], wanted: np.ndarray) ->
         start = end
     table = pa.concat_tables(pieces) if pieces else source.schema_arrow.empty_table().select(columns)
     return table, wanted
+
+
+def _number(summary: dict, key: str) -> Optional[float]:
+    value = summary.get(key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def summary_totals(summary: dict, rows_in_files: int) -> dict:
+    """A sampled page's headline counts and speeds (metrics.headline's keys): summary.json's,
+    which counts every row, when it counts these files' rows; {} otherwise (the sample's own
+    figures stand, and the page says so)."""
+    if _number(summary, "rows_total") != rows_in_files:
+        return {}
+    wall, audio_s = _number(summary, "wall_s"), _number(summary, "audio_seconds")
+    counts = {key: _number(summary, name) for key, name in (("rows_ok", "rows_ok"), ("rows_error", "rows_error"))}
+    figures = {
+        "rows": rows_in_files,
+        **{key: int(v) for key, v in counts.items() if v is not None},
+        "audio_s": audio_s,
+        "rows_per_s": rows_in_files / wall if wall else None,
+        "frames_per_s": _number(summary, "frames_per_s"),  # this run's, as summary.json has it
+        "rtf": wall / audio_s if wall and audio_s else None,
+    }
+    return {key: v for key, v in figures.items() if v is not None}
