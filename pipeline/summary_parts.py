@@ -158,16 +158,17 @@ def top_errors(message_refs: list, kinds: int, driver_merge_groups: int) -> list
 
 
 def distributed_figures(
-    layout: OutputLayout, run_id: str, driver_merge_groups: Optional[int] = None, in_flight: int = 64
+    layout: OutputLayout, run_id: str, driver_merge_groups: Optional[int] = None, merge_batch: int = 64
 ) -> dict:
-    """summary.py's figures from a Ray task per live file, merged here as they finish."""
+    """summary.py's figures from a Ray task per live file, merged here as they finish (up to
+    `merge_batch` partials fetched at once). `driver_merge_groups`: DRIVER_MERGE_GROUPS."""
     import ray
 
     task = ray.remote(num_cpus=_NUM_CPUS, num_returns=2)(file_figures)
     refs = [task.remote(layout.location, path, i, run_id) for i, path in enumerate(reading_order(layout))]
     merged, pending = {}, [figures for figures, _ in refs]
     while pending:
-        ready, pending = ray.wait(pending, num_returns=min(in_flight, len(pending)))
+        ready, pending = ray.wait(pending, num_returns=min(merge_batch, len(pending)))
         for part in ray.get(ready):
             merged = merge(merged, part)
     if not merged:

@@ -85,7 +85,7 @@ def test_both_ways_agree(ray_cluster, rich_output, driver_merge_groups):
     extra = {"output": rich_output.location}
     exact = summary_of(rich_output, NEW, 12.5, extra, distributed=False)
     sketched = summary_of(
-        rich_output, NEW, 12.5, extra, distributed=True, driver_merge_groups=driver_merge_groups, in_flight=3
+        rich_output, NEW, 12.5, extra, distributed=True, driver_merge_groups=driver_merge_groups, merge_batch=3
     )
     assert exact["percentiles"] == EXACT and sketched["percentiles"] == DESCRIPTION
     assert_same_summary(exact, sketched, rich_output.read(SUMMARY_COLUMNS), NEW)
