@@ -58,13 +58,14 @@ def batch_column(table: pa.Table, name: str) -> list:
     return table.column(name).to_pylist() if name in table.column_names else []
 
 
-def actor_engines(table: pa.Table) -> dict[str, dict]:
-    """Per actor, what its engine did for these rows' batches (output.engine_figures)."""
+def engines(table: pa.Table) -> tuple[dict[str, dict], dict]:
+    """What the engines did for these rows' batches (output.engine_figures): per actor, and
+    for all of them; the batch structs read once."""
     batches, actors = batch_column(table, S.BATCH), batch_column(table, S.ACTOR)
     per_actor: dict[str, list] = {}
     for actor, batch in zip(actors, batches):
         per_actor.setdefault(actor, []).append(batch)
-    return {actor: engine_figures(mine) for actor, mine in per_actor.items()}
+    return {actor: engine_figures(mine) for actor, mine in per_actor.items()}, engine_figures(batches)
 
 
 def exact_figures(meta: pa.Table, run_id: str) -> dict:
@@ -72,10 +73,10 @@ def exact_figures(meta: pa.Table, run_id: str) -> dict:
     table = metrics.normalise(meta)
     this_run = metrics.run_rows(table, run_id)
     run_ok = metrics.ok_rows(this_run)
-    engines = actor_engines(this_run)
+    by_actor, engine = engines(this_run)
     idle = engine_figures([])
     per_actor = {
-        actor: {**{k: figures[k] for k in ACTOR_KEYS}, **{k: engines.get(actor, idle)[k] for k in ENGINE_KEYS}}
+        actor: {**{k: figures[k] for k in ACTOR_KEYS}, **{k: by_actor.get(actor, idle)[k] for k in ENGINE_KEYS}}
         for actor, figures in metrics.per_actor(this_run).items()
     }
     errors = metrics.error_kinds(table, TOP_ERRORS, max_chars=ERROR_CHARS)
@@ -86,7 +87,7 @@ def exact_figures(meta: pa.Table, run_id: str) -> dict:
         "run_audio_seconds": metrics.total(run_ok, S.AUDIO_SECONDS),
         "run_frames": metrics.total(run_ok, S.N_FRAMES),
         "per_actor": per_actor,
-        "engine": engine_figures(batch_column(this_run, S.BATCH)),
+        "engine": engine,
         "top_errors": [{"error": k["error"], "rows": k["rows"]} for k in errors],
         "quality": quality.figures(table),
         "percentiles": EXACT,

@@ -27,7 +27,7 @@ from . import metrics, quality, shards
 from .output import REJECTED_PART, OutputLayout, engine_figures
 from .planning import PARTITION_ROWS
 from .sketch import DESCRIPTION, LogHistogram
-from .summary import ACTOR_KEYS, ENGINE_KEYS, ERROR_CHARS, SUMMARY_COLUMNS, TOP_ERRORS, actor_engines, batch_column
+from .summary import ACTOR_KEYS, ENGINE_KEYS, ERROR_CHARS, SUMMARY_COLUMNS, TOP_ERRORS, engines
 
 DRIVER_MERGE_GROUPS = 100_000  # error kinds (summed over files) the driver merges itself
 _POSITION = 1 << 32  # a row's place in reading order: file index * _POSITION + row
@@ -71,13 +71,13 @@ def file_figures(location: str, path: str, index: int, run_id: str) -> tuple[dic
     table = metrics.normalise(shards.read_file(OutputLayout(location), path, SUMMARY_COLUMNS))
     this_run = metrics.run_rows(table, run_id)
     run_ok = metrics.ok_rows(this_run)
-    engines, idle = actor_engines(this_run), engine_figures([])
+    (by_actor, engine), idle = engines(this_run), engine_figures([])
     actors = {}
     for actor, figures in metrics.per_actor(this_run).items():
         mine = metrics.ok_rows(this_run.filter(pc.fill_null(pc.equal(this_run.column(S.ACTOR), actor), False)))
         actors[actor] = {
             **{k: figures[k] for k in ACTOR_KEYS if k != "row_rtf_p50"},
-            **{k: engines.get(actor, idle)[k] for k in ENGINE_KEYS},
+            **{k: by_actor.get(actor, idle)[k] for k in ENGINE_KEYS},
             "first": index,
             "rtf": LogHistogram().add(metrics.finite(mine.column(S.RTF)).to_numpy()),
         }
@@ -89,16 +89,11 @@ def file_figures(location: str, path: str, index: int, run_id: str) -> tuple[dic
         "run_audio_seconds": metrics.total(run_ok, S.AUDIO_SECONDS),
         "run_frames": metrics.total(run_ok, S.N_FRAMES),
         "per_actor": actors,
-        "engine": run_engine(this_run),
+        "engine": {k: engine[k] for k in ENGINE_KEYS},
         "quality": quality.tallies(table),
         "metrics": _metric_parts(table),
         "error_kinds": messages.num_rows,
     }, messages
-
-
-def run_engine(table: pa.Table) -> dict:
-    figures = engine_figures(batch_column(table, S.BATCH))
-    return {k: figures[k] for k in ENGINE_KEYS}
 
 
 def _add(into: dict, other: dict, keys) -> None:
