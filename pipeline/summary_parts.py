@@ -46,6 +46,8 @@ def reading_order(layout: OutputLayout) -> list[str]:
 def top_messages(groups: pa.Table, limit: int = TOP_ERRORS) -> pa.Table:
     """Message counts (MESSAGES_SCHEMA) summed per message, the `limit` most common, ties to
     the first seen. Any grouping of the same counts gives the same answer."""
+    if not groups.num_rows:  # an empty partition may come without columns
+        return MESSAGES_SCHEMA.empty_table()
     grouped = groups.group_by("error").aggregate([("rows", "sum"), ("first", "min")])
     grouped = grouped.rename_columns(["error", "rows", "first"]).select(MESSAGES_SCHEMA.names)
     return grouped.sort_by([("rows", "descending"), ("first", "ascending")]).slice(0, limit)

@@ -139,6 +139,8 @@ def _file_keys(batch: pa.Table, location: str) -> pa.Table:
 def _drops(partition: pa.Table, refused: Optional[pa.Array]) -> pa.Table:
     """The copies to drop among one partition's rows (every row of the ids it holds). Sorted
     back into reading order first: the rule's last tie-break is the order rows were read."""
+    if not partition.num_rows:  # an empty partition may come without columns
+        return pa.table({FILE: pa.array([], pa.int32()), ROW: pa.array([], pa.int64())})
     partition = partition.sort_by([(FILE, "ascending"), (ROW, "ascending")])
     return partition.filter(pc.invert(_keep_mask(partition, refused))).select([FILE, ROW])
 
