@@ -1,5 +1,5 @@
 """The figures of an output table (actors/schema.py), computed once with pyarrow compute and
-`group_by`: what summary.json (output.summarize), the benchmark (bench.measure) and the report
+`group_by`: what summary.json (summary.py), the benchmark (bench.measure) and the report
 page (report.py) show. Each takes the metadata columns of the rows it describes.
 
 Tables may come from older or foreign writers (the report reads whatever is under data/):
@@ -142,16 +142,10 @@ def counts(table: pa.Table) -> dict:
     }
 
 
-def error_kinds(
-    table: pa.Table, limit: Optional[int] = None, max_chars: Optional[int] = None, name_missing: bool = False
-) -> list[dict]:
-    """The error rows' messages, most common first (ties in order of first appearance):
-    [{"error", "rows", "example_id"}]. A null message reads as "" (or, name_missing, as a
-    note with the row's status); `max_chars` cuts messages before they are counted, so long
-    messages that differ only in their tail count as one."""
+def error_messages(table: pa.Table, max_chars: Optional[int] = None, name_missing: bool = False) -> pa.Table:
+    """The error rows as (error, id), each message as error_kinds counts it: a null message
+    reads as "" (or, name_missing, as a note with the row's status), cut to `max_chars`."""
     errors = table.filter(pc.invert(pc.or_(table.column(OK), _rejected(table))))
-    if not errors.num_rows:
-        return []
     messages = errors.column(S.ERROR)
     if name_missing and messages.null_count:
         statuses = errors.column(S.STATUS).to_pylist()
@@ -162,13 +156,26 @@ def error_kinds(
     messages = pc.fill_null(messages, "")
     if max_chars is not None:
         messages = pc.utf8_slice_codeunits(messages, 0, max_chars)
-    grouped = (
-        pa.table({"error": messages, "id": errors.column(S.ID)})
-        .group_by("error", use_threads=False)
-        .aggregate([("id", "count", pc.CountOptions(mode="all")), ("id", "first", _FIRST)])
+    return pa.table({"error": messages, "id": errors.column(S.ID)})
+
+
+def error_kinds(
+    table: pa.Table, limit: Optional[int] = None, max_chars: Optional[int] = None, name_missing: bool = False
+) -> list[dict]:
+    """The error rows' messages, most common first (ties in order of first appearance):
+    [{"error", "rows", "example_id"}]. A null message reads as "" (or, name_missing, as a
+    note with the row's status); `max_chars` cuts messages before they are counted, so long
+    messages that differ only in their tail count as one."""
+    errors = error_messages(table, max_chars, name_missing)
+    if not errors.num_rows:
+        return []
+    # the tie-break by each message's first row, spelled out: a hash group-by's output order
+    # is not the order of first appearance (seen with 40 distinct messages)
+    errors = errors.append_column("at", pa.array(range(errors.num_rows), pa.int64()))
+    grouped = errors.group_by("error", use_threads=False).aggregate(
+        [("id", "count", pc.CountOptions(mode="all")), ("id", "first", _FIRST), ("at", "min")]
     )
-    order = pc.sort_indices(grouped, sort_keys=[("id_count", "descending")])  # a stable sort
-    kinds = grouped.take(order).to_pylist()
+    kinds = grouped.sort_by([("id_count", "descending"), ("at_min", "ascending")]).to_pylist()
     return [{"error": k["error"], "rows": k["id_count"], "example_id": k["id_first"]} for k in kinds[:limit]]
 
 

@@ -22,7 +22,7 @@ later run's part never takes the name of one a shard has absorbed.
 One driver at a time: a run holds a lease on the directory (pipeline/lease.py). A row redone by a
 later run (changed content, a retryable error) has an older copy in an earlier part: reads
 keep the newest copy of each id, and the run ends by removing the older copies from their
-parts, so the files on disk hold each id once.
+files (pipeline/supersede.py), so the files on disk hold each id once.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from actors import schema as S
 from actors.files import TEMP_PREFIX, atomic_open, write_atomically
 
-from . import hf_features, metrics, quality, shards
+from . import hf_features, shards
 from .lease import LEASE_FILE
 
 DATA_DIR = "data"
@@ -230,33 +230,13 @@ class OutputLayout:
         return pc.drop_null(ids)
 
     def drop_superseded(self, also_drop: Optional[pa.Array] = None) -> int:
-        """Remove from their parts the older copies of rows a later run redid, and rows of
-        `also_drop` ids (those the driver now refuses), so each id is on disk once. Each file
-        is rewritten as a new shard absorbing it (pipeline/shards.py rewrite); a crash between
-        files leaves only older copies in some, never a row lost. Returns the rows removed."""
-        parts = [p for p in self.live_files() if not p.endswith("/" + REJECTED_PART)]
-        if not parts:
-            return 0
-        keys = [self._read_parts([p], [S.ID, S.RUN, S.FINISHED_AT]) for p in parts]
-        lengths = [t.num_rows for t in keys]
-        table = pa.concat_tables(keys)
-        keep = _newest_copies(table)
-        if also_drop is not None and len(also_drop):
-            keep = pc.and_(keep, pc.invert(pc.fill_null(pc.is_in(table.column(S.ID), value_set=also_drop), False)))
-        keep = keep.to_pylist()
-        removed, offset = 0, 0
-        for part, length in zip(parts, lengths):
-            part_keep = keep[offset : offset + length]
-            offset += length
-            if all(part_keep):
-                continue
-            removed += length - sum(part_keep)
-            if any(part_keep) or shards.is_shard(part.rsplit("/", 1)[-1]):
-                # a shard's successor stays, emptied or not: its footer keeps what it absorbed gone
-                shards.rewrite(self, part, pa.array(part_keep), owner="compact")
-            else:
-                self.fs.delete_file(part)
-        return removed
+        """Remove from their files the older copies of rows a later run redid, and rows of
+        `also_drop` ids (those the driver now refuses), so each id is on disk once; in this
+        process (pipeline/supersede.py: the run's end chooses between this and Ray tasks).
+        Returns the rows removed."""
+        from .supersede import drop_in_process
+
+        return drop_in_process(self, also_drop)
 
     def write_part(self, table: pa.Table, name: str, owner: str = "") -> str:
         """Write a part so that it is either absent or complete under its final name. The
@@ -384,75 +364,3 @@ def write_block(batch: pa.Table, location: str, run_id: str = "") -> pa.Table:
     size = layout.fs.get_file_info(path).size
     stats = dict(block_stats(batch, name), bytes=size, write_ms=(time.perf_counter() - began) * 1000.0)
     return pa.Table.from_pylist([stats], schema=STATS_SCHEMA)
-
-
-# what summarize reads (never the texts, audio or codes)
-SUMMARY_COLUMNS = [
-    S.ID,
-    S.STATUS,
-    S.ERROR,
-    S.AUDIO_SECONDS,
-    S.N_FRAMES,
-    S.TOTAL_MS,
-    S.RTF,
-    S.ACTOR,
-    S.NODE,
-    S.DEVICE,
-    S.RUN,
-    S.FINISHED_AT,
-    S.BATCH,
-    # summary.json's quality object (pipeline/quality.py)
-    S.QUALITY_FLAGS,
-    S.ATTEMPTS,
-    S.DISCARDED_FRAMES,
-    *quality.METRIC_COLUMNS,
-]
-
-
-def summarize(meta: pa.Table, run_id: str, wall_seconds: float, extra: dict) -> dict:
-    """summary.json: totals over the whole output (every run that wrote to it), speed of this
-    run (rows_per_s, frames_per_s, rtf = wall seconds per second of audio), per-actor figures."""
-    table = metrics.normalise(meta)
-    this_run = metrics.run_rows(table, run_id)
-    whole, run = metrics.counts(table), metrics.counts(this_run)
-    audio_seconds = metrics.total(metrics.ok_rows(table), S.AUDIO_SECONDS)
-    run_ok = metrics.ok_rows(this_run)
-    run_audio = metrics.total(run_ok, S.AUDIO_SECONDS)
-    per_actor_keys = ("node", "device", "rows", "rows_ok", "rows_error", "audio_s", "frames", "row_rtf_p50")
-    per_actor = {
-        actor: {k: figures[k] for k in per_actor_keys + ("rows_per_s", "frames_per_s")}
-        for actor, figures in metrics.per_actor(this_run, wall_seconds).items()
-    }
-    # this run's engines: figures from the batches' shares of their actor's steps
-    batches = this_run.column(S.BATCH).to_pylist() if S.BATCH in this_run.column_names else []
-    actors = this_run.column(S.ACTOR).to_pylist() if S.ACTOR in this_run.column_names else []
-    for actor, figures in per_actor.items():
-        mine = engine_figures(b for a, b in zip(actors, batches) if a == actor)
-        figures["slot_occupancy"] = mine["slot_occupancy"]
-        figures["engine_busy"] = metrics.rate(mine["engine_busy_s"], wall_seconds)
-    run_figures = engine_figures(batches)
-    busy = [a["engine_busy"] for a in per_actor.values() if a["engine_busy"] is not None]
-    return {
-        **extra,
-        "run_id": run_id,
-        "rows_total": whole["rows"],
-        "rows_ok": whole["rows_ok"],
-        "rows_error": whole["rows_error"],
-        "rows_rejected": whole["rows_rejected"],
-        "audio_seconds": audio_seconds,
-        "audio_hours": audio_seconds / 3600.0,
-        "wall_s": wall_seconds,
-        "run_rows": run["rows"],
-        "run_rows_ok": run["rows_ok"],
-        "run_rows_error": run["rows_error"],
-        "run_audio_seconds": run_audio,
-        "rows_per_s": metrics.rate(run["rows"], wall_seconds),
-        "frames_per_s": metrics.rate(metrics.total(run_ok, S.N_FRAMES), wall_seconds),
-        "rtf": metrics.rate(wall_seconds, run_audio),
-        # this run's engines: mean share of slots holding a row per step, and of wall time stepping
-        "slot_occupancy": run_figures["slot_occupancy"],
-        "engine_busy": sum(busy) / len(busy) if busy else None,
-        "top_errors": [{"error": k["error"], "rows": k["rows"]} for k in metrics.error_kinds(table, 10, max_chars=160)],
-        "quality": quality.figures(table),
-        "per_actor": per_actor,
-    }

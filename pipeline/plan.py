@@ -33,7 +33,7 @@ from actors.files import write_atomically
 from actors.settings import ActorSettings, CrashSettings, RunContext
 
 from . import planner as P
-from . import readahead, shards
+from . import readahead, shards, supersede
 from .compaction import RunningCompaction
 from .config import ConfigError, in_ray_job, settings, to_plain, validate
 from .executor_stats import TRIM_EVERY_BLOCKS, trim_block_stats
@@ -43,17 +43,16 @@ from .output import (
     ATTEMPTS_DIR,
     CONFIG_FILE,
     REJECTED_PART,
-    SUMMARY_COLUMNS,
     SUMMARY_FILE,
     OutputLayout,
     is_local,
     local_path,
-    summarize,
     write_block,
 )
 from .planning import todo_fragments, use_distributed
 from .progress import Progress
 from .resume import plan_job, rejected_id_array, rejected_rows, write_changed
+from .summary import summary_of
 
 log = logging.getLogger("chorus")
 
@@ -562,7 +561,7 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
     shutil.rmtree(attempts_dir(layout.location, run_id), ignore_errors=True)
     if lease.lost:
         raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")
-    superseded = layout.drop_superseded(also_drop=rejected_id_array(rejected))
+    superseded = supersede.drop_superseded(layout, summary, rejected_id_array(rejected), distributed)
     if superseded:
         log.info("removed %d older copies of rows this run redid", superseded)
     packed = shards.compact_all(layout, run_id, output["shard_bytes"], output["shard_rows"])
@@ -570,8 +569,8 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
         log.info("packed the last %d parts into %d shard(s)", sum(p["parts"] for p in packed), len(packed))
 
     wall = time.monotonic() - started
-    summary = summarize(
-        layout.read(SUMMARY_COLUMNS),
+    summary = summary_of(
+        layout,
         run_id,
         wall,
         {
@@ -584,6 +583,7 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
             "started_at_unix": started_unix,
             **stream,
         },
+        distributed,
     )
     layout.write_text(SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     report_began = time.monotonic()

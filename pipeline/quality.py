@@ -41,25 +41,56 @@ def _tally(values) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def figures(table: pa.Table) -> dict:
-    """Rows per status, per flag (rows whose kept audio shows it), per attempt count; the frames
-    regeneration discarded as a share of all frames generated; each metric's percentiles."""
+def tallies(table: pa.Table) -> dict:
+    """The counts `figures` reports, in a form that adds up over tables (merge_tallies):
+    rows per status, per flag, per attempt count; frames kept and discarded."""
     flags = _column(table, S.QUALITY_FLAGS)
-    per_flag = {flag: sum(1 for f in flags if f and flag in f) for flag in FLAGS}
-    frames = sum(v or 0 for v in _column(table, S.N_FRAMES))
-    discarded = sum(v or 0 for v in _column(table, S.DISCARDED_FRAMES))
-    distributions = {}
-    for name in METRIC_COLUMNS:
-        if name in table.column_names and table.column(name).null_count < table.num_rows:
+    return {
+        "rows_by_status": _tally(_column(table, S.STATUS)),
+        "rows_by_flag": {flag: sum(1 for f in flags if f and flag in f) for flag in FLAGS},
+        "rows_by_attempts": _tally(_column(table, S.ATTEMPTS)),
+        "frames": sum(v or 0 for v in _column(table, S.N_FRAMES)),
+        "discarded_frames": sum(v or 0 for v in _column(table, S.DISCARDED_FRAMES)),
+    }
+
+
+def merge_tallies(into: dict, other: dict) -> dict:
+    for key, value in other.items():
+        if isinstance(value, dict):
+            merged = into.setdefault(key, {})
+            for k, n in value.items():
+                merged[k] = merged.get(k, 0) + n
+        else:
+            into[key] = into.get(key, 0) + value
+    return into
+
+
+def present_metrics(table: pa.Table) -> list[str]:
+    """The metric columns with at least one value: those the figures describe."""
+    return [n for n in METRIC_COLUMNS if n in table.column_names and table.column(n).null_count < table.num_rows]
+
+
+def figures(table: pa.Table, distributions: Optional[dict] = None) -> dict:
+    """Rows per status, per flag (rows whose kept audio shows it), per attempt count; the frames
+    regeneration discarded as a share of all frames generated; each metric's percentiles
+    (exact, or `distributions` computed elsewhere: pipeline/summary_parts.py's sketches)."""
+    if distributions is None:
+        distributions = {}
+        for name in present_metrics(table):
             values = pc.cast(table.column(name), pa.float64())
             distributions[name] = dict(
                 zip((f"p{q}" for q in PERCENTILES), metrics.percentiles(values, PERCENTILES)),
                 mean=metrics.mean(values),
             )
+    return from_tallies(tallies(table), distributions)
+
+
+def from_tallies(counted: dict, distributions: dict) -> dict:
+    frames, discarded = counted["frames"], counted["discarded_frames"]
     return {
-        "rows_by_status": _tally(_column(table, S.STATUS)),
-        "rows_by_flag": {flag: n for flag, n in per_flag.items() if n},
-        "rows_by_attempts": _tally(_column(table, S.ATTEMPTS)),
+        "rows_by_status": dict(sorted(counted["rows_by_status"].items())),
+        "rows_by_flag": {flag: n for flag, n in counted["rows_by_flag"].items() if n},
+        "rows_by_attempts": dict(sorted(counted["rows_by_attempts"].items())),
         "discarded_frames": discarded,
         "discarded_share": discarded / (frames + discarded) if frames + discarded else None,
         "metrics": distributions,

@@ -16,8 +16,10 @@ benchmark), and rendering: one small function per page section.
 
 Layering: the driver side never imports torch — this module uses pyarrow, numpy and
 matplotlib only (matplotlib through its object API, no pyplot, so no GUI backend is chosen
-and no global state is touched). Only metadata columns are read for the whole run; audio
-bytes are read for the few sample rows only, so a report of a multi-hour run stays cheap.
+and no global state is touched). Only metadata columns are read, of every row up to
+pipeline/report_sample.py's SAMPLE_ROWS and of an evenly spread sample of that many above it
+(the page says so, and its totals are then summary.json's); audio bytes are read for the few
+sample rows only, so a report of a multi-hour run stays cheap.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import pyarrow.parquet as pq
 
 from actors import schema as S
 from actors.files import write_atomically
-from pipeline import metrics, quality, shards
+from pipeline import metrics, quality, report_sample, shards
 from pipeline.output import SUMMARY_FILE as SUMMARY_NAME
 from pipeline.output import OutputLayout, is_part
 from pipeline.progress import format_duration
@@ -85,10 +87,15 @@ class _Run:
     present: set[str]  # the columns the files have
     summary: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    rows_in_files: int = 0  # every row, read or not (pipeline/report_sample.py)
 
     @property
     def n(self) -> int:
         return self.table.num_rows
+
+    @property
+    def sampled(self) -> bool:
+        return self.n < self.rows_in_files
 
     def has(self, name: str) -> bool:
         return name in self.present
@@ -153,17 +160,25 @@ def _unify(tables: list[pa.Table], notes: list[str]) -> pa.Table:
 def _read_run(output_dir: Path) -> _Run:
     notes: list[str] = []
     files = _data_files(output_dir, notes)
-    tables = []
+    sources = {}
     for index, path in enumerate(files):
         try:
-            pf = pq.ParquetFile(path)
-            columns = [n for n in pf.schema_arrow.names if n not in _HEAVY]
-            t = pf.read(columns=columns)
+            sources[index] = pq.ParquetFile(path)
         except Exception as exc:  # a torn or foreign file must not sink the whole report
             notes.append(f"skipped unreadable file {path.relative_to(output_dir)}: {exc}")
+    sizes = [sources[i].metadata.num_rows if i in sources else 0 for i in range(len(files))]
+    takes = report_sample.quotas(sizes)
+    tables = []
+    for index, source in sources.items():
+        try:
+            columns = [n for n in source.schema_arrow.names if n not in _HEAVY]
+            wanted = report_sample.positions(sizes[index], takes[index])
+            t, rows = report_sample.read_rows(source, columns, wanted)
+        except Exception as exc:
+            notes.append(f"skipped unreadable file {files[index].relative_to(output_dir)}: {exc}")
             continue
         t = t.append_column(_FILE_COL, pa.array(np.full(t.num_rows, index, dtype=np.int32)))
-        t = t.append_column(_ROW_COL, pa.array(np.arange(t.num_rows, dtype=np.int64)))
+        t = t.append_column(_ROW_COL, pa.array(rows))
         tables.append(t)
     if tables:
         table = _unify(tables, notes)
@@ -182,7 +197,14 @@ def _read_run(output_dir: Path) -> _Run:
                 notes.append(f"{SUMMARY_NAME} is not a JSON object; ignored")
         except (OSError, ValueError) as exc:
             notes.append(f"{SUMMARY_NAME} could not be read: {exc}")
-    return _Run(output_dir, files, metrics.normalise(table), present, summary, notes)
+    run = _Run(output_dir, files, metrics.normalise(table), present, summary, notes, rows_in_files=sum(sizes))
+    if run.sampled:
+        counted = report_sample.summary_totals(summary, run.rows_in_files)
+        totals = f"the totals are {SUMMARY_NAME}'s" if counted else "so are the totals"
+        notes.append(
+            f"{sum(sizes):,} rows: the plots and tables show an evenly spread sample of {run.n:,} of them; {totals}"
+        )
+    return run
 
 
 def _read_audio(run: _Run, picks: Sequence[int]) -> dict[int, dict]:
@@ -597,6 +619,8 @@ def _summary_section(run: _Run) -> str:
     """The headline cards: pipeline/metrics.py's headline figures of the rows, against
     summary.json's wall time when the run wrote one."""
     h = metrics.headline(run.table, _num(run.summary, "wall_s"))
+    if run.sampled:
+        h.update(report_sample.summary_totals(run.summary, run.rows_in_files))
     n, n_err, audio_s = h["rows"], h["rows_error"], h["audio_s"]
     cards = [
         ("rows ok", f"{h['rows_ok']:,}", "ok"),

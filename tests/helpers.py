@@ -50,3 +50,65 @@ def decide_rows(
     hasher = RowHasher(settings, None, scan.root)
     decided = decide(scan, hasher, files, pafs.LocalFileSystem(), Retry(retry_errors, retry_rejected), distributed)
     return decided.to_table()
+
+
+def within_sketch_bound(values, q: float, got) -> bool:
+    """Whether `got` is the q-th percentile of the finite `values` to pipeline/sketch.py's
+    bound: within RELATIVE_ERROR of the larger of the two ranks it interpolates between."""
+    import numpy as np
+
+    from pipeline.sketch import RELATIVE_ERROR
+
+    ordered = np.sort(np.asarray([v for v in values if v is not None], dtype=np.float64))
+    ordered = ordered[np.isfinite(ordered)]
+    if not len(ordered):
+        return got is None
+    h = q / 100 * (len(ordered) - 1)
+    lo, hi = ordered[int(np.floor(h))], ordered[int(np.ceil(h))]
+    return abs(got - np.percentile(ordered, q)) <= RELATIVE_ERROR * max(abs(lo), abs(hi)) + 1e-12
+
+
+def _same(a, b, where: str) -> None:
+    """Equal, floats to 1e-9 relative (sums in another order), recursively."""
+    import math
+
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), (where, a, b)
+        for key in a:
+            _same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), (where, a, b)
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, (int, float)):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (where, a, b)
+    else:
+        assert a == b, (where, a, b)
+
+
+def assert_same_summary(exact: dict, sketched: dict, table, run_id: str) -> None:
+    """summary.json's exact and sketched versions say the same: every count and sum equal,
+    each percentile within the sketch's bound of the rows' own (`table`: the summary columns
+    of the output they describe), and their "percentiles" saying which they are."""
+    rows = table.to_pylist()
+    exact, sketched = dict(exact), dict(sketched)
+    assert exact.pop("percentiles") == "exact" and sketched.pop("percentiles").startswith("sketch")
+    per_actor, sketched_actors = exact.pop("per_actor"), sketched.pop("per_actor")
+    assert list(per_actor) == list(sketched_actors)
+    for actor, figures in per_actor.items():
+        figures, theirs = dict(figures), dict(sketched_actors[actor])
+        figures.pop("row_rtf_p50")
+        rtf = [r["rtf"] for r in rows if r["actor"] == actor and r["run"] == run_id and r["status"] == "ok"]
+        assert within_sketch_bound(rtf, 50, theirs.pop("row_rtf_p50")), actor
+        _same(figures, theirs, f"per_actor.{actor}")
+    quality, sketched_quality = dict(exact.pop("quality")), dict(sketched.pop("quality"))
+    distributions, sketched_distributions = quality.pop("metrics"), sketched_quality.pop("metrics")
+    _same(quality, sketched_quality, "quality")
+    assert list(distributions) == list(sketched_distributions)
+    for name, figures in distributions.items():
+        _same(figures["mean"], sketched_distributions[name]["mean"], f"{name}.mean")
+        for key in figures:
+            if key != "mean":
+                got = sketched_distributions[name][key]
+                assert within_sketch_bound([r[name] for r in rows], float(key[1:]), got), (name, key, got)
+    _same(exact, sketched, "summary")

@@ -12,7 +12,7 @@ import pytest
 
 from actors import schema as S
 from pipeline import metrics
-from pipeline.output import summarize
+from pipeline.summary import summarize
 
 
 def batch(actor: str, number: int, rows: int = 3) -> dict:
@@ -152,3 +152,15 @@ def test_summary_figures(table):
     run_ok = [r for r in rows() if r[S.RUN] == "one" and r[S.STATUS] == S.STATUS_OK]
     assert summary["frames_per_s"] == sum(r[S.N_FRAMES] for r in run_ok) / 2.0
     assert summary["rtf"] == pytest.approx(2.0 / sum(r[S.AUDIO_SECONDS] for r in run_ok))
+
+
+def test_error_kinds_ties_go_to_the_message_seen_first():
+    """The stated tie-break, not a hash group-by's own order (which differs from the order of
+    first appearance once there are a few dozen messages)."""
+    messages = [f"failure {k:02d} " + "x" * (k % 7) for k in range(40)]
+    order = messages[::-1][:20] + messages[:20]  # first appearance: not sorted, not hash order
+    rows = [{S.ID: f"r{i}", S.STATUS: S.STATUS_ERROR, S.ERROR: m} for i, m in enumerate(order)]
+    rows.append({S.ID: "again", S.STATUS: S.STATUS_ERROR, S.ERROR: order[30]})
+    kinds = metrics.error_kinds(metrics.normalise(S.output_table(rows)))
+    assert [k["error"] for k in kinds] == [order[30]] + [m for m in order if m != order[30]]
+    assert kinds[0]["rows"] == 2 and kinds[0]["example_id"] == "r30"

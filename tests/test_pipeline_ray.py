@@ -5,6 +5,7 @@ resumed, and `python -m pipeline` with no arguments on a fresh copy of the repos
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import shutil
@@ -32,7 +33,8 @@ from pipeline.output import (
     OutputMismatch,
 )
 from pipeline.plan import run
-from tests.helpers import REPO
+from pipeline.summary import SUMMARY_COLUMNS, summary_of
+from tests.helpers import REPO, assert_same_summary
 
 pytestmark = pytest.mark.slow
 
@@ -175,6 +177,15 @@ def test_bad_input_end_to_end(ray_cluster, bad_table, tmp_path, small_settings, 
         (row,) = by_id[row_id]
         assert row[S.STATUS] == S.STATUS_OK, (row_id, row[S.ERROR])
         assert decode(row)[1] == 44100
+    # summary.json: exact in-process, from per-file partials when distributed; the same figures
+    summary = json.loads((tmp_path / "out" / SUMMARY_FILE).read_text())
+    layout = OutputLayout(str(tmp_path / "out"))
+    extra = dict(itertools.takewhile(lambda item: item[0] != "run_id", summary.items()))
+    exact = summary_of(layout, summary["run_id"], summary["wall_s"], extra, distributed=False)
+    if plan.endswith("=0"):
+        assert_same_summary(exact, summary, layout.read(SUMMARY_COLUMNS), summary["run_id"])
+    else:
+        assert summary == exact
 
 
 def test_actor_killed_mid_batch(ray_cluster, tmp_path, small_settings, read_rows):

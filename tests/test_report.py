@@ -440,3 +440,39 @@ def test_report_in_chromium(report, tmp_path):
         assert "error" not in r, r
         assert r["readyState"] >= 1 and r["played"] is True, r
         assert r["duration"] == pytest.approx(rows[r["id"]]["audio_seconds"], abs=0.01)
+
+
+def test_a_large_output_is_shown_from_a_bounded_sample(tmp_path, monkeypatch):
+    """Above report_sample.SAMPLE_ROWS the page reads an evenly spread sample of rows per file
+    (here 10 of 30), says so, and takes its totals from summary.json; the sample's audio is
+    still its own rows' (read by their positions in the files)."""
+    from pipeline import report_sample
+
+    rows = make_rows()
+    out = write_run(tmp_path / "big", rows, summary={**SUMMARY, "rows_total": 30, "rows_ok": 26, "rows_error": 4})
+    monkeypatch.setattr(report_sample, "SAMPLE_ROWS", 10)
+    doc, page = parse(write_report(str(out), max_audio_rows=12))
+    text = "".join(page.text)
+    assert "30 rows: the plots and tables show an evenly spread sample of 10 of them" in text
+    assert "the totals are summary.json's" in text
+    by_id = {r["id"]: r for r in rows}
+    shown = {rid for rid, _ in page.audio}
+    assert 0 < len(shown) <= 10 and EVIL_ID in shown  # each file's first row is in its sample
+    for rid, src in page.audio:
+        assert audio_seconds(src) == pytest.approx(by_id[rid]["audio_seconds"], abs=1e-3)
+    # summary.json's counts, not the sample's (at most 10 rows)
+    assert '<div class="v">26</div><div class="k">rows ok</div>' in doc
+    assert '<div class="v">4</div><div class="k">rows error</div>' in doc
+
+
+def test_sample_quotas_and_positions(tmp_path):
+    from pipeline import report_sample
+
+    assert report_sample.quotas([5, 0, 7], budget=100) == [5, 0, 7]
+    assert report_sample.quotas([1000, 10, 3000], budget=400) == [100, 1, 299]
+    spread = report_sample.positions(1000, 5)
+    assert spread.tolist() == [0, 250, 500, 749, 999]
+    table = pa.table({"x": pa.array(range(1000))})
+    pq.write_table(table, tmp_path / "rows.parquet", row_group_size=64)
+    got, rows = report_sample.read_rows(pq.ParquetFile(tmp_path / "rows.parquet"), ["x"], spread)
+    assert got.column("x").to_pylist() == spread.tolist() == rows.tolist()
