@@ -43,7 +43,8 @@ from actors.files import write_atomically
 from . import metrics, quality
 from .config import CONF_DIR, REPO_ROOT
 from .output import OutputLayout, engine_figures, is_local, local_path
-from .plan import connect, run
+from .plan import run
+from .stream import connect
 
 log = logging.getLogger("chorus")
 

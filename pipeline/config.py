@@ -105,7 +105,7 @@ class ClusterSettings:
     # (Ray Data's default is forever); a block that killed its actor this many times has its
     # rows run alone, and the row that kills it alone becomes an error row (quarantined).
     # max_actor_restarts null = 10 + (crash_quarantine_after + 1) per 100 blocks an actor takes
-    # (pipeline/plan.py actor_restarts): room for a few such rows in a long job
+    # (pipeline/stream.py actor_restarts): room for a few such rows in a long job
     max_actor_restarts: Optional[int] = None
     max_task_retries: int = 4
     crash_quarantine_after: int = 2

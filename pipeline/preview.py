@@ -67,9 +67,11 @@ def table(figures: dict, summary: PlanSummary) -> str:
 
 def preview(overrides: list[str]) -> dict:
     """Plan the run these overrides describe; returns the figures (see the module doc)."""
+    from .identity import model_fingerprint, settings_digest
     from .inputs import scan_input
-    from .plan import _check_settings, connect, data_context, model_fingerprint, settings_digest
+    from .plan import _check_settings
     from .planning import use_distributed
+    from .stream import connect, data_context
 
     cfg = compose(overrides)
     plain = to_plain(cfg)

@@ -5,9 +5,11 @@ Ray Data holds back a producer by object-store bytes, and a block of 16 rows of 
 KB: left alone, the read of a large input runs to its end long before the actors do, and the
 driver's executor keeps a RefBundle, its metadata and stats for every block queued (measured
 on the demo, 1M input rows: about 7 KB per queued block, 15 MB more every minute, for as long
-as the read runs: O(rows) on the driver). So the read is cut into chunks of about one actor's
-worth of rows, and each read task is admitted by a `ReadAhead` actor before it reads: at most
-`window` rows admitted and not yet written. The driver releases each written block's rows.
+as the read runs: O(rows) on the driver). So the read is cut into chunks of READ_CHUNK_ROWS rows
+(or one actor's blocks, if more), and each read task is admitted by a `ReadAhead` actor before it reads: at most
+`window` rows admitted and not yet written (at the defaults 3 x 4,096 rows: ~770 queued
+blocks, ~5 MB on the driver, whatever the job's size). The driver releases each written
+block's rows.
 
 A chunk whose read task Ray retries (its worker died) is admitted once: the last
 RECENT_CHUNKS admitted chunk numbers are remembered, a bound the retry of a chunk read one at a
@@ -20,6 +22,9 @@ import asyncio
 from collections import deque
 
 RECENT_CHUNKS = 4096
+# rows per read task, at least: every read task is an entry in the driver's plan (~1-2 KB with
+# its metadata), so a 100M-row job has ~25k of them, not millions
+READ_CHUNK_ROWS = 4096
 # the window in chunks, at least: one being read, one queued, one in the actors
 MIN_WINDOW_CHUNKS = 3
 
@@ -35,8 +40,8 @@ def window_rows(actors: int, blocks_per_actor: int, rows_per_block: int, configu
 
 
 def chunk_rows(blocks_per_actor: int, rows_per_block: int) -> int:
-    """Rows per read task: one actor's blocks."""
-    return max(1, blocks_per_actor) * rows_per_block
+    """Rows per read task: READ_CHUNK_ROWS, or one actor's blocks when that is more."""
+    return max(READ_CHUNK_ROWS, max(1, blocks_per_actor) * rows_per_block)
 
 
 class ReadAhead:

@@ -15,7 +15,7 @@ skips read_parquet's remote sampling task (~0.8 s per run).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import pyarrow as pa
@@ -43,11 +43,18 @@ class Chunk:
 
 
 def chunks(todo: list[TodoFragment], rows: int) -> list[Chunk]:
-    """Each fragment's rows cut into read tasks of at most `rows` rows."""
+    """Each fragment's rows cut into read tasks of at most `rows` rows. An in-process plan's
+    rows travel with the task: each chunk carries only its own slice of them."""
     out = []
     for entry in todo:
+        inline = entry.table.sort_by(ROW) if entry.table is not None else None
         for start in range(0, entry.rows, rows):
-            out.append(Chunk(len(out), entry, start, min(entry.rows, start + rows)))
+            stop = min(entry.rows, start + rows)
+            if inline is None:
+                out.append(Chunk(len(out), entry, start, stop))
+            else:
+                piece = TodoFragment(entry.fragment, stop - start, table=inline.slice(start, stop - start))
+                out.append(Chunk(len(out), piece, 0, stop - start))
     return out
 
 
@@ -65,17 +72,25 @@ def _cached(cache: LRU, key: str, load) -> pa.Table:
     return value
 
 
-def read_chosen_rows(scan: InputScan, chunk: Chunk) -> pa.Table:
-    """A chunk's rows to synthesize (canonical columns + content_hash), in file order."""
+def fragment_view(scan: InputScan, index: int) -> InputScan:
+    """The scan as one read task needs it: its one file and fragment (a task's arguments are
+    pickled with it: the whole scan would be every file and row group, once per task)."""
+    fragment = scan.fragments[index]
+    return replace(scan, files=[scan.files[fragment.file]], fragments=[replace(fragment, index=0, file=0)])
+
+
+def read_chosen_rows(view: InputScan, chunk: Chunk) -> pa.Table:
+    """A chunk's rows to synthesize (canonical columns + content_hash), in file order; `view`
+    is fragment_view of the chunk's fragment."""
     todo = chunk.todo
-    fragment = scan.fragments[todo.fragment]
-    key = f"{scan.files[fragment.file]}#{fragment.row_group}"
-    if todo.path is None:  # planned in-process: the rows came with the task
-        chosen = todo.table.sort_by(ROW)
+    fragment = view.fragments[0]
+    key = f"{view.files[0]}#{fragment.row_group}"
+    if todo.path is None:  # planned in-process: the chunk's rows came with it, in file order
+        chosen = todo.table
     else:
         chosen = _cached(_TODO, todo.path, lambda: todo_rows(todo).sort_by(ROW))
     chosen = chosen.slice(chunk.start, chunk.rows)
-    table = _cached(_FRAGMENTS, key, lambda: read_fragment(scan, fragment))
+    table = _cached(_FRAGMENTS, key, lambda: read_fragment(view, fragment))
     table = table.take(pc.subtract(chosen.column(ROW), fragment.first_row))
     return table.append_column(S.CONTENT_HASH, chosen.column(S.CONTENT_HASH))
 
@@ -99,9 +114,10 @@ def _datasource(scan: InputScan, work: list[Chunk], gate):
             return None
 
         def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list:
+            views = {index: fragment_view(scan, index) for index in {chunk.todo.fragment for chunk in work}}
             return [
                 ReadTask(
-                    lambda chunk=chunk: _admitted_read(scan, chunk, gate),
+                    lambda chunk=chunk, view=views[chunk.todo.fragment]: _admitted_read(view, chunk, gate),
                     BlockMetadata(num_rows=chunk.rows, size_bytes=None, input_files=None, exec_stats=None),
                 )
                 for chunk in work

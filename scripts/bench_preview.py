@@ -85,9 +85,9 @@ def write_done(data: str, output: str, rows: int) -> None:
 
     from actors import schema as S
     from pipeline.config import compose, to_plain
+    from pipeline.identity import model_fingerprint, settings_digest
     from pipeline.inputs import RowHasher, annotate, read_fragment, scan_input
     from pipeline.output import OutputLayout
-    from pipeline.plan import model_fingerprint, settings_digest
 
     plain = to_plain(compose([f"data.path={data}"]))
     scan = scan_input(data, {})

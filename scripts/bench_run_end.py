@@ -46,7 +46,7 @@ def status(key):
 layout, refused = OutputLayout(out), pa.array([], pa.string())
 if which == 'new':
     from pipeline import supersede
-    from pipeline.plan import data_context
+    from pipeline.stream import data_context
     from pipeline.resume import PlanSummary
     from pipeline.summary import summary_of
     data_context()

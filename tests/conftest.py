@@ -34,7 +34,7 @@ def ray_cluster():
     """The address of a local Ray shared by the whole session."""
     import ray
 
-    from pipeline.plan import LOCAL_RAY_SYSTEM_CONFIG
+    from pipeline.stream import LOCAL_RAY_SYSTEM_CONFIG
 
     if ray.is_initialized():
         ray.shutdown()

@@ -82,7 +82,7 @@ def test_actor_restarts_grow_with_the_input_unless_set():
     the cost of one actor-killing row (crash_quarantine_after + 1 deaths) per 100 blocks an
     actor takes: a long job survives a few such rows, and nothing restarts forever."""
     from pipeline.config import to_plain
-    from pipeline.plan import actor_restarts
+    from pipeline.stream import actor_restarts
 
     def restarts(rows, *overrides):
         return actor_restarts(to_plain(compose(["cluster.rows_per_block=16", *overrides]))["cluster"], rows)

@@ -281,7 +281,7 @@ def test_row_hashes_follow_text_reference_and_settings(tmp_path):
 def test_every_setting_the_audio_depends_on_changes_the_row_hashes(override):
     # a rerun with any of these changed must redo its rows (their audio would differ)
     from pipeline.config import to_plain
-    from pipeline.plan import settings_digest
+    from pipeline.identity import settings_digest
 
     base = settings_digest(to_plain(compose([])), "fingerprint")
     assert settings_digest(to_plain(compose([override])), "fingerprint") != base
@@ -292,7 +292,7 @@ def test_every_setting_the_audio_depends_on_changes_the_row_hashes(override):
 
 def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkeypatch):
     from pipeline import plan
-    from pipeline.plan import model_fingerprint
+    from pipeline.identity import model_fingerprint
 
     monkeypatch.setenv("CHORUS_CACHE", str(tmp_path / "cache"))
     cache_file = tmp_path / "cache" / plan.FILE_HASH_CACHE

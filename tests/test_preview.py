@@ -67,7 +67,7 @@ def test_preview_of_a_partly_done_output(corpus, tmp_path, capsys, distributed, 
         request.getfixturevalue("ray_cluster")
     data, expected = corpus
     from pipeline.config import compose, to_plain
-    from pipeline.plan import model_fingerprint, settings_digest
+    from pipeline.identity import model_fingerprint, settings_digest
 
     plain = to_plain(compose([f"data.path={data}"]))
     digest = settings_digest(plain, model_fingerprint(plain["model"]))

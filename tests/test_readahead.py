@@ -19,11 +19,13 @@ from pipeline.todo_read import chunks, read_dataset
 
 
 def test_window_follows_the_actors_blocks_and_holds_three_chunks():
-    assert readahead.chunk_rows(4, 16) == 64
-    assert readahead.window_rows(actors=2, blocks_per_actor=4, rows_per_block=16) == 3 * 2 * 4 * 16
-    assert readahead.window_rows(actors=1, blocks_per_actor=1, rows_per_block=16) == 48
-    assert readahead.window_rows(actors=8, blocks_per_actor=4, rows_per_block=16, configured=10) == 64  # >= a chunk
-    assert readahead.window_rows(actors=8, blocks_per_actor=4, rows_per_block=16, configured=5000) == 5000
+    chunk = readahead.READ_CHUNK_ROWS
+    assert readahead.chunk_rows(4, 16) == chunk
+    assert readahead.chunk_rows(64, 128) == 64 * 128  # one actor's blocks, when more
+    assert readahead.window_rows(actors=1, blocks_per_actor=4, rows_per_block=16) == 3 * chunk
+    assert readahead.window_rows(actors=100, blocks_per_actor=8, rows_per_block=16) == 3 * 100 * 8 * 16
+    assert readahead.window_rows(actors=8, blocks_per_actor=4, rows_per_block=16, configured=10) == chunk  # >= a chunk
+    assert readahead.window_rows(actors=8, blocks_per_actor=4, rows_per_block=16, configured=50_000) == 50_000
 
 
 def _admitted_within(gate, chunk: int, rows: int, seconds: float) -> bool:
@@ -78,10 +80,11 @@ def test_chunks_cover_each_fragments_rows_once(tmp_path):
     work = chunks(todo, 32)
     assert [c.number for c in work] == list(range(len(work)))
     assert sum(c.rows for c in work) == 250
-    for entry in todo:
-        mine = [c for c in work if c.todo is entry]
-        assert [c.start for c in mine] == list(range(0, entry.rows, 32))
-        assert mine[-1].stop == entry.rows
+    for entry in todo:  # inline rows: each chunk carries its own slice, in file order
+        mine = [c for c in work if c.todo.fragment == entry.fragment]
+        assert [c.rows for c in mine] == [min(32, entry.rows - s) for s in range(0, entry.rows, 32)]
+        rows = [r for c in mine for r in c.todo.table.column(ROW).to_pylist()[c.start : c.stop]]
+        assert rows == sorted(entry.table.column(ROW).to_pylist())
 
 
 def test_the_read_stops_at_the_window_until_rows_are_released(ray_cluster, tmp_path):

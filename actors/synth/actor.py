@@ -179,7 +179,7 @@ class SynthActor:
 
 
 class SynthStage(SynthActor):
-    """The face Ray Data drives (pipeline/plan.py): an async callable class, so one actor takes
+    """The face Ray Data drives (pipeline/stream.py): an async callable class, so one actor takes
     up to engine.max_concurrent_blocks blocks at once (the actor's concurrency limit is set to
     that); each runs SynthActor's call in a thread of its own, and they share the engine feeder."""
 
