@@ -27,11 +27,13 @@ from typing import Optional
 
 import numpy as np
 
+from ..memory import bound_native_caches
+
 
 def _serve(fd: int, path: str, dtype: str, threads: int) -> None:
     import torch
 
-    from ..heap import HeapTrimmer
+    from ..memory import HeapTrimmer
     from .loader import load_codec
 
     conn = Connection(fd)
@@ -73,6 +75,7 @@ class CodecProcess:
         # parent's __main__, which in a Ray worker or a script is nothing a codec should run
         ours, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        bound_native_caches(env)  # the child's oneDNN cache (actors/memory.py), set before it starts
         self._process = subprocess.Popen(
             [sys.executable, "-m", "actors.codec.worker", str(theirs.fileno()), *map(str, self._args)],
             pass_fds=[theirs.fileno()],

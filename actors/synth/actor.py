@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from actors import schema as S
-from actors.heap import HeapTrimmer
+from actors.memory import HeapTrimmer, bound_native_caches
 from actors.quality.asr import load_asr
 from actors.ray_metrics import ActorMetrics
 from actors.settings import ActorSettings
@@ -57,6 +57,7 @@ class SynthActor:
         if not isinstance(settings, ActorSettings):
             raise TypeError(f"SynthActor takes an ActorSettings (actors/settings.py), got {type(settings).__name__}")
         settings.validate()
+        bound_native_caches()  # before the model's first oneDNN call (actors/memory.py)
         from actors.engine import upstream_sampling
 
         self.settings, self.recorder = settings, recorder or Recorder()
@@ -92,7 +93,7 @@ class SynthActor:
         )
         self.guard = CrashGuard(settings, self.writer.actor, self._quarantined)
         self.metrics = ActorMetrics(self.writer.actor)  # Ray's dashboard / Prometheus; a no-op outside Ray
-        self.heap = HeapTrimmer()  # freed memory back to the system now and then (actors/heap.py)
+        self.heap = HeapTrimmer()  # freed memory back to the system now and then (actors/memory.py)
         self._numbers = itertools.count(1)
         self.init_ms = (time.perf_counter() - constructed) * 1000.0
         self.feeder.start()

@@ -1,4 +1,12 @@
-"""Handing freed heap memory back to the operating system (glibc's malloc_trim).
+"""What an actor and its codec child keep in memory, bounded: oneDNN's primitive cache, and
+freed heap memory handed back to the operating system (glibc's malloc_trim).
+
+oneDNN (torch's CPU matmul and convolution kernels) caches one primitive, with its JIT-compiled
+kernel, per distinct operation shape. Prefill chunks and codec batches come in many shapes, so
+the cache fills to its capacity (oneDNN's default 1,024): measured with heaptrack on the demo
+actor, entries of up to ~260 KB, about 12 MB a minute for the first minutes of a run.
+`bound_native_caches` sets the capacity to ONEDNN_CACHE_ENTRIES before the process's first
+oneDNN call (an ONEDNN_PRIMITIVE_CACHE_CAPACITY already in the environment wins).
 
 An actor and its codec child allocate and free many buffers of changing sizes from several
 threads (prompts, K/V prefix copies, codes, waveforms, FLAC bytes). glibc keeps what is freed
@@ -13,11 +21,22 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import threading
 import time
 from typing import Optional
 
 TRIM_EVERY_S = 30.0
+# oneDNN primitives kept per process: the decode steps' few shapes stay, prefill's turn over
+ONEDNN_CACHE_ENTRIES = 256
+ONEDNN_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
+def bound_native_caches(environ=os.environ) -> int:
+    """Bound oneDNN's primitive cache (read once, at the process's first oneDNN call: call this
+    before loading a model). Returns the capacity in force."""
+    environ.setdefault(ONEDNN_CACHE_VARIABLE, str(ONEDNN_CACHE_ENTRIES))
+    return int(environ[ONEDNN_CACHE_VARIABLE])
 
 
 def _malloc_trim():

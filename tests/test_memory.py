@@ -1,4 +1,4 @@
-"""actors/heap.py: malloc_trim hands freed heap pages back (glibc), at most once per interval."""
+"""actors/memory.py: malloc_trim hands freed heap pages back (glibc), at most once per interval."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from actors.heap import HeapTrimmer
+from actors.memory import HeapTrimmer
 
 
 def _anon_mb() -> float:
@@ -47,3 +47,12 @@ def test_a_trim_gives_back_the_holes_fragmentation_leaves():
     after = _anon_mb()
     assert before - after > 100, (before, after)  # of the 160 MB freed
     assert len(kept) == 10_000 and kept[-1][0] == 19_999.0
+
+
+def test_the_onednn_cache_bound_is_set_once_and_a_users_value_wins():
+    from actors.memory import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_VARIABLE, bound_native_caches
+
+    env: dict = {}
+    assert bound_native_caches(env) == ONEDNN_CACHE_ENTRIES
+    assert env[ONEDNN_CACHE_VARIABLE] == str(ONEDNN_CACHE_ENTRIES)
+    assert bound_native_caches({ONEDNN_CACHE_VARIABLE: "64"}) == 64
