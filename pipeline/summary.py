@@ -68,6 +68,18 @@ def engines(table: pa.Table) -> tuple[dict[str, dict], dict]:
     return {actor: engine_figures(mine) for actor, mine in per_actor.items()}, engine_figures(batches)
 
 
+def totals(table: pa.Table, this_run: pa.Table, run_ok: pa.Table) -> dict:
+    """The sums both paths add up the same way: row counts (whole output, this run), seconds
+    of audio, this run's frames."""
+    return {
+        "whole": metrics.counts(table),
+        "audio_seconds": metrics.total(metrics.ok_rows(table), S.AUDIO_SECONDS),
+        "run": metrics.counts(this_run),
+        "run_audio_seconds": metrics.total(run_ok, S.AUDIO_SECONDS),
+        "run_frames": metrics.total(run_ok, S.N_FRAMES),
+    }
+
+
 def exact_figures(meta: pa.Table, run_id: str) -> dict:
     """The figures of every row of `meta` (SUMMARY_COLUMNS), percentiles exact."""
     table = metrics.normalise(meta)
@@ -81,11 +93,7 @@ def exact_figures(meta: pa.Table, run_id: str) -> dict:
     }
     errors = metrics.error_kinds(table, TOP_ERRORS, max_chars=ERROR_CHARS)
     return {
-        "whole": metrics.counts(table),
-        "audio_seconds": metrics.total(metrics.ok_rows(table), S.AUDIO_SECONDS),
-        "run": metrics.counts(this_run),
-        "run_audio_seconds": metrics.total(run_ok, S.AUDIO_SECONDS),
-        "run_frames": metrics.total(run_ok, S.N_FRAMES),
+        **totals(table, this_run, run_ok),
         "per_actor": per_actor,
         "engine": engine,
         "top_errors": [{"error": k["error"], "rows": k["rows"]} for k in errors],

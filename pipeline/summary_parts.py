@@ -27,7 +27,7 @@ from . import metrics, quality, shards
 from .output import REJECTED_PART, OutputLayout, engine_figures
 from .planning import PARTITION_ROWS
 from .sketch import DESCRIPTION, LogHistogram
-from .summary import ACTOR_KEYS, ENGINE_KEYS, ERROR_CHARS, SUMMARY_COLUMNS, TOP_ERRORS, engines
+from .summary import ACTOR_KEYS, ENGINE_KEYS, ERROR_CHARS, SUMMARY_COLUMNS, TOP_ERRORS, engines, totals
 
 DRIVER_MERGE_GROUPS = 100_000  # error kinds (summed over files) the driver merges itself
 _POSITION = 1 << 32  # a row's place in reading order: file index * _POSITION + row
@@ -85,11 +85,7 @@ def file_figures(location: str, path: str, index: int, run_id: str) -> tuple[dic
         }
     messages = _file_messages(table, index)
     return {
-        "whole": metrics.counts(table),
-        "audio_seconds": metrics.total(metrics.ok_rows(table), S.AUDIO_SECONDS),
-        "run": metrics.counts(this_run),
-        "run_audio_seconds": metrics.total(run_ok, S.AUDIO_SECONDS),
-        "run_frames": metrics.total(run_ok, S.N_FRAMES),
+        **totals(table, this_run, run_ok),
         "per_actor": actors,
         "engine": {k: engine[k] for k in ENGINE_KEYS},
         "quality": quality.tallies(table),

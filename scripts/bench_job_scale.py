@@ -38,6 +38,17 @@ def rows_written(data_dir: str) -> int:
     return total
 
 
+def stop_process_group(proc: subprocess.Popen, wait_s: float) -> None:
+    """Stop a job started with start_new_session=True, its Ray processes with it: SIGTERM to
+    the group, SIGKILL if it has not exited within `wait_s`."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def windowed_run(tree: str, data: str, output: str, window_s: float, overrides: list[str]) -> dict:
     shutil.rmtree(output, ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=tree)
@@ -61,12 +72,7 @@ def windowed_run(tree: str, data: str, output: str, window_s: float, overrides: 
         time.sleep(window_s)
         end_rows = rows_written(data_dir)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc, 30)
     return {
         "to_first_part_s": first - began,
         "window_s": window_s,

@@ -25,7 +25,6 @@ import html
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from pipeline.output import OutputLayout  # noqa: E402
 from pipeline.report import Plots  # noqa: E402
+from scripts.bench_job_scale import stop_process_group  # noqa: E402
 
 MEASURES = ("rss", "anon", "shmem")
 
@@ -246,12 +246,7 @@ def soak(args) -> tuple[list[dict], float]:
             print(json.dumps(samples[-1]), flush=True)
             time.sleep(max(0.0, began + len(samples) * args.every_s - time.monotonic()))
     finally:
-        os.killpg(job.pid, signal.SIGTERM)
-        try:
-            job.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+        stop_process_group(job, 60)
     return samples, (time.monotonic() - began) / 60.0
 
 
