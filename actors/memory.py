@@ -5,8 +5,11 @@ oneDNN (torch's CPU matmul and convolution kernels) caches one primitive, with i
 kernel, per distinct operation shape. Prefill chunks and codec batches come in many shapes, so
 the cache fills to its capacity (oneDNN's default 1,024): measured with heaptrack on the demo
 actor, entries of up to ~260 KB, about 12 MB a minute for the first minutes of a run.
-`bound_native_caches` sets the capacity to ONEDNN_CACHE_ENTRIES before the process's first
-oneDNN call (an ONEDNN_PRIMITIVE_CACHE_CAPACITY already in the environment wins).
+torch's ideep layer keeps its own cache of the same primitives (LRU_CACHE_CAPACITY, also
+1,024), which holds them alive after oneDNN's drops them: with only oneDNN's bounded, a soak
+still kept ~470 new primitives in 146 s. `bound_native_caches` sets both capacities to
+ONEDNN_CACHE_ENTRIES before the process's first oneDNN call (values already in the
+environment win).
 
 An actor and its codec child allocate and free many buffers of changing sizes from several
 threads (prompts, K/V prefix copies, codes, waveforms, FLAC bytes). glibc keeps what is freed
@@ -29,14 +32,17 @@ from typing import Optional
 TRIM_EVERY_S = 30.0
 # oneDNN primitives kept per process: the decode steps' few shapes stay, prefill's turn over
 ONEDNN_CACHE_ENTRIES = 256
-ONEDNN_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+# the two caches that hold them: oneDNN's own, and torch's ideep layer's (which keeps its
+# primitives alive after oneDNN's cache drops them, so both need the bound)
+CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
-def bound_native_caches(environ=os.environ) -> int:
-    """Bound oneDNN's primitive cache (read once, at the process's first oneDNN call: call this
-    before loading a model). Returns the capacity in force."""
-    environ.setdefault(ONEDNN_CACHE_VARIABLE, str(ONEDNN_CACHE_ENTRIES))
-    return int(environ[ONEDNN_CACHE_VARIABLE])
+def bound_native_caches(environ=os.environ) -> dict:
+    """Bound the primitive caches (each read once, at the process's first oneDNN call: call this
+    before loading a model). Returns the capacities in force."""
+    for name in CACHE_VARIABLES:
+        environ.setdefault(name, str(ONEDNN_CACHE_ENTRIES))
+    return {name: int(environ[name]) for name in CACHE_VARIABLES}
 
 
 def _malloc_trim():

@@ -50,9 +50,11 @@ def test_a_trim_gives_back_the_holes_fragmentation_leaves():
 
 
 def test_the_onednn_cache_bound_is_set_once_and_a_users_value_wins():
-    from actors.memory import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_VARIABLE, bound_native_caches
+    from actors.memory import ONEDNN_CACHE_ENTRIES, bound_native_caches
 
     env: dict = {}
-    assert bound_native_caches(env) == ONEDNN_CACHE_ENTRIES
-    assert env[ONEDNN_CACHE_VARIABLE] == str(ONEDNN_CACHE_ENTRIES)
-    assert bound_native_caches({ONEDNN_CACHE_VARIABLE: "64"}) == 64
+    expected = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": ONEDNN_CACHE_ENTRIES, "LRU_CACHE_CAPACITY": ONEDNN_CACHE_ENTRIES}
+    assert bound_native_caches(env) == expected
+    assert env == {k: str(v) for k, v in expected.items()}
+    mine = bound_native_caches({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"})
+    assert mine == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": 64, "LRU_CACHE_CAPACITY": ONEDNN_CACHE_ENTRIES}
