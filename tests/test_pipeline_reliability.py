@@ -291,11 +291,10 @@ def test_every_setting_the_audio_depends_on_changes_the_row_hashes(override):
 
 
 def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkeypatch):
-    from pipeline import plan
-    from pipeline.identity import model_fingerprint
+    from pipeline.identity import FILE_HASH_CACHE, model_fingerprint
 
     monkeypatch.setenv("CHORUS_CACHE", str(tmp_path / "cache"))
-    cache_file = tmp_path / "cache" / plan.FILE_HASH_CACHE
+    cache_file = tmp_path / "cache" / FILE_HASH_CACHE
     ckpt = tmp_path / "my-model"
     ckpt.mkdir()
     (ckpt / "config.json").write_text('{"dim": 8}')
