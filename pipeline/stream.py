@@ -99,7 +99,7 @@ def build_plan(plain: dict, scan: InputScan, todo: list, arguments: dict, layout
 
     rows_per_block = plain["cluster"]["rows_per_block"]
     chunk = readahead.chunk_rows(arguments["settings"].engine.max_concurrent_blocks, rows_per_block)
-    ds = read_dataset(scan, todo, rows_per_block, chunk, gate)
+    ds = read_dataset(scan, todo, rows_per_block, chunk, gate, scope=run_id)
     with warnings.catch_warnings():
         # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
         # "use the named remote parameters" warning has nothing to point to); pinned <2.61

@@ -79,12 +79,13 @@ def fragment_view(scan: InputScan, index: int) -> InputScan:
     return replace(scan, files=[scan.files[fragment.file]], fragments=[replace(fragment, index=0, file=0)])
 
 
-def read_chosen_rows(view: InputScan, chunk: Chunk) -> pa.Table:
+def read_chosen_rows(view: InputScan, chunk: Chunk, scope: str = "") -> pa.Table:
     """A chunk's rows to synthesize (canonical columns + content_hash), in file order; `view`
-    is fragment_view of the chunk's fragment."""
+    is fragment_view of the chunk's fragment. `scope` (the run) keys the worker's cache: a
+    worker lives on into the next run, and the input file may have changed under its name."""
     todo = chunk.todo
     fragment = view.fragments[0]
-    key = f"{view.files[0]}#{fragment.row_group}"
+    key = f"{scope}:{view.files[0]}#{fragment.row_group}"
     if todo.path is None:  # planned in-process: the chunk's rows came with it, in file order
         chosen = todo.table
     else:
@@ -95,14 +96,14 @@ def read_chosen_rows(view: InputScan, chunk: Chunk) -> pa.Table:
     return table.append_column(S.CONTENT_HASH, chosen.column(S.CONTENT_HASH))
 
 
-def _admitted_read(scan: InputScan, chunk: Chunk, gate) -> list[pa.Table]:
+def _admitted_read(view: InputScan, chunk: Chunk, gate, scope: str) -> list[pa.Table]:
     import ray
 
     ray.get(gate.admit.remote(chunk.number, chunk.rows))
-    return [read_chosen_rows(scan, chunk)]
+    return [read_chosen_rows(view, chunk, scope)]
 
 
-def _datasource(scan: InputScan, work: list[Chunk], gate):
+def _datasource(scan: InputScan, work: list[Chunk], gate, scope: str):
     from ray.data.block import BlockMetadata
     from ray.data.datasource import Datasource, ReadTask
 
@@ -117,7 +118,7 @@ def _datasource(scan: InputScan, work: list[Chunk], gate):
             views = {index: fragment_view(scan, index) for index in {chunk.todo.fragment for chunk in work}}
             return [
                 ReadTask(
-                    lambda chunk=chunk, view=views[chunk.todo.fragment]: _admitted_read(view, chunk, gate),
+                    lambda chunk=chunk, view=views[chunk.todo.fragment]: _admitted_read(view, chunk, gate, scope),
                     BlockMetadata(num_rows=chunk.rows, size_bytes=None, input_files=None, exec_stats=None),
                 )
                 for chunk in work
@@ -126,15 +127,17 @@ def _datasource(scan: InputScan, work: list[Chunk], gate):
     return ChosenRows()
 
 
-def read_dataset(scan: InputScan, todo: list[TodoFragment], rows_per_block: int, chunk_rows: int, gate):
+def read_dataset(
+    scan: InputScan, todo: list[TodoFragment], rows_per_block: int, chunk_rows: int, gate, scope: str = ""
+):
     """Ray Data dataset of the rows to synthesize, in blocks of about `rows_per_block` rows,
     so that a small table of text is spread over every actor instead of arriving as one block
     for one actor; read a chunk of `chunk_rows` at a time, each once `gate` (a ReadAhead
-    actor) admits it, by one read task at a time."""
+    actor) admits it, by one read task at a time; `scope` (the run id) keys the workers' caches."""
     import ray
 
     work = chunks(todo, chunk_rows)
     blocks = sum(-(-chunk.rows // rows_per_block) for chunk in work)
     return ray.data.read_datasource(
-        _datasource(scan, work, gate), num_cpus=0.25, concurrency=1, override_num_blocks=max(1, blocks)
+        _datasource(scan, work, gate, scope), num_cpus=0.25, concurrency=1, override_num_blocks=max(1, blocks)
     )

@@ -127,3 +127,20 @@ def test_read_ahead_rows_must_be_positive(configured):
 
     with pytest.raises(ConfigError, match="read_ahead_rows"):
         ClusterSettings(read_ahead_rows=configured).validate()
+
+
+def test_a_rewritten_input_is_read_afresh_by_the_next_run(ray_cluster, tmp_path):
+    """Read workers outlive a run and cache a decoded row group: the cache is per run, so an
+    input rewritten under the same name between two runs is read as it is now."""
+    scan, todo = _input(tmp_path, rows=64, row_group=64)
+
+    def texts(scope: str) -> set:
+        gate = readahead.start(1000)
+        ds = read_dataset(scan, todo, rows_per_block=16, chunk_rows=32, gate=gate, scope=scope)
+        return {r[S.TEXT] for r in ds.take_all()}
+
+    assert texts("run-1") == {f"text {i}" for i in range(0, 64, 2)}
+    path = tmp_path / "input.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.set_column(1, S.TEXT, pa.array([f"new {i}" for i in range(64)])), path, row_group_size=64)
+    assert texts("run-2") == {f"new {i}" for i in range(0, 64, 2)}
