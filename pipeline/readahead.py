@@ -19,7 +19,8 @@ time always falls within.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+
+from actors.lru import LRU
 
 RECENT_CHUNKS = 4096
 # rows per read task, at least: every read task is an entry in the driver's plan (~1-2 KB with
@@ -45,30 +46,26 @@ def chunk_rows(blocks_per_actor: int, rows_per_block: int) -> int:
 
 
 class ReadAhead:
-    """Async Ray actor (pipeline/todo_read.py starts it): `admit` waits for room, `release`
-    makes it."""
+    """Async Ray actor (`start`, called by pipeline/stream.py): `admit` waits for room,
+    `release` makes it."""
 
     def __init__(self, window: int):
         self.window = int(window)
         self.in_flight = 0
         self.admitted_rows = self.released_rows = 0
-        self._recent: deque = deque(maxlen=RECENT_CHUNKS)
-        self._recent_set: set = set()
+        self._recent: LRU[bool] = LRU(RECENT_CHUNKS)  # chunk numbers admitted last
         self._room = asyncio.Condition()
 
     async def admit(self, chunk: int, rows: int) -> None:
         """Return once `rows` more fit the window (a chunk larger than the window waits for an
         empty one); a chunk admitted before returns at once."""
         async with self._room:
-            if chunk in self._recent_set:
+            if self._recent.get(str(chunk)):
                 return
             await self._room.wait_for(lambda: self.in_flight == 0 or self.in_flight + rows <= self.window)
             self.in_flight += rows
             self.admitted_rows += rows
-            if len(self._recent) == self._recent.maxlen:
-                self._recent_set.discard(self._recent[0])
-            self._recent.append(chunk)
-            self._recent_set.add(chunk)
+            self._recent.put(str(chunk), True)
 
     async def release(self, rows: int) -> None:
         async with self._room:
@@ -82,7 +79,7 @@ class ReadAhead:
             "in_flight": self.in_flight,
             "admitted_rows": self.admitted_rows,
             "released_rows": self.released_rows,
-            "remembered_chunks": len(self._recent_set),
+            "remembered_chunks": len(self._recent),
         }
 
 
