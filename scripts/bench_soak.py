@@ -1,8 +1,8 @@
 """Memory over a long job: the demo job on a large generated input for a set time, the resident
-memory of every process it runs sampled once a minute, and the slope of each after warm-up.
+memory of every process it runs sampled every --every-s seconds, and the slope of each after warm-up.
 
     .venv/bin/python scripts/bench_soak.py [--minutes 20] [--warmup-min 6] [--rows 1000000]
-        [--every-s 60] [--work DIR] [--out DIR] [--tree DIR] [overrides ...]
+        [--every-s 60] [--until MIN ...] [--work DIR] [--out DIR] [--tree DIR] [overrides ...]
 
 The job is `python -m pipeline` on a fresh output, in its own process group; its input comes
 from scripts/make_scale_input.py (reference clips included: the reference caches are part of
@@ -146,9 +146,10 @@ def series(samples: list[dict]) -> dict[str, list[tuple[float, dict]]]:
     return lines
 
 
-def figures(samples: list[dict], warmup_min: float) -> dict:
-    """Per process and measure: MB at warm-up and last, peak, slope MB/min after warm-up, and
-    the same slope per 1,000 rows finished."""
+def figures(samples: list[dict], warmup_min: float, until_min: float = float("inf")) -> dict:
+    """Per process and measure: MB at warm-up and last, peak, slope MB/min after warm-up (up to
+    `until_min`), and the same slope per 1,000 rows finished."""
+    samples = [s for s in samples if s["minute"] <= until_min]
     after = [s for s in samples if s["minute"] >= warmup_min]
     rows_per_min = slope([(s["minute"], s["rows"]) for s in after if s["rows"] >= 0])
     out = {"rows_per_min_after_warmup": rows_per_min, "processes": {}}
@@ -259,6 +260,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--work", default="/tmp/chorus-soak")
     parser.add_argument("--out", default="soak")
     parser.add_argument("--tree", default=REPO)
+    parser.add_argument(
+        "--until", type=float, action="append", default=[], help="also slopes over warm-up..MIN (repeatable)"
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -273,6 +277,8 @@ def main(argv: list[str]) -> int:
         "warmup_min": args.warmup_min,
         "rows_finished": max(s["rows"] for s in samples),
         "figures": figures(samples, args.warmup_min),
+        # the same slopes over shorter spans, e.g. a long soak's minutes 6-20 beside its whole run
+        "figures_until": {str(m): figures(samples, args.warmup_min, m) for m in args.until},
         "samples": samples,
     }
     with open(os.path.join(args.out, "soak.json"), "w") as f:
@@ -284,6 +290,9 @@ def main(argv: list[str]) -> int:
     for row in table_rows(result):
         print("| " + " | ".join(row) + " |")
     print(f"rows/min after warm-up: {result['figures']['rows_per_min_after_warmup']}")
+    for until, part in result["figures_until"].items():
+        slopes = {n: round(v["rss"]["slope_mb_per_min"] or 0, 3) for n, v in part["processes"].items()}
+        print(f"rss MB/min over minutes {args.warmup_min}-{until}: {slopes}")
     return 0
 
 

@@ -40,7 +40,9 @@ def _serve(fd: int, path: str, dtype: str, threads: int) -> None:
     torch.set_num_threads(threads)
     codec = load_codec(path, device="cpu", dtype=getattr(torch, dtype))
     conn.send(("ready", None))
-    heap = HeapTrimmer()  # waveforms of every size come and go: give freed memory back now and then
+    # after every call: a decode's waveforms are the child's whole working set, so what it holds
+    # between calls is the model; a trim (~2 ms, measured at ~700 MB) is <1% of a decode call
+    heap = HeapTrimmer(every_s=0.0)
     while True:
         try:
             method, arrays, max_batch_rows = conn.recv()
