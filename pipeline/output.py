@@ -28,6 +28,7 @@ files (pipeline/supersede.py), so the files on disk hold each id once.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -251,6 +252,30 @@ class OutputLayout:
         with atomic_open(final, "wb", prefix=f"{TEMP_PREFIX}{owner}-") as f:
             pq.write_table(table, f)
         return final
+
+    def write_part_stream(self, tables: Iterable[pa.Table], name: str, owner: str = "") -> int:
+        """`write_part` for a part too large to hold: the tables (one schema) are written as
+        they come, under the same all-or-nothing rule. When they hold no row nothing is
+        written, and an earlier part of that name is removed. Returns the rows written."""
+        final = f"{self.data_dir}/{name}"
+        tables = (t for t in tables if t.num_rows)
+        first = next(tables, None)
+        if first is None:
+            if self.fs.get_file_info(final).type == pafs.FileType.File:
+                self.fs.delete_file(final)
+            return 0
+        schema = hf_features.with_features(first).schema
+        sink = (
+            atomic_open(final, "wb", prefix=f"{TEMP_PREFIX}{owner}-")
+            if self.local
+            else self.fs.open_output_stream(final)  # published whole when the upload completes
+        )
+        rows = 0
+        with sink as f, pq.ParquetWriter(f, schema) as writer:
+            for table in itertools.chain([first], tables):
+                writer.write_table(table.replace_schema_metadata(schema.metadata))
+                rows += table.num_rows
+        return rows
 
     def write_text(self, name: str, text: str) -> None:
         """Small metadata files, replaced whole (temporary name + rename when local)."""

@@ -23,7 +23,6 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 
-import pyarrow.fs as pafs
 from omegaconf import DictConfig, OmegaConf
 
 from actors.settings import ActorSettings, CrashSettings, RunContext
@@ -44,7 +43,7 @@ from .output import (
     local_path,
 )
 from .planning import todo_fragments, use_distributed
-from .resume import plan_job, rejected_id_array, rejected_rows, write_changed
+from .resume import plan_job, write_changed, write_rejected
 from .stream import blocks_per_actor, connect, data_context, synthesize
 from .summary import summary_of
 
@@ -200,15 +199,14 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
     arguments = actor_arguments(cfg, scan.root, run_id, attempts_dir(layout.location, run_id), rows=scan.total_rows)
     job = plan_job(plain, scan, layout, digest, arguments["settings"].data.audio_root)
     summary = job.summary
-    rejected = rejected_rows(job.decided, run_id)
-    if rejected.num_rows:
-        layout.write_part(rejected, REJECTED_PART, owner=run_id)
+    refused = write_rejected(job.decided, layout, run_id)
+    if refused.rows:
         log.warning(
-            "%d input rows rejected before synthesis (bad or duplicate ids, ref_id conflicts); they are error rows",
-            rejected.num_rows,
+            "%d input rows rejected before synthesis (bad or duplicate ids, ref_id conflicts); they are error "
+            "rows in %s",
+            refused.rows,
+            REJECTED_PART,
         )
-    elif layout.fs.get_file_info(f"{layout.data_dir}/{REJECTED_PART}").type == pafs.FileType.File:
-        layout.fs.delete_file(f"{layout.data_dir}/{REJECTED_PART}")  # an earlier run's: none is refused now
     pending = summary.to_synthesize
     log.info(
         "input %s: %d rows in %d file(s); %d to synthesize, %d already in %s",
@@ -244,7 +242,7 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
     shutil.rmtree(attempts_dir(layout.location, run_id), ignore_errors=True)
     if lease.lost:
         raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")
-    superseded = supersede.drop_superseded(layout, summary, rejected_id_array(rejected), distributed)
+    superseded = supersede.drop_superseded(layout, summary, refused.ids, distributed)
     if superseded:
         log.info("removed %d older copies of rows this run redid", superseded)
     packed = shards.compact_all(layout, run_id, output["shard_bytes"], output["shard_rows"])

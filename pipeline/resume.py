@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from actors import schema as S
@@ -125,19 +124,38 @@ def plan_job(plain: dict, scan: InputScan, layout, digest: str, audio_root: Opti
     return JobPlan(scan, decided, summary)
 
 
-def rejected_rows(decided: Decided, run_id: str) -> pa.Table:
-    """The error rows answering every rejected input row (few in a sane input: held here)."""
-    tables = list(decided.batches(is_decision(P.REJECTED), [S.ID, P.ERROR]))
-    if not tables:
-        return S.output_table([])
-    table = pa.concat_tables(tables)
-    n = table.num_rows
+def _error_rows(refused: pa.Table, run_id: str) -> pa.Table:
+    """Output rows answering refused input rows (id, error): status error, the run, no audio."""
+    n = refused.num_rows
     columns = {name: pa.nulls(n, S.OUTPUT_SCHEMA.field(name).type) for name in S.OUTPUT_SCHEMA.names}
-    columns[S.ID] = table.column(S.ID)
+    columns[S.ID] = refused.column(S.ID)
     columns[S.STATUS] = pa.array([S.STATUS_ERROR] * n, pa.string())
-    columns[S.ERROR] = table.column(P.ERROR)
+    columns[S.ERROR] = refused.column(P.ERROR)
     columns[S.RUN] = pa.array([run_id] * n, S.OUTPUT_SCHEMA.field(S.RUN).type)
     return pa.table(columns, schema=S.OUTPUT_SCHEMA)
+
+
+@dataclass
+class Refused:
+    rows: int = 0  # error rows written, one per refused input row
+    ids: int = 0  # of them with an id (a null id has no earlier copy to remove)
+
+
+def write_rejected(decided: Decided, layout, run_id: str) -> Refused:
+    """The rejected part: an error row for every refused input row, streamed from the plan a
+    batch at a time (an input of millions of bad ids is never held here). No refused row: an
+    earlier run's part is removed."""
+    from .output import REJECTED_PART
+
+    refused = Refused()
+
+    def error_rows() -> Iterator[pa.Table]:
+        for batch in decided.batches(is_decision(P.REJECTED), [S.ID, P.ERROR]):
+            refused.ids += len(batch) - batch.column(S.ID).null_count
+            yield _error_rows(batch, run_id)
+
+    refused.rows = layout.write_part_stream(error_rows(), REJECTED_PART, owner=run_id)
+    return refused
 
 
 def write_changed(decided: Decided, layout, run_id: str) -> Optional[str]:
@@ -155,7 +173,3 @@ def write_changed(decided: Decided, layout, run_id: str) -> Optional[str]:
         lines.extend(ids)
     layout.write_text(name, "".join(f"{i}\n" for i in lines))
     return layout.path(name)
-
-
-def rejected_id_array(rejected: pa.Table) -> pa.Array:
-    return pc.drop_null(rejected.column(S.ID).combine_chunks())

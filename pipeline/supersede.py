@@ -37,6 +37,7 @@ from .output import REJECTED_PART, OutputLayout, newest_copy_mask
 from .planning import PARTITION_ROWS
 
 FILE, ROW = "_file", "_row"  # a key row's file (index into the list of files) and position in it
+REFUSED = "_refused"  # a key row that only says its id is refused (from the rejected part)
 KEY_COLUMNS = [S.ID, S.RUN, S.FINISHED_AT]  # what deciding the current copy reads (never audio)
 _NUM_CPUS = 0.25  # as planning's tasks: a whole-CPU request never schedules beside actors
 DRIVER_DROPS = 1_000_000  # (file, row) pairs the driver groups by file itself (~12 MB)
@@ -53,7 +54,17 @@ def footer_rows(layout: OutputLayout, files: list[str]) -> int:
     return sum(pq.read_metadata(path, filesystem=layout.fs).num_rows for path in files)
 
 
-def may_hold_copies(plan, refused: pa.Array, rows_on_disk: int) -> bool:
+def refused_ids(layout: OutputLayout) -> pa.Array:
+    """The ids the rejected part answers (refused by this run's plan): no other copy of them
+    may stay. Read whole: the in-process pass only, a job below the distributed size."""
+    path = f"{layout.data_dir}/{REJECTED_PART}"
+    if layout.fs.get_file_info(path).type != pafs.FileType.File:
+        return pa.array([], pa.string())
+    ids = pq.read_table(path, filesystem=layout.fs, columns=[S.ID]).column(S.ID).combine_chunks()
+    return pc.unique(pc.drop_null(ids))
+
+
+def may_hold_copies(plan, refused_ids: int, rows_on_disk: int) -> bool:
     """Whether any id can have two copies in the live files after this run's synthesis.
 
     The plan (pipeline/resume.py PlanSummary) answers the planned cases: a changed or retried
@@ -68,20 +79,21 @@ def may_hold_copies(plan, refused: pa.Array, rows_on_disk: int) -> bool:
     when the live files' footers hold exactly the plan's accepted rows: each accepted id has
     at least one copy (done rows had one, this run wrote every row it synthesized), so equal
     counts mean one copy each."""
-    if plan.count(P.CHANGED) or plan.count(P.RETRY) or len(refused):
+    if plan.count(P.CHANGED) or plan.count(P.RETRY) or refused_ids:
         return True
     accepted = sum(n for decision, n in plan.counts.items() if decision != P.REJECTED)
     return rows_on_disk != accepted
 
 
-def drop_superseded(layout: OutputLayout, plan, refused: pa.Array, distributed: bool) -> int:
-    """The run's end pass (see the module doc); returns the rows removed."""
+def drop_superseded(layout: OutputLayout, plan, refused_ids: int, distributed: bool) -> int:
+    """The run's end pass (see the module doc), after the run wrote its rejected part (which
+    names the refused ids, `refused_ids` of them); returns the rows removed."""
     files = row_files(layout)
-    if not files or not may_hold_copies(plan, refused, footer_rows(layout, files)):
+    if not files or not may_hold_copies(plan, refused_ids, footer_rows(layout, files)):
         return 0
     if not distributed:
-        return drop_in_process(layout, refused)
-    return drop_distributed(layout, files, refused)
+        return drop_in_process(layout)
+    return drop_distributed(layout, files)
 
 
 def apply_keep(layout: OutputLayout, path: str, keep: pa.Array) -> None:
@@ -104,12 +116,13 @@ def _keep_mask(keys: pa.Table, refused: Optional[pa.Array]) -> pa.Array:
 
 
 def drop_in_process(layout: OutputLayout, refused: Optional[pa.Array] = None) -> int:
-    """Every file's keys read here, the mask over all of them, each file rewritten in turn."""
+    """Every file's keys read here, the mask over all of them, each file rewritten in turn.
+    Refused: the ids `refused` names, else those of the rejected part."""
     files = row_files(layout)
     if not files:
         return 0
     keys = [shards.read_file(layout, p, KEY_COLUMNS) for p in files]
-    keep = _keep_mask(pa.concat_tables(keys), refused)
+    keep = _keep_mask(pa.concat_tables(keys), refused_ids(layout) if refused is None else refused)
     removed, offset = 0, 0
     for path, table in zip(files, keys):
         file_keep = keep.slice(offset, table.num_rows)
@@ -125,24 +138,32 @@ def drop_in_process(layout: OutputLayout, refused: Optional[pa.Array] = None) ->
 
 
 def _file_keys(batch: pa.Table, location: str) -> pa.Table:
-    """One file's key columns, each row with its file index and position."""
+    """One file's key columns, each row with its file index and position; for the rejected
+    part, its ids only, each marked refused (FILE and ROW are never used for those)."""
     layout = OutputLayout(location)
     tables = []
     for index, path in zip(batch.column(FILE).to_pylist(), batch.column("path").to_pylist()):
+        refused = path.endswith("/" + REJECTED_PART)
         keys = shards.read_file(layout, path, KEY_COLUMNS)
+        if refused:  # its ids alone matter: the runs and times of its error rows decide nothing
+            keys = keys.filter(pc.is_valid(keys.column(S.ID)))
         n = keys.num_rows
         keys = keys.append_column(FILE, pa.array(np.full(n, index, np.int32)))
-        tables.append(keys.append_column(ROW, pa.array(np.arange(n, dtype=np.int64))))
+        keys = keys.append_column(ROW, pa.array(np.arange(n, dtype=np.int64)))
+        tables.append(keys.append_column(REFUSED, pa.array(np.full(n, refused))))
     return pa.concat_tables(tables)
 
 
-def _drops(partition: pa.Table, refused: Optional[pa.Array]) -> pa.Table:
-    """The copies to drop among one partition's rows (every row of the ids it holds). Sorted
-    back into reading order first: the rule's last tie-break is the order rows were read."""
+def _drops(partition: pa.Table) -> pa.Table:
+    """The copies to drop among one partition's rows (every row of the ids it holds, and the
+    refused marks of those ids). Sorted back into reading order first: the rule's last
+    tie-break is the order rows were read."""
     if not partition.num_rows:  # an empty partition may come without columns
         return pa.table({FILE: pa.array([], pa.int32()), ROW: pa.array([], pa.int64())})
-    partition = partition.sort_by([(FILE, "ascending"), (ROW, "ascending")])
-    return partition.filter(pc.invert(_keep_mask(partition, refused))).select([FILE, ROW])
+    marks = partition.column(REFUSED)
+    refused = pc.unique(partition.filter(marks).column(S.ID))
+    rows = partition.filter(pc.invert(marks)).sort_by([(FILE, "ascending"), (ROW, "ascending")])
+    return rows.filter(pc.invert(_keep_mask(rows, refused))).select([FILE, ROW])
 
 
 def _rewrite_file(drops: pa.Table, location: str, files: list[str]) -> pa.Table:
@@ -171,25 +192,25 @@ def _each_file(blocks: list[pa.Table]):
         yield pa.table({FILE: pa.array(file_of[start:end].copy()), ROW: pa.array(row_of[start:end].copy())})
 
 
-def drop_distributed(
-    layout: OutputLayout, files: list[str], refused: Optional[pa.Array] = None, driver_drops: Optional[int] = None
-) -> int:
-    """Ray Data: keys per file -> shuffle by id -> drops -> grouped by file -> rewrites. When
-    there are at most `driver_drops` drops in all (DRIVER_DROPS: ~12 MB) the driver groups
-    them by file itself, sparing a second shuffle's start-up, and hands each file's drops to
-    its own rewrite task; else Ray Data groups them. The driver keeps a row per file."""
+def drop_distributed(layout: OutputLayout, files: list[str], driver_drops: Optional[int] = None) -> int:
+    """Ray Data: keys per file (and the rejected part's refused ids) -> shuffle by id -> drops
+    -> grouped by file -> rewrites. When there are at most `driver_drops` drops in all
+    (DRIVER_DROPS: ~12 MB) the driver groups them by file itself, sparing a second shuffle's
+    start-up, and hands each file's drops to its own rewrite task; else Ray Data groups them.
+    The driver keeps a row per file; the refused ids stay in the shuffle."""
     import ray
 
     rows = footer_rows(layout, files)
     partitions = max(2, math.ceil((rows + 1) / PARTITION_ROWS))
+    rejected = f"{layout.data_dir}/{REJECTED_PART}"
+    if layout.fs.get_file_info(rejected).type == pafs.FileType.File:
+        files = [*files, rejected]  # last: every drop names a file before it
     listing = ray.data.from_items([{FILE: i, "path": p} for i, p in enumerate(files)], override_num_blocks=len(files))
     keys = listing.map_batches(
         _file_keys, fn_kwargs={"location": layout.location}, batch_format="pyarrow", batch_size=1, num_cpus=_NUM_CPUS
     )
     by_id = keys.repartition(partitions, shuffle=True, keys=[S.ID])
-    drops = by_id.map_batches(
-        _drops, fn_kwargs={"refused": refused}, batch_format="pyarrow", batch_size=None, num_cpus=_NUM_CPUS
-    ).materialize()
+    drops = by_id.map_batches(_drops, batch_format="pyarrow", batch_size=None, num_cpus=_NUM_CPUS).materialize()
     if drops.count() <= (DRIVER_DROPS if driver_drops is None else driver_drops):
         task = ray.remote(num_cpus=_NUM_CPUS)(_rewrite_file)
         results = [task.remote(mine, layout.location, files) for mine in _each_file(ray.get(drops.to_arrow_refs()))]

@@ -51,7 +51,7 @@ if which == 'new':
     from pipeline.summary import summary_of
     data_context()
     plan = PlanSummary(rows_total=accepted, counts={'done': accepted - redone, 'changed': redone})
-    drop = lambda: supersede.drop_superseded(layout, plan, refused, distributed=True)
+    drop = lambda: supersede.drop_superseded(layout, plan, 0, distributed=True)  # refused ids: none
     summary = lambda: summary_of(layout, run, 100.0, {}, distributed=True)
 else:
     from pipeline.output import SUMMARY_COLUMNS, summarize

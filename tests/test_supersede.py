@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -37,7 +36,7 @@ def copies_output(root) -> OutputLayout:
     """An output holding older copies in every shape the pass meets: shards and parts of an
     earlier run, a later run's redone rows, a part and a shard every row of which is
     superseded, two copies tied on run and finish time (the read order decides), a refused
-    id, a null id kept, and the rejected part (never touched)."""
+    id, a null id kept, and the rejected part naming the refused ids (never touched)."""
     layout = OutputLayout(str(root))
     layout.claim({"input": "copies"}, overwrite=False, run_id=R2)
     first = [f"a{k:02d}" for k in range(60)]
@@ -64,7 +63,10 @@ def copies_output(root) -> OutputLayout:
     write_block(S.output_table([row("a55", R2, 400.0, "tie-y"), row("y1", R2, 400.0, "y")]), layout.location, R2)
     nulls = S.output_table([row("n1", R2, 1.0, "n"), {**row("n2", R2, 1.0, "n"), S.ID: None}])
     layout.write_part(nulls, f"part-{R2}-nulls.parquet", owner=R2)
-    layout.write_part(S.output_table([S.error_row("dup", "duplicate id", **{S.RUN: R2})]), REJECTED_PART, owner=R2)
+    refused = [S.error_row(i, "duplicate id", **{S.RUN: R2}) for i in ("a33", "dup")] + [
+        S.error_row(None, "null id", **{S.RUN: R2})
+    ]
+    layout.write_part(S.output_table(refused), REJECTED_PART, owner=R2)
     return layout
 
 
@@ -82,16 +84,17 @@ def test_both_ways_leave_the_same_rows(ray_cluster, tmp_path, driver_drops):
     here = copies_output(tmp_path / "here")
     shutil.copytree(tmp_path / "here", tmp_path / "ray")
     there = OutputLayout(str(tmp_path / "ray"))
-    refused = pa.array(["a33", "dup"])
-    # what readers see now, less the refused id: what must be left on disk
-    latest = here.read([S.ID, S.RUN, S.TEXT]).to_pylist()
-    expected = sorted((r[S.ID] or "", r[S.RUN], r[S.TEXT]) for r in latest if r[S.ID] != "a33")
-    removed_here = supersede.drop_in_process(here, refused)
-    removed_there = supersede.drop_distributed(there, supersede.row_files(there), refused, driver_drops)
+    # what readers see now, less the refused id's synthesized copy: what must be left on disk
+    latest = here.read([S.ID, S.RUN, S.STATUS, S.TEXT]).to_pylist()
+    expected = sorted(
+        (r[S.ID] or "", r[S.RUN], r[S.TEXT] or "") for r in latest if (r[S.ID], r[S.STATUS]) != ("a33", S.STATUS_OK)
+    )
+    removed_here = supersede.drop_in_process(here)  # both read the refused ids from the rejected part
+    removed_there = supersede.drop_distributed(there, supersede.row_files(there), driver_drops)
     # the 28 redone rows' old copies, a55's r1 copy and the tie's loser, the refused a33
     assert removed_here == removed_there == 28 + 2 + 1
     assert on_disk(here) == on_disk(there)
-    assert sorted((r[0] or "", r[1], r[3]) for r in on_disk(there)) == expected
+    assert sorted((r[0] or "", r[1], r[3] or "") for r in on_disk(there)) == expected
     assert [r[2] for r in expected if r[0] == "a55"] in (["tie-x"], ["tie-y"])  # the later read of the tie
     for path in there.live_files():
         pq.read_table(path)  # every rewritten file whole
@@ -108,7 +111,7 @@ def test_skipped_only_when_the_footers_prove_one_copy_each(ray_cluster, tmp_path
     layout.claim({"input": "once"}, overwrite=False, run_id=R1)
     for start in range(0, 20, 5):
         write_block(S.output_table([row(f"b{k}", R1, 1.0, "r1") for k in range(start, start + 5)]), layout.location, R1)
-    none = pa.array([], pa.string())
+    none = 0  # refused ids
     before = {
         name: os.stat(tmp_path / "out" / "data" / name).st_mtime_ns for name in os.listdir(tmp_path / "out" / "data")
     }
@@ -122,7 +125,7 @@ def test_skipped_only_when_the_footers_prove_one_copy_each(ray_cluster, tmp_path
     # the plan's own reasons
     assert supersede.may_hold_copies(plan(new=5, changed=1, done=14), none, 21)
     assert supersede.may_hold_copies(plan(new=5, retry=1, done=14), none, 21)
-    assert supersede.may_hold_copies(plan(new=20), pa.array(["b1"]), 20)
+    assert supersede.may_hold_copies(plan(new=20), 1, 20)
     # a run killed while redoing b3 left its new copy next to the old: planned as done now
     write_block(S.output_table([row("b3", R2, 2.0, "r2-killed")]), layout.location, R2)
     assert supersede.drop_superseded(layout, plan(new=0, done=20), none, distributed=True) == 1
@@ -135,7 +138,29 @@ def test_the_run_end_keeps_each_id_once(request, tmp_path, distributed):
     if distributed:
         request.getfixturevalue("ray_cluster")
     layout = copies_output(tmp_path / "out")
-    removed = supersede.drop_superseded(layout, plan(done=60, changed=28), pa.array([], pa.string()), distributed)
-    assert removed == 30  # the 28 old copies, a55's r1 copy and the tie's loser
-    ids = [r[S.ID] for r in layout.read([S.ID], latest_only=False).to_pylist() if r[S.ID] not in (None, "dup")]
+    removed = supersede.drop_superseded(layout, plan(done=60, changed=28), 2, distributed)
+    assert removed == 31  # the 28 old copies, a55's r1 copy, the tie's loser and the refused a33
+    rows = [r for r in layout.read([S.ID, S.STATUS], latest_only=False).to_pylist() if r[S.ID] not in (None, "dup")]
+    ids = [r[S.ID] for r in rows]
     assert len(ids) == len(set(ids)) == 60 + 3
+    assert [r[S.STATUS] for r in rows if r[S.ID] == "a33"] == [S.STATUS_ERROR]  # the rejected part's row alone
+
+
+def test_a_streamed_part_is_whole_typed_and_replaced_when_empty(tmp_path):
+    """The rejected part is written a batch at a time (never held whole): every batch's rows
+    in order, the features metadata on it, no temporary file left; a run refusing nothing
+    removes an earlier run's part."""
+    layout = OutputLayout(str(tmp_path / "out"))
+    layout.claim({"input": "stream"}, overwrite=False, run_id=R1)
+    batches = [
+        S.output_table([S.error_row(f"bad{b}-{k}", "null id", **{S.RUN: R1}) for k in range(3)]) for b in range(4)
+    ]
+    written = layout.write_part_stream(iter(batches), REJECTED_PART, owner=R1)
+    path = tmp_path / "out" / "data" / REJECTED_PART
+    table = pq.read_table(path)
+    assert written == table.num_rows == 12
+    assert table.column(S.ID).to_pylist() == [f"bad{b}-{k}" for b in range(4) for k in range(3)]
+    assert b"huggingface" in pq.read_schema(path).metadata
+    assert os.listdir(tmp_path / "out" / "data") == [REJECTED_PART]
+    assert layout.write_part_stream(iter([S.output_table([])]), REJECTED_PART, owner=R2) == 0
+    assert not path.exists()
