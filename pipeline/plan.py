@@ -184,7 +184,53 @@ PLAN_DIR = "_plan"
 
 
 def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) -> RunReport:
+    """The run under its lease: claim the output, plan, synthesize, then the run's end."""
     distributed = use_distributed(scan, plain["cluster"]["distributed_plan_rows"])
+    _claim_output(cfg, plain, scan, layout, run_id, distributed)
+    digest = settings_digest(plain, model_fingerprint(plain["model"]))
+    arguments = actor_arguments(cfg, scan.root, run_id, attempts_dir(layout.location, run_id), rows=scan.total_rows)
+    job = plan_job(plain, scan, layout, digest, arguments["settings"].data.audio_root)
+    refused = write_rejected(job.decided, layout, run_id)
+    _log_plan(plain["output"], scan, layout, job, refused.rows, run_id)
+    stream = {}
+    if job.summary.to_synthesize:
+        todo = todo_fragments(job.decided, plan_dir(layout.location, run_id))
+        stream = synthesize(plain, scan, todo, arguments, layout, job.summary.to_synthesize, run_id)
+    shutil.rmtree(plan_dir(layout.location, run_id), ignore_errors=True)
+    shutil.rmtree(attempts_dir(layout.location, run_id), ignore_errors=True)
+    if lease.lost:
+        raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")
+    _settle_output(plain["output"], layout, job.summary, refused.ids, run_id, distributed)
+    wall = time.monotonic() - started
+    extra = {
+        "output": layout.location,
+        "data": f"{layout.location}/data",
+        "input": scan.source,
+        "input_rows": scan.total_rows,
+        "model": plain["model"]["name"],
+        "finished_at": datetime.datetime.now().isoformat(timespec="seconds"),
+        "started_at_unix": started_unix,
+        **stream,
+    }
+    summary = summary_of(layout, run_id, wall, extra, distributed)
+    layout.write_text(SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    report_s = _write_report(layout, run_id)
+    log.info(
+        "done: %d rows (%d ok, %d error), %.3f h audio, %.1f s (+ %.1f s report); output in %s",
+        summary["rows_total"],
+        summary["rows_ok"],
+        summary["rows_error"],
+        summary["audio_hours"],
+        wall,
+        report_s,
+        layout.location,
+    )
+    return RunReport(output=layout.location, summary=summary, report_s=report_s)
+
+
+def _claim_output(cfg, plain, scan, layout, run_id: str, distributed: bool) -> None:
+    """Bind the output to this input and model, clear what earlier runs left for themselves
+    only, and record the run's configuration."""
     layout.claim(
         identity(plain, scan, input_ids_digest(scan, distributed)),
         overwrite=plain["output"]["overwrite"],
@@ -194,17 +240,17 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
         shutil.rmtree(os.path.join(layout.base, ATTEMPTS_DIR), ignore_errors=True)
         shutil.rmtree(os.path.join(layout.base, PLAN_DIR), ignore_errors=True)
     layout.write_text(CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
-    output = plain["output"]
-    digest = settings_digest(plain, model_fingerprint(plain["model"]))
-    arguments = actor_arguments(cfg, scan.root, run_id, attempts_dir(layout.location, run_id), rows=scan.total_rows)
-    job = plan_job(plain, scan, layout, digest, arguments["settings"].data.audio_root)
+
+
+def _log_plan(output: dict, scan, layout, job, refused_rows: int, run_id: str) -> None:
+    """What the plan decided, in the log: refused rows, rows to do, changed and retried rows
+    (the changed ids, every one, into a file under the output)."""
     summary = job.summary
-    refused = write_rejected(job.decided, layout, run_id)
-    if refused.rows:
+    if refused_rows:
         log.warning(
             "%d input rows rejected before synthesis (bad or duplicate ids, ref_id conflicts); they are error "
             "rows in %s",
-            refused.rows,
+            refused_rows,
             REJECTED_PART,
         )
     pending = summary.to_synthesize
@@ -234,56 +280,27 @@ def _run_leased(cfg, plain, scan, layout, lease, run_id, started, started_unix) 
             if output["retry_errors"] or output["retry_rejected"]
             else "their errors were transient",
         )
-    stream = {}
-    if pending:
-        todo = todo_fragments(job.decided, plan_dir(layout.location, run_id))
-        stream = synthesize(plain, scan, todo, arguments, layout, pending, run_id)
-    shutil.rmtree(plan_dir(layout.location, run_id), ignore_errors=True)
-    shutil.rmtree(attempts_dir(layout.location, run_id), ignore_errors=True)
-    if lease.lost:
-        raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")
-    superseded = supersede.drop_superseded(layout, summary, refused.ids, distributed)
+
+
+def _settle_output(output: dict, layout, plan, refused_ids: int, run_id: str, distributed: bool) -> None:
+    """The run's end on disk: each id's older copies dropped, the last parts packed."""
+    superseded = supersede.drop_superseded(layout, plan, refused_ids, distributed)
     if superseded:
         log.info("removed %d older copies of rows this run redid", superseded)
     packed = shards.compact_all(layout, run_id, output["shard_bytes"], output["shard_rows"])
     if packed:
         log.info("packed the last %d parts into %d shard(s)", sum(p["parts"] for p in packed), len(packed))
 
-    wall = time.monotonic() - started
-    summary = summary_of(
-        layout,
-        run_id,
-        wall,
-        {
-            "output": layout.location,
-            "data": f"{layout.location}/data",
-            "input": scan.source,
-            "input_rows": scan.total_rows,
-            "model": plain["model"]["name"],
-            "finished_at": datetime.datetime.now().isoformat(timespec="seconds"),
-            "started_at_unix": started_unix,
-            **stream,
-        },
-        distributed,
-    )
-    layout.write_text(SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
-    report_began = time.monotonic()
-    if is_local(layout.location):  # the page reads the local files; for a URI output: report later
+
+def _write_report(layout, run_id: str) -> float:
+    """report.html beside the data (a local output; for a URI output: report later); the
+    seconds it took. A broken page never fails the run: the data is written."""
+    began = time.monotonic()
+    if is_local(layout.location):
         from .report import write_report
 
         try:
             write_report(local_path(layout.location), title=f"chorus run {run_id}")
-        except Exception:  # the data is written; a broken page must not fail the run
+        except Exception:
             log.exception("could not write report.html")
-    report_s = time.monotonic() - report_began
-    log.info(
-        "done: %d rows (%d ok, %d error), %.3f h audio, %.1f s (+ %.1f s report); output in %s",
-        summary["rows_total"],
-        summary["rows_ok"],
-        summary["rows_error"],
-        summary["audio_hours"],
-        wall,
-        report_s,
-        layout.location,
-    )
-    return RunReport(output=layout.location, summary=summary, report_s=report_s)
+    return time.monotonic() - began

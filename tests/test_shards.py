@@ -213,7 +213,7 @@ def _crash_at(step: str):
 
 def test_readers_skip_the_parts_a_committed_shard_absorbed(tmp_path):
     from pipeline.export import export
-    from pipeline.report import _read_run
+    from pipeline.report_read import read_run
 
     layout = job_output(tmp_path)
     group = shards.pending_groups(layout, 1 << 30, 20)[0]
@@ -222,7 +222,7 @@ def test_readers_skip_the_parts_a_committed_shard_absorbed(tmp_path):
     assert len(layout.parts()) == 11  # every part still on disk, half of them absorbed
     assert len(layout.live_files()) == 1 + 5 + 1  # the shard, the 5 parts it did not absorb, the rejected part
     rows_by_id(layout)
-    run = _read_run(tmp_path / "out")
+    run = read_run(tmp_path / "out")
     assert run.n == len(IDS) + 1 and sorted(i for i in run.strings(S.ID) if i) == sorted(IDS)
     exported = export(layout.location)
     assert (exported.written, exported.errors) == (len(IDS), 1)
