@@ -116,12 +116,11 @@ def _run_engine(loaded, requests, max_rows, args, use_prefix=True, label="") -> 
     return row, results
 
 
-def run_bench(args) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    dtypes = [d for d in str(args.dtype).split(",") if d]
+def _load_models(args, dtypes: list[str]) -> tuple[dict, dict]:
+    """The model in each dtype (the same random weights in every one: same seed, cast) and the
+    seconds each load took."""
     models, load_s = {}, {}
-    for dtype in dtypes:  # the same random weights in every dtype (same seed, cast)
+    for dtype in dtypes:
         t0 = time.perf_counter()
         if args.checkpoint:
             from .loader import load_model
@@ -138,15 +137,13 @@ def run_bench(args) -> int:
                 max_seq_len=max(4096, 2 * (args.prompt_len + args.frames + args.reference_frames)),
             )
         load_s[dtype] = time.perf_counter() - t0
-    loaded = models[dtypes[0]]
-    requests = _workload(loaded, args)
-    label = (lambda d: f" {d}") if len(dtypes) > 1 else (lambda d: "")
-    modes = []
-    for d in dtypes:
-        modes += [(d, args.max_rows, True)] + ([(d, args.max_rows, False)] if args.references else [])
-        modes += [] if args.no_single else [(d, 1, True)]
-    # repeats interleave the modes (a slow spell of a shared machine hits all of them); each
-    # mode reports its median run
+    return models, load_s
+
+
+def _run_modes(models: dict, requests: list, modes: list, args) -> tuple[list[dict], list]:
+    """Every mode `repeats` times, interleaved (a slow spell of a shared machine hits all of
+    them); each mode's row is its median run. Returns the rows and every run's results."""
+    label = (lambda d: f" {d}") if len(models) > 1 else (lambda d: "")
     repeats = max(1, args.repeats)
     runs: list[list[tuple[dict, list]]] = [[] for _ in modes]
     for _ in range(repeats):
@@ -158,13 +155,11 @@ def run_bench(args) -> int:
         row["wall_s_runs"] = [run[0]["wall_s"] for run in mode_runs]
         row["dtype"], row["max_rows"] = d, max_rows
         rows.append(row)
+    return rows, runs
 
-    def mode_row(dtype, max_rows):
-        return next((r for r in rows if r["dtype"] == dtype and r["max_rows"] == max_rows), None)
 
-    batched = mode_row(dtypes[0], args.max_rows)
-    single = None if args.no_single else mode_row(dtypes[0], 1)
-    # per dtype: does every run of every mode produce that dtype's first mode's codes?
+def _codes_same(dtypes: list[str], modes: list, runs: list) -> dict:
+    """Per dtype: does every run of every mode produce that dtype's first mode's codes?"""
     same = {}
     for d in dtypes:
         mine = [mode_runs for (md, _, _), mode_runs in zip(modes, runs) if md == d]
@@ -172,6 +167,28 @@ def run_bench(args) -> int:
         same[d] = all(
             np.array_equal(a.codes, b.codes) for mode_runs in mine for run in mode_runs for a, b in zip(run[1], first)
         )
+    return same
+
+
+def run_bench(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtypes = [d for d in str(args.dtype).split(",") if d]
+    models, load_s = _load_models(args, dtypes)
+    loaded = models[dtypes[0]]
+    requests = _workload(loaded, args)
+    modes = []
+    for d in dtypes:
+        modes += [(d, args.max_rows, True)] + ([(d, args.max_rows, False)] if args.references else [])
+        modes += [] if args.no_single else [(d, 1, True)]
+    rows, runs = _run_modes(models, requests, modes, args)
+
+    def mode_row(dtype, max_rows):
+        return next((r for r in rows if r["dtype"] == dtype and r["max_rows"] == max_rows), None)
+
+    batched = mode_row(dtypes[0], args.max_rows)
+    single = None if args.no_single else mode_row(dtypes[0], 1)
+    same = _codes_same(dtypes, modes, runs)
     dtype_speedups = {
         d: {
             f"max_rows={m}": mode_row(d, m)["frames_per_s"] / mode_row(dtypes[0], m)["frames_per_s"]
@@ -194,7 +211,7 @@ def run_bench(args) -> int:
         "prompt_len": args.prompt_len,
         "frames": args.frames,
         "references": args.references,
-        "repeats": repeats,
+        "repeats": max(1, args.repeats),
         "load_s": load_s[dtypes[0]],
         "compile": args.compile,
         "malloc_tuned": tune_malloc(),
@@ -204,29 +221,34 @@ def run_bench(args) -> int:
         "dtype_speedups": dtype_speedups,
         "modes": rows,
     }
-    print(
-        f"model {report['model']} ({report['parameters'] / 1e6:.1f}M params, {report['dtype']}, "
-        f"{report['device']}, {report['threads']} threads), {args.rows} rows, prompt ~{args.prompt_len}, "
-        f"frames ~{args.frames}, references {args.references}, median of {repeats} run(s) per mode"
-    )
-    header = f"{'mode':<44}{'frames/s':>10}{'rows/s':>9}{'x realtime':>11}{'TTFF p50 ms':>13}{'step ms':>9}{'peak RSS MiB':>14}{'KV MiB':>9}"
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(
-            f"{r['mode']:<44}{r['frames_per_s']:>10.1f}{r['rows_per_s']:>9.2f}{r['x_realtime']:>11.2f}"
-            f"{r['ttff_ms_p50']:>13.0f}{r['decode_step_ms']:>9.1f}{r['peak_rss_mib']:>14.0f}"
-            f"{r['kv_bytes'] / 2**20:>9.1f}"
-        )
-    if single:
-        print(
-            f"batched / one-row-at-a-time frames/s: {report['speedup_batched_vs_single']:.2f}x; "
-            "codes identical across modes: " + ", ".join(f"{d} {v}" for d, v in same.items())
-        )
-    for d, ratios in dtype_speedups.items():
-        print(f"{d} / {dtypes[0]} frames/s: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    _print_report(report, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
         print(f"wrote {args.json}")
     return 0
+
+
+def _print_report(report: dict, args) -> None:
+    print(
+        f"model {report['model']} ({report['parameters'] / 1e6:.1f}M params, {report['dtype']}, "
+        f"{report['device']}, {report['threads']} threads), {args.rows} rows, prompt ~{args.prompt_len}, "
+        f"frames ~{args.frames}, references {args.references}, median of {report['repeats']} run(s) per mode"
+    )
+    header = f"{'mode':<44}{'frames/s':>10}{'rows/s':>9}{'x realtime':>11}{'TTFF p50 ms':>13}{'step ms':>9}{'peak RSS MiB':>14}{'KV MiB':>9}"
+    print(header)
+    print("-" * len(header))
+    for r in report["modes"]:
+        print(
+            f"{r['mode']:<44}{r['frames_per_s']:>10.1f}{r['rows_per_s']:>9.2f}{r['x_realtime']:>11.2f}"
+            f"{r['ttff_ms_p50']:>13.0f}{r['decode_step_ms']:>9.1f}{r['peak_rss_mib']:>14.0f}"
+            f"{r['kv_bytes'] / 2**20:>9.1f}"
+        )
+    same, dtypes = report["codes_equal_across_modes"], report["dtype"].split(",")
+    if report["speedup_batched_vs_single"] is not None:
+        print(
+            f"batched / one-row-at-a-time frames/s: {report['speedup_batched_vs_single']:.2f}x; "
+            "codes identical across modes: " + ", ".join(f"{d} {v}" for d, v in same.items())
+        )
+    for d, ratios in report["dtype_speedups"].items():
+        print(f"{d} / {dtypes[0]} frames/s: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
