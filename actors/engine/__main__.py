@@ -183,10 +183,8 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m actors.engine", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_checkpoint_commands(sub) -> None:
+    """info, score and generate: one checkpoint each."""
     p = sub.add_parser("info", help="config summary, parameter count, bytes, KV bytes per token")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--json", action="store_true")
@@ -216,6 +214,9 @@ def main(argv=None) -> int:
     _dtype_arg(p)
     p.set_defaults(func=cmd_generate)
 
+
+def _add_check_commands(sub) -> None:
+    """parity, frame-check and make-tiny: the project's own checks and test checkpoints."""
     p = sub.add_parser("parity", help="logits and greedy codes vs the upstream vectors, in any dtype/device")
     p.add_argument("--vectors", help="folder of the vector sets (default: the ones shipped in tests/vectors)")
     p.add_argument("--json", help="write the report here")
@@ -238,6 +239,8 @@ def main(argv=None) -> int:
     p.add_argument("--codebook-size", type=int)
     p.set_defaults(func=cmd_make_tiny)
 
+
+def _add_bench_command(sub) -> None:
     p = sub.add_parser("bench", help="engine throughput: batched vs one row at a time vs uncached")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--checkpoint")
@@ -268,6 +271,13 @@ def main(argv=None) -> int:
     _dtype_arg(p)
     p.set_defaults(func=cmd_bench)
 
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m actors.engine", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_checkpoint_commands(sub)
+    _add_check_commands(sub)
+    _add_bench_command(sub)
     args = parser.parse_args(argv)
     from .config import CheckpointError
 
