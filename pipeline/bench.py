@@ -118,15 +118,6 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
     calls = metrics.batches(meta)
     call_rows = calls.to_pylist()
     actors = metrics.actor_batches(calls).to_pylist()
-    n_actors = max(1, len(actors))
-
-    def phase_s(key: str) -> float:  # per-actor average busy seconds in one phase
-        return sum(a[f"{key}_sum"] for a in actors) / 1000.0 / n_actors
-
-    prep, engine, codec, encode = (
-        phase_s(k) for k in (S.BATCH_PREP_MS, S.BATCH_ENGINE_MS, S.BATCH_CODEC_MS, S.BATCH_ENCODE_MS)
-    )
-    write = encode + stream.get("write_s", 0.0) / n_actors
     finished = pc.min(table.column(S.FINISHED_AT)).as_py()
     # actor start-up (process, torch import, model + codec load): run start to its first call
     startup = float(np.mean([a[f"{S.BATCH_STARTED_AT}_min"] - started_unix for a in actors])) if actors else 0.0
@@ -135,17 +126,7 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
     # per actor: the seconds its engine or codec ran (their union: they overlap)
     model_busy = float(np.mean([(a[f"{S.BATCH_ACTOR_MODEL_BUSY_MS}_max"] or 0.0) for a in actors])) / 1000.0
     serving_s = max(wall_s - startup, 1e-9)  # the actors' first call to the last row written
-    per_actor = {
-        a["actor"]: {
-            "engine_busy_s": a[f"{S.BATCH_ENGINE_MS}_sum"] / 1000.0,
-            "model_busy_s": (a[f"{S.BATCH_ACTOR_MODEL_BUSY_MS}_max"] or 0.0) / 1000.0,
-            "utilisation": a[f"{S.BATCH_ENGINE_MS}_sum"] / 1000.0 / wall_s,
-            "slot_occupancy": engine_figures(c for c in call_rows if c["actor"] == a["actor"])["slot_occupancy"],
-            "peak_rss_mb": a[f"{S.BATCH_PEAK_RSS_MB}_max"],
-            "rows": a[f"{S.BATCH_ROWS}_sum"],
-        }
-        for a in actors
-    }
+    per_actor = _per_actor(actors, call_rows, wall_s)
     return {
         "rows": counted["rows"],
         "rows_ok": counted["rows_ok"],
@@ -171,14 +152,7 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
         "slot_occupancy": engine_figures(call_rows)["slot_occupancy"],
         "peak_rss_mb_per_actor": max((a["peak_rss_mb"] for a in per_actor.values()), default=None),
         "kv_bytes": pc.max(calls.column(S.BATCH_KV_BYTES)).as_py(),
-        # per-actor average busy seconds by phase; `other` is what is left of the wall time
-        "split_s": {
-            "prep": prep,
-            "engine": engine,
-            "codec": codec,
-            "write": write,
-            "other": max(0.0, wall_s - prep - engine - codec - write),
-        },
+        "split_s": _phase_split(actors, stream, wall_s),
         "frames_per_s_serving": frames / serving_s,
         "model_busy_s": model_busy,
         # the wall time in which neither the engine nor the codec ran (the actor fed continuously
@@ -190,6 +164,41 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
         "actor_init_s": model_load,
         # Ray + Parquet + FLAC: the wall time that is neither the model's work nor its loading
         "pipeline_overhead_fraction": max(0.0, 1.0 - (model_busy + model_load) / wall_s),
+    }
+
+
+def _per_actor(actors: list[dict], call_rows: list[dict], wall_s: float) -> dict:
+    """Each actor's busy seconds, utilisation, slot occupancy, peak RSS and rows."""
+    return {
+        a["actor"]: {
+            "engine_busy_s": a[f"{S.BATCH_ENGINE_MS}_sum"] / 1000.0,
+            "model_busy_s": (a[f"{S.BATCH_ACTOR_MODEL_BUSY_MS}_max"] or 0.0) / 1000.0,
+            "utilisation": a[f"{S.BATCH_ENGINE_MS}_sum"] / 1000.0 / wall_s,
+            "slot_occupancy": engine_figures(c for c in call_rows if c["actor"] == a["actor"])["slot_occupancy"],
+            "peak_rss_mb": a[f"{S.BATCH_PEAK_RSS_MB}_max"],
+            "rows": a[f"{S.BATCH_ROWS}_sum"],
+        }
+        for a in actors
+    }
+
+
+def _phase_split(actors: list[dict], stream: dict, wall_s: float) -> dict:
+    """Per-actor average busy seconds by phase; `other` is what is left of the wall time."""
+    n_actors = max(1, len(actors))
+
+    def phase_s(key: str) -> float:
+        return sum(a[f"{key}_sum"] for a in actors) / 1000.0 / n_actors
+
+    prep, engine, codec, encode = (
+        phase_s(k) for k in (S.BATCH_PREP_MS, S.BATCH_ENGINE_MS, S.BATCH_CODEC_MS, S.BATCH_ENCODE_MS)
+    )
+    write = encode + stream.get("write_s", 0.0) / n_actors
+    return {
+        "prep": prep,
+        "engine": engine,
+        "codec": codec,
+        "write": write,
+        "other": max(0.0, wall_s - prep - engine - codec - write),
     }
 
 
@@ -263,6 +272,38 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _bench_config(cfg: DictConfig, actors: int, slots: int, cpus: float, root: Path, workload: Path) -> dict:
+    """One configuration: the job on a fresh output, its figures, and the same rows through
+    the engine alone for comparison."""
+    out = root / "runs" / f"a{actors}-s{slots}"
+    run_cfg = _settings(cfg, actors, slots, cpus, str(workload), str(out))
+    log.info("bench: %d actor(s) x %d slots on %d rows", actors, slots, cfg.bench.rows)
+    t0, unix0 = time.monotonic(), time.time()
+    finished = run(run_cfg)
+    # the job's wall time: start to the last row written and summarised; the report page
+    # written after it is timed on its own
+    wall = time.monotonic() - t0 - finished.report_s
+    stream = {"write_s": finished.summary.get("write_s") or 0.0}
+    entry = {
+        "num_actors": actors,
+        "slots": slots,
+        "cpus_per_actor": run_cfg.cluster.cpus_per_actor,
+        "output": str(out),
+        **measure(str(out), wall, unix0, stream),
+        "report_s": finished.report_s,
+    }
+    log.info("bench: the same rows through the engine alone (%d slots)", slots)
+    alone = engine_only_pass(run_cfg, workload)
+    # each actor's engine runs side by side with the others on its own CPU share
+    alone_rate = actors * alone["frames"] / alone["seconds"] if alone["seconds"] > 0 else None
+    entry["engine_only"] = {**alone, "frames_per_s": alone_rate}
+    # the engine-only pass loads nothing and starts no process: the run is compared over
+    # its serving time (first actor call to last row written); over the whole wall too
+    entry["vs_engine_only"] = entry["frames_per_s_serving"] / alone_rate if alone_rate else None
+    entry["vs_engine_only_whole_run"] = entry["frames_per_s"] / alone_rate if alone_rate else None
+    return entry
+
+
 def run_bench(cfg: DictConfig) -> dict:
     b = cfg.bench
     if not is_local(cfg.output.dir):
@@ -280,35 +321,7 @@ def run_bench(cfg: DictConfig) -> dict:
     started_ray = connect(plain_cluster)  # one Ray for every configuration: ray.init is ~9 s
     try:
         cpus = ray.cluster_resources().get("CPU", 1.0)
-        results = []
-        for actors, slots in configs:
-            out = root / "runs" / f"a{actors}-s{slots}"
-            run_cfg = _settings(cfg, actors, slots, cpus, str(workload), str(out))
-            log.info("bench: %d actor(s) x %d slots on %d rows", actors, slots, b.rows)
-            t0, unix0 = time.monotonic(), time.time()
-            finished = run(run_cfg)
-            # the job's wall time: start to the last row written and summarised; the report page
-            # written after it is timed on its own
-            wall = time.monotonic() - t0 - finished.report_s
-            stream = {"write_s": finished.summary.get("write_s") or 0.0}
-            entry = {
-                "num_actors": actors,
-                "slots": slots,
-                "cpus_per_actor": run_cfg.cluster.cpus_per_actor,
-                "output": str(out),
-                **measure(str(out), wall, unix0, stream),
-                "report_s": finished.report_s,
-            }
-            log.info("bench: the same rows through the engine alone (%d slots)", slots)
-            alone = engine_only_pass(run_cfg, workload)
-            # each actor's engine runs side by side with the others on its own CPU share
-            alone_rate = actors * alone["frames"] / alone["seconds"] if alone["seconds"] > 0 else None
-            entry["engine_only"] = {**alone, "frames_per_s": alone_rate}
-            # the engine-only pass loads nothing and starts no process: the run is compared over
-            # its serving time (first actor call to last row written); over the whole wall too
-            entry["vs_engine_only"] = entry["frames_per_s_serving"] / alone_rate if alone_rate else None
-            entry["vs_engine_only_whole_run"] = entry["frames_per_s"] / alone_rate if alone_rate else None
-            results.append(entry)
+        results = [_bench_config(cfg, actors, slots, cpus, root, workload) for actors, slots in configs]
     finally:
         if started_ray:
             ray.shutdown()
