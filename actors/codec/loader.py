@@ -94,87 +94,89 @@ def fold_state_dict(state: Mapping[str, torch.Tensor], codec: Codec, source: str
     Raises CodecCheckpointError naming every missing tensor and every shape
     mismatch; warns about tensors the architecture does not use.
     """
-    expected = {name: tuple(t.shape) for name, t in codec.state_dict().items()}
     storage = {
         f"{name}.weight": module.weight_norm_storage
         for name, module in codec.named_modules()
         if hasattr(module, "weight_norm_storage")
     }
-    used: set[str] = set()
-    folded: dict[str, torch.Tensor] = {}
-    missing: list[str] = []
-    mismatched: list[str] = []
-
-    def check(key: str, tensor: torch.Tensor, shape: tuple) -> bool:
-        if tuple(tensor.shape) != shape:
-            mismatched.append(f"{key}: checkpoint shape {tuple(tensor.shape)}, expected {shape}")
-            return False
-        return True
-
-    for name, shape in expected.items():
-        if name in state:
-            used.add(name)
-            if check(name, state[name], shape):
-                folded[name] = state[name]
-            continue
-        prefix = name[: -len(".weight")] if name.endswith(".weight") else None
-        pair = None
-        if prefix is not None:
-            for g_suffix, v_suffix in ((_PARAMETRIZED_G, _PARAMETRIZED_V), (_LEGACY_G, _LEGACY_V)):
-                g_key, v_key = prefix + g_suffix, prefix + v_suffix
-                if g_key in state or v_key in state:
-                    pair = (g_key, v_key)
-                    break
-        if pair is None:
-            style = storage.get(name)
-            if style == WEIGHT_NORM_PARAMETRIZED:
-                missing.append(f"{prefix}{_PARAMETRIZED_V} (+ {_PARAMETRIZED_G[1:]}), weight {shape}")
-            elif style == WEIGHT_NORM_LEGACY:
-                missing.append(f"{prefix}{_LEGACY_V} (+ {_LEGACY_G[1:]}), weight {shape}")
-            else:
-                missing.append(f"{name} {shape}")
-            continue
-        g_key, v_key = pair
-        absent = [key for key in pair if key not in state]
-        if absent:
-            missing.append(f"{absent[0]} (its partner {(set(pair) - set(absent)).pop()} is present)")
-            used.update(pair)
-            continue
-        used.update(pair)
-        g, v = state[g_key], state[v_key]
-        g_shape = (shape[0],) + (1,) * (len(shape) - 1)
-        ok = check(v_key, v, shape)
-        ok = check(g_key, g, g_shape) and ok
-        if ok:
-            folded[name] = fold_weight_norm(g, v)
-
+    fold = _Folding(state)
+    for name, t in codec.state_dict().items():
+        fold.take(name, tuple(t.shape), storage.get(name))
     problems = []
-    if missing:
-        problems.append(
-            f"{len(missing)} missing tensor(s): "
-            + "; ".join(missing[:_MAX_LISTED_KEYS])
-            + (" ..." if len(missing) > _MAX_LISTED_KEYS else "")
-        )
-    if mismatched:
-        problems.append(
-            f"{len(mismatched)} tensor(s) with the wrong shape: "
-            + "; ".join(mismatched[:_MAX_LISTED_KEYS])
-            + (" ..." if len(mismatched) > _MAX_LISTED_KEYS else "")
-        )
+    if fold.missing:
+        problems.append(f"{len(fold.missing)} missing tensor(s): " + _listed(fold.missing))
+    if fold.mismatched:
+        problems.append(f"{len(fold.mismatched)} tensor(s) with the wrong shape: " + _listed(fold.mismatched))
     if problems:
         raise CodecCheckpointError(
             f"{source} does not match the codec configuration "
             f"(check config.json beside codec.pth): " + " | ".join(problems)
         )
-    unexpected = sorted(set(state) - used)
+    unexpected = sorted(set(state) - fold.used)
     if unexpected:
         warnings.warn(
-            f"{source}: ignoring {len(unexpected)} tensor(s) the codec does not use: "
-            + ", ".join(unexpected[:_MAX_LISTED_KEYS])
-            + (" ..." if len(unexpected) > _MAX_LISTED_KEYS else ""),
+            f"{source}: ignoring {len(unexpected)} tensor(s) the codec does not use: " + _listed(unexpected, ", "),
             stacklevel=3,
         )
-    return folded
+    return fold.folded
+
+
+def _listed(items: list[str], sep: str = "; ") -> str:
+    return sep.join(items[:_MAX_LISTED_KEYS]) + (" ..." if len(items) > _MAX_LISTED_KEYS else "")
+
+
+class _Folding:
+    """The codec's tensors taken from a checkpoint one key at a time: as stored, or folded
+    from a weight-norm (g, v) pair in either storage style; what is missing or misshapen is
+    collected, not raised, so one error can name all of it."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor]):
+        self.state = state
+        self.used: set[str] = set()
+        self.folded: dict[str, torch.Tensor] = {}
+        self.missing: list[str] = []
+        self.mismatched: list[str] = []
+
+    def _fits(self, key: str, tensor: torch.Tensor, shape: tuple) -> bool:
+        if tuple(tensor.shape) != shape:
+            self.mismatched.append(f"{key}: checkpoint shape {tuple(tensor.shape)}, expected {shape}")
+            return False
+        return True
+
+    def _pair(self, prefix: str) -> Optional[tuple[str, str]]:
+        for g_suffix, v_suffix in ((_PARAMETRIZED_G, _PARAMETRIZED_V), (_LEGACY_G, _LEGACY_V)):
+            g_key, v_key = prefix + g_suffix, prefix + v_suffix
+            if g_key in self.state or v_key in self.state:
+                return g_key, v_key
+        return None
+
+    def take(self, name: str, shape: tuple, style: Optional[str]) -> None:
+        if name in self.state:
+            self.used.add(name)
+            if self._fits(name, self.state[name], shape):
+                self.folded[name] = self.state[name]
+            return
+        prefix = name[: -len(".weight")] if name.endswith(".weight") else None
+        pair = self._pair(prefix) if prefix is not None else None
+        if pair is None:
+            if style == WEIGHT_NORM_PARAMETRIZED:
+                self.missing.append(f"{prefix}{_PARAMETRIZED_V} (+ {_PARAMETRIZED_G[1:]}), weight {shape}")
+            elif style == WEIGHT_NORM_LEGACY:
+                self.missing.append(f"{prefix}{_LEGACY_V} (+ {_LEGACY_G[1:]}), weight {shape}")
+            else:
+                self.missing.append(f"{name} {shape}")
+            return
+        self.used.update(pair)
+        absent = [key for key in pair if key not in self.state]
+        if absent:
+            self.missing.append(f"{absent[0]} (its partner {(set(pair) - set(absent)).pop()} is present)")
+            return
+        g_key, v_key = pair
+        g, v = self.state[g_key], self.state[v_key]
+        ok = self._fits(v_key, v, shape)
+        ok = self._fits(g_key, g, (shape[0],) + (1,) * (len(shape) - 1)) and ok
+        if ok:
+            self.folded[name] = fold_weight_norm(g, v)
 
 
 def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
