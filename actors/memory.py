@@ -16,8 +16,10 @@ threads (prompts, K/V prefix copies, codes, waveforms, FLAC bytes). glibc keeps 
 inside its arenas for reuse and returns it to the system only from the top of each heap, so
 the resident size of a long-running process creeps up with fragmentation although nothing is
 leaked. `HeapTrimmer.maybe_trim` calls malloc_trim(0), which also releases the free pages in
-the middle of every arena, at most once per `every_s` seconds (a trim walks the arenas: a few
-ms). Where there is no glibc (macOS, musl) it does nothing.
+the middle of every arena, at most once per `every_s` seconds (a trim walks the arenas: ~2 ms
+measured at ~700 MB): 30 s in the actor, 0 (after every call) in the codec child, whose
+working set between calls is only its model. Where there is no glibc (macOS, musl) it does
+nothing.
 """
 
 from __future__ import annotations
