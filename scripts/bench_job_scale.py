@@ -1,5 +1,5 @@
 """The demo job's synthesis speed on a large input against a small one: each run is stopped
-after the same wall time of synthesis, and the rows/s of the two are compared.
+after the same wall time of synthesis, and the rows/s (and codec frames/s) of the two are compared.
 
     .venv/bin/python scripts/bench_job_scale.py [--sizes 2000 2000000] [--window-s 120]
         [--work DIR] [--out bench-job-scale.json] [--tree DIR] [overrides ...]
@@ -8,7 +8,9 @@ Inputs come from scripts/make_scale_input.py (no reference clips: both inputs co
 row). For each: `python -m pipeline` on a fresh output, in its own process group; the clock
 starts when the first part file lands (planning and Ray's start are not in the window), the
 rows in the part files are counted after --window-s seconds, then the run's process group is
-stopped. rows/s = rows in the window / window. --tree runs another tree (an older commit's).
+stopped. rows/s = rows in the window / window; frames/s the same for the rows' codec frames
+(rows differ in length between the two inputs: frames are the work). --tree runs another
+tree (an older commit's).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def rows_written(data_dir: str) -> int:
+    """Rows in the part files, from their footers (the poll for the first part)."""
     total = 0
     for name in os.listdir(data_dir) if os.path.isdir(data_dir) else []:
         if name.startswith("part-") and name.endswith(".parquet") and name != "part-rejected.parquet":
@@ -36,6 +39,22 @@ def rows_written(data_dir: str) -> int:
             except Exception:  # a file being replaced this instant: counted next time
                 pass
     return total
+
+
+def work_written(data_dir: str) -> dict:
+    """Rows, codec frames and audio seconds in the part files: rows differ in length between
+    two inputs, so frames per second is the fairer rate of work."""
+    rows = frames = audio = 0
+    for name in os.listdir(data_dir) if os.path.isdir(data_dir) else []:
+        if name.startswith("part-") and name.endswith(".parquet") and name != "part-rejected.parquet":
+            try:
+                t = pq.read_table(os.path.join(data_dir, name), columns=["n_frames", "audio_seconds"])
+            except Exception:  # a file being replaced this instant: counted next time
+                continue
+            rows += t.num_rows
+            frames += sum(v or 0 for v in t.column("n_frames").to_pylist())
+            audio += sum(v or 0.0 for v in t.column("audio_seconds").to_pylist())
+    return {"rows": rows, "frames": frames, "audio_s": audio}
 
 
 def stop_process_group(proc: subprocess.Popen, wait_s: float) -> None:
@@ -68,16 +87,19 @@ def windowed_run(tree: str, data: str, output: str, window_s: float, overrides: 
                 raise RuntimeError(f"the run on {data} ended before writing a row (status {proc.returncode})")
             time.sleep(0.5)
         first = time.monotonic()
-        start_rows = rows_written(data_dir)
+        start = work_written(data_dir)
         time.sleep(window_s)
-        end_rows = rows_written(data_dir)
+        end = work_written(data_dir)
     finally:
         stop_process_group(proc, 30)
+    done = {k: end[k] - start[k] for k in end}
     return {
         "to_first_part_s": first - began,
         "window_s": window_s,
-        "rows_in_window": end_rows - start_rows,
-        "rows_per_s": (end_rows - start_rows) / window_s,
+        "rows_in_window": done["rows"],
+        "rows_per_s": done["rows"] / window_s,
+        "frames_per_s": done["frames"] / window_s,
+        "audio_s_per_s": done["audio_s"] / window_s,
     }
 
 
@@ -100,15 +122,23 @@ def main(argv: list[str]) -> int:
         entry = {"rows": rows, **windowed_run(args.tree, data, output, args.window_s, args.overrides)}
         results.append(entry)
         print(json.dumps(entry), flush=True)
-    small, large = results[0], results[-1]
-    ratio = large["rows_per_s"] / small["rows_per_s"] if small["rows_per_s"] else None
+    small, large = min(results, key=lambda e: e["rows"]), max(results, key=lambda e: e["rows"])
+    ratios = {k: large[k] / small[k] if small[k] else None for k in ("rows_per_s", "frames_per_s")}
     with open(args.out, "w") as f:
-        json.dump({"tree": args.tree, "results": results, "large_over_small": ratio}, f, indent=2)
-    print("| input rows | s to first part | rows in window | rows/s |")
-    print("|---:|---:|---:|---:|")
+        json.dump(
+            {"tree": args.tree, "results": results, "large_over_small": ratios["rows_per_s"], "ratios": ratios},
+            f,
+            indent=2,
+        )
+    print("| input rows | s to first part | rows in window | rows/s | frames/s |")
+    print("|---:|---:|---:|---:|---:|")
     for e in results:
-        print(f"| {e['rows']:,} | {e['to_first_part_s']:.1f} | {e['rows_in_window']} | {e['rows_per_s']:.2f} |")
-    print(f"large / small rows/s: {ratio:.2f}" if ratio else "no rows in the small run's window")
+        print(
+            f"| {e['rows']:,} | {e['to_first_part_s']:.1f} | {e['rows_in_window']} | {e['rows_per_s']:.2f} "
+            f"| {e['frames_per_s']:.1f} |"
+        )
+    for k, ratio in ratios.items():
+        print(f"large / small {k}: {ratio:.2f}" if ratio else f"no work in the small run's window ({k})")
     return 0
 
 
