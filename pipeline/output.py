@@ -244,14 +244,16 @@ class OutputLayout:
         temporary file's name starts with the writing run (`owner`), so a cleaner knows
         whose it is."""
         final = f"{self.data_dir}/{name}"
-        table = hf_features.with_features(table)
-        if not self.local:
-            # an object store publishes an object only once its upload has completed
-            pq.write_table(table, final, filesystem=self.fs)
-            return final
-        with atomic_open(final, "wb", prefix=f"{TEMP_PREFIX}{owner}-") as f:
-            pq.write_table(table, f)
+        with self._part_sink(final, owner) as f:
+            pq.write_table(hf_features.with_features(table), f)
         return final
+
+    def _part_sink(self, final: str, owner: str):
+        """Where a part's bytes go: locally a temporary file named for its run, renamed into
+        place once whole; an object store publishes an object only once its upload completes."""
+        if self.local:
+            return atomic_open(final, "wb", prefix=f"{TEMP_PREFIX}{owner}-")
+        return self.fs.open_output_stream(final)
 
     def write_part_stream(self, tables: Iterable[pa.Table], name: str, owner: str = "") -> int:
         """`write_part` for a part too large to hold: the tables (one schema) are written as
@@ -265,13 +267,8 @@ class OutputLayout:
                 self.fs.delete_file(final)
             return 0
         schema = hf_features.with_features(first).schema
-        sink = (
-            atomic_open(final, "wb", prefix=f"{TEMP_PREFIX}{owner}-")
-            if self.local
-            else self.fs.open_output_stream(final)  # published whole when the upload completes
-        )
         rows = 0
-        with sink as f, pq.ParquetWriter(f, schema) as writer:
+        with self._part_sink(final, owner) as f, pq.ParquetWriter(f, schema) as writer:
             for table in itertools.chain([first], tables):
                 writer.write_table(table.replace_schema_metadata(schema.metadata))
                 rows += table.num_rows

@@ -54,11 +54,17 @@ def footer_rows(layout: OutputLayout, files: list[str]) -> int:
     return sum(pq.read_metadata(path, filesystem=layout.fs).num_rows for path in files)
 
 
+def rejected_part(layout: OutputLayout) -> Optional[str]:
+    """The rejected part's path, when this run's plan refused any row."""
+    path = f"{layout.data_dir}/{REJECTED_PART}"
+    return path if layout.fs.get_file_info(path).type == pafs.FileType.File else None
+
+
 def refused_ids(layout: OutputLayout) -> pa.Array:
     """The ids the rejected part answers (refused by this run's plan): no other copy of them
     may stay. Read whole: the in-process pass only, a job below the distributed size."""
-    path = f"{layout.data_dir}/{REJECTED_PART}"
-    if layout.fs.get_file_info(path).type != pafs.FileType.File:
+    path = rejected_part(layout)
+    if path is None:
         return pa.array([], pa.string())
     ids = pq.read_table(path, filesystem=layout.fs, columns=[S.ID]).column(S.ID).combine_chunks()
     return pc.unique(pc.drop_null(ids))
@@ -202,8 +208,8 @@ def drop_distributed(layout: OutputLayout, files: list[str], driver_drops: Optio
 
     rows = footer_rows(layout, files)
     partitions = max(2, math.ceil((rows + 1) / PARTITION_ROWS))
-    rejected = f"{layout.data_dir}/{REJECTED_PART}"
-    if layout.fs.get_file_info(rejected).type == pafs.FileType.File:
+    rejected = rejected_part(layout)
+    if rejected is not None:
         files = [*files, rejected]  # last: every drop names a file before it
     listing = ray.data.from_items([{FILE: i, "path": p} for i, p in enumerate(files)], override_num_blocks=len(files))
     keys = listing.map_batches(

@@ -29,15 +29,24 @@ import pyarrow.parquet as pq
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def part_files(data_dir: str) -> list[str]:
+    """The synthesized rows' part files (not the rejected part)."""
+    names = os.listdir(data_dir) if os.path.isdir(data_dir) else []
+    return [
+        os.path.join(data_dir, name)
+        for name in names
+        if name.startswith("part-") and name.endswith(".parquet") and name != "part-rejected.parquet"
+    ]
+
+
 def rows_written(data_dir: str) -> int:
     """Rows in the part files, from their footers (the poll for the first part)."""
     total = 0
-    for name in os.listdir(data_dir) if os.path.isdir(data_dir) else []:
-        if name.startswith("part-") and name.endswith(".parquet") and name != "part-rejected.parquet":
-            try:
-                total += pq.ParquetFile(os.path.join(data_dir, name)).metadata.num_rows
-            except Exception:  # a file being replaced this instant: counted next time
-                pass
+    for path in part_files(data_dir):
+        try:
+            total += pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # a file being replaced this instant: counted next time
+            pass
     return total
 
 
@@ -45,15 +54,14 @@ def work_written(data_dir: str) -> dict:
     """Rows, codec frames and audio seconds in the part files: rows differ in length between
     two inputs, so frames per second is the fairer rate of work."""
     rows = frames = audio = 0
-    for name in os.listdir(data_dir) if os.path.isdir(data_dir) else []:
-        if name.startswith("part-") and name.endswith(".parquet") and name != "part-rejected.parquet":
-            try:
-                t = pq.read_table(os.path.join(data_dir, name), columns=["n_frames", "audio_seconds"])
-            except Exception:  # a file being replaced this instant: counted next time
-                continue
-            rows += t.num_rows
-            frames += sum(v or 0 for v in t.column("n_frames").to_pylist())
-            audio += sum(v or 0.0 for v in t.column("audio_seconds").to_pylist())
+    for path in part_files(data_dir):
+        try:
+            t = pq.read_table(path, columns=["n_frames", "audio_seconds"])
+        except Exception:  # a file being replaced this instant: counted next time
+            continue
+        rows += t.num_rows
+        frames += sum(v or 0 for v in t.column("n_frames").to_pylist())
+        audio += sum(v or 0.0 for v in t.column("audio_seconds").to_pylist())
     return {"rows": rows, "frames": frames, "audio_s": audio}
 
 

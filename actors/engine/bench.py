@@ -140,10 +140,10 @@ def _load_models(args, dtypes: list[str]) -> tuple[dict, dict]:
     return models, load_s
 
 
-def _run_modes(models: dict, requests: list, modes: list, args) -> tuple[list[dict], list]:
+def _run_modes(models: dict, requests: list, modes: list, args, labelled: bool) -> tuple[list[dict], list]:
     """Every mode `repeats` times, interleaved (a slow spell of a shared machine hits all of
     them); each mode's row is its median run. Returns the rows and every run's results."""
-    label = (lambda d: f" {d}") if len(models) > 1 else (lambda d: "")
+    label = (lambda d: f" {d}") if labelled else (lambda d: "")
     repeats = max(1, args.repeats)
     runs: list[list[tuple[dict, list]]] = [[] for _ in modes]
     for _ in range(repeats):
@@ -181,7 +181,7 @@ def run_bench(args) -> int:
     for d in dtypes:
         modes += [(d, args.max_rows, True)] + ([(d, args.max_rows, False)] if args.references else [])
         modes += [] if args.no_single else [(d, 1, True)]
-    rows, runs = _run_modes(models, requests, modes, args)
+    rows, runs = _run_modes(models, requests, modes, args, labelled=len(dtypes) > 1)
 
     def mode_row(dtype, max_rows):
         return next((r for r in rows if r["dtype"] == dtype and r["max_rows"] == max_rows), None)
