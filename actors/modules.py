@@ -42,20 +42,31 @@ def rope_table(n_positions: int, head_dim: int, base: float, device=None) -> Ten
         return torch.stack([rotations.real, rotations.imag], dim=-1).to(torch.bfloat16)
 
 
-def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
-    """Rotate ADJACENT pairs (x[2i], x[2i+1]), not the two halves of the head, in float32.
+def rope_rotation(n_positions: int, head_dim: int, base: float, device=None) -> Tensor:
+    """upstream's table (`rope_table`, bf16-rounded) laid out for `apply_rope`: [n_positions,
+    2, head_dim] float32, row 0 the cosine of each pair twice (cos, cos), row 1 its sine with
+    the sign each element of the pair takes (-sin, sin). The same values as the table, so the
+    rotation is unchanged; the layout lets it run as two contiguous products and a sum."""
+    table = rope_table(n_positions, head_dim, base, device).float()
+    cos, sin = table[..., 0], table[..., 1]
+    return torch.stack([torch.stack([cos, cos], dim=-1), torch.stack([-sin, sin], dim=-1)], dim=1).flatten(-2)
 
-    x: [B, T, H, D]; cos_sin: [B, T, D/2, 2] (each row its own positions) or [T, D/2, 2]
-    (every row at the same positions)."""
-    wide = compute_dtype(x.dtype)
-    pairs = x.to(wide).reshape(*x.shape[:-1], -1, 2)
-    if cos_sin.dim() == 3:
-        cos_sin = cos_sin.unsqueeze(0)
-    rotation = cos_sin.to(wide).unsqueeze(2)  # [B, T, 1, D/2, 2]: the same for every head
-    cos, sin = rotation[..., 0], rotation[..., 1]
-    even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
-    return rotated.flatten(3).to(x.dtype)
+
+def apply_rope(x: Tensor, rotation: Tensor) -> Tensor:
+    """Rotate ADJACENT pairs (x[2i], x[2i+1]), not the two halves of the head, in float32:
+    (even*cos - odd*sin, odd*cos + even*sin), as upstream computes it (x*c + swapped*s is the
+    same products and the same sums, bit for bit, in four whole-tensor passes instead of ten
+    strided ones).
+
+    x: [B, T, H, D]; rotation (`rope_rotation` rows): [B, T, 2, D] (each row its own positions)
+    or [T, 2, D] (every row at the same positions)."""
+    wide = x.to(compute_dtype(x.dtype))
+    rotation = rotation.to(wide.dtype)
+    if rotation.dim() == 3:
+        rotation = rotation.unsqueeze(0)
+    cos, signed_sin = rotation[:, :, 0].unsqueeze(2), rotation[:, :, 1].unsqueeze(2)  # [B, T, 1, D]
+    swapped = wide.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (odd, even) of every pair
+    return (wide * cos + swapped * signed_sin).to(x.dtype)
 
 
 class FeedForward(nn.Module):

@@ -12,7 +12,7 @@ import torch
 
 from actors.engine.checkpoint import S2_FAST_PREFIX, S2_SLOW_PREFIX, _canonical_names, s2_stored_name
 from actors.files import atomic_open, write_atomically
-from actors.modules import RMSNorm, apply_rope, rope_table
+from actors.modules import RMSNorm, apply_rope, rope_rotation, rope_table
 from pipeline.progress import format_duration
 
 
@@ -27,17 +27,31 @@ def test_rope_table_is_upstreams_bfloat16_table():
     assert not built.is_inference()  # cacheable across inference and ordinary calls
 
 
+def test_rope_rotation_holds_the_tables_values_per_element():
+    table = rope_table(7, 8, 10000.0).float()
+    rotation = rope_rotation(7, 8, 10000.0)
+    assert rotation.shape == (7, 2, 8) and rotation.dtype == torch.float32
+    assert torch.equal(rotation[:, 0, 0::2], table[..., 0]) and torch.equal(rotation[:, 0, 1::2], table[..., 0])
+    assert torch.equal(rotation[:, 1, 0::2], -table[..., 1]) and torch.equal(rotation[:, 1, 1::2], table[..., 1])
+
+
 def test_apply_rope_rotates_adjacent_pairs_per_row_or_shared():
     x = torch.randn(2, 5, 3, 8)
-    table = rope_table(5, 8, 10000.0)
-    shared = apply_rope(x, table)
-    per_row = apply_rope(x, table.unsqueeze(0).expand(2, -1, -1, -1))
+    rotation = rope_rotation(5, 8, 10000.0)
+    shared = apply_rope(x, rotation)
+    per_row = apply_rope(x, rotation.unsqueeze(0).expand(2, -1, -1, -1))
     assert torch.equal(shared, per_row)
+    # upstream's formula on the bf16 table, bit for bit: (even*cos - odd*sin, odd*cos + even*sin)
+    table = rope_table(5, 8, 10000.0).float()[None, :, None]  # [1, T, 1, D/2, 2]
+    pairs = x.reshape(2, 5, 3, 4, 2)
+    even, odd, cos, sin = pairs[..., 0], pairs[..., 1], table[..., 0], table[..., 1]
+    upstream = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(3)
+    assert torch.equal(shared, upstream)
     # position 0 is the identity; a pair keeps its length
     assert torch.allclose(shared[:, 0], x[:, 0])
-    pairs, rotated = x.reshape(2, 5, 3, 4, 2), shared.reshape(2, 5, 3, 4, 2)
+    rotated = shared.reshape(2, 5, 3, 4, 2)
     assert torch.allclose(pairs.norm(dim=-1), rotated.norm(dim=-1), atol=1e-2)  # bf16 cos/sin
-    assert apply_rope(x.to(torch.bfloat16), table).dtype == torch.bfloat16
+    assert apply_rope(x.to(torch.bfloat16), rotation).dtype == torch.bfloat16
 
 
 def test_rms_norm_normalises_in_float32_then_weights():

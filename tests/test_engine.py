@@ -384,5 +384,35 @@ def test_bench_runs_dtypes_side_by_side(tmp_path):
     by_mode = {m["mode"]: m for m in report["modes"]}
     ratio = by_mode["engine max_rows=2 bfloat16"]["frames_per_s"] / by_mode["engine max_rows=2 float32"]["frames_per_s"]
     assert report["dtype_speedups"]["bfloat16"]["max_rows=2"] == pytest.approx(ratio)
+    steps = (
+        by_mode["engine max_rows=2 float32"]["decode_step_ms"] / by_mode["engine max_rows=2 bfloat16"]["decode_step_ms"]
+    )
+    assert report["dtype_decode_step_speedups"]["bfloat16"]["max_rows=2"] == pytest.approx(steps)
     assert report["codes_equal_across_modes"]["float32"] is True
-    assert "bfloat16 / float32 frames/s" in proc.stdout
+    assert "bfloat16 / float32 frames/s" in proc.stdout and "decode steps alone" in proc.stdout
+
+
+def test_bench_step_time_leaves_out_the_prefill_before_the_first_frame(tmp_path):
+    """A row admitted with others waits for all of their prefills before its first frame (its
+    `decode_ms` counts that wait): the bench's step is each row's time per frame after its
+    first, so the wait goes to the time to first frame. A slot capacity below the longest row
+    is refused."""
+    from actors.engine.bench import _row
+    from actors.engine.types import Result
+
+    def result(name, frames, first_frame_ms, total_ms, decode_ms):
+        codes = np.zeros((2, frames), np.int64)
+        return Result(name, codes, "budget", frames=frames, first_frame_ms=first_frame_ms, total_ms=total_ms,
+                      decode_ms=decode_ms)  # fmt: skip
+
+    # both rows prefilled in one 900 ms call; a: 5 frames at 100 ms, b: 3 frames at 100 ms
+    rows = [result("a", 5, 1000.0, 1400.0, 1000.0), result("b", 3, 1000.0, 1200.0, 700.0)]
+    assert _row("m", rows, 1.4, 0)["decode_step_ms"] == pytest.approx(100.0)  # (400 + 200) / (4 + 2)
+    base = ["--size", "tiny", "--rows", "4", "--max-rows", "4", "--frames", "6", "--no-single", "--threads", "1"]
+    out = tmp_path / "bench.json"
+    proc = run_module("actors.engine", "bench", *base, "--prompt-len", "8", "--max-tokens", "300", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["max_tokens"] == 300 and report["modes"][0]["decode_step_ms"] > 0
+    refused = run_module("actors.engine", "bench", *base, "--prompt-len", "8", "--max-tokens", "4")
+    assert refused.returncode != 0 and "--max-tokens 4 is below the longest row" in refused.stderr

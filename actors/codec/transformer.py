@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..modules import FeedForward, RMSNorm, apply_rope, rope_table
+from ..modules import FeedForward, RMSNorm, apply_rope, rope_rotation
 from .config import TransformerConfig
 
 # Sequences up to this length attend in one call; longer ones go through
@@ -44,7 +44,7 @@ class _RopeTables:
                 # Grow geometrically so a stream of slightly longer inputs does
                 # not rebuild the table each time.
                 size = max(length, 2 * (0 if table is None else table.shape[0]), 256)
-                table = rope_table(size, head_dim, base, device)
+                table = rope_rotation(size, head_dim, base, device)
                 self._tables[key] = table
         return table[:length]
 

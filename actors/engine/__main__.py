@@ -256,6 +256,12 @@ def _add_bench_command(sub) -> None:
         help="share this many reference prompts across rows (prefix reuse); 0 = none",
     )
     p.add_argument("--reference-frames", type=int, default=100)
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=0,
+        help="slot capacity in columns (0 = the longest row); the pipeline's CPU engine uses 512",
+    )
     p.add_argument("--uncached", action="store_true", help="also run the (slow) uncached reference loop")
     p.add_argument(
         "--repeats",

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..modules import FeedForward, RMSNorm, apply_rope, rope_table, uninitialised_embedding
+from ..modules import FeedForward, RMSNorm, apply_rope, rope_rotation, uninitialised_embedding
 from .config import ModelConfig
 
 
@@ -98,7 +98,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: Tensor,
-        cos_sin: Tensor,
+        rotation: Tensor,
         mask: Optional[Tensor],
         cache: Optional[LayerKV] = None,
         view: Optional[CacheView] = None,
@@ -112,7 +112,7 @@ class Attention(nn.Module):
         if self.qk_norm:  # before RoPE, as upstream
             q, k = self.q_norm(q), self.k_norm(k)
         # one rotation for the query and key heads together: half the element-wise calls
-        q, k = apply_rope(torch.cat([q, k], dim=2), cos_sin).split([self.n_head, self.n_kv], dim=2)
+        q, k = apply_rope(torch.cat([q, k], dim=2), rotation).split([self.n_head, self.n_kv], dim=2)
         if cache is not None:
             rows = view.rows
             if view.same_position is not None:
@@ -140,8 +140,8 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(dim, eps)
         self.ffn_norm = RMSNorm(dim, eps)
 
-    def forward(self, x, cos_sin, mask, cache=None, view=None):
-        h = x + self.attention(self.attention_norm(x), cos_sin, mask, cache, view)
+    def forward(self, x, rotation, mask, cache=None, view=None):
+        h = x + self.attention(self.attention_norm(x), rotation, mask, cache, view)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -251,12 +251,12 @@ class DualARModel(nn.Module):
         if self._rope_slow is None or self._rope_slow.shape[0] < n_positions or self._rope_slow.device != device:
             # grow geometrically so long runs do not rebuild the table every step
             size = max(n_positions, 2 * (0 if self._rope_slow is None else self._rope_slow.shape[0]), 256)
-            self._rope_slow = rope_table(size, self.config.head_dim, self.config.rope_base, device)
+            self._rope_slow = rope_rotation(size, self.config.head_dim, self.config.rope_base, device)
         return self._rope_slow
 
     def _fast_rope(self, device) -> Tensor:
         if self._rope_fast is None or self._rope_fast.device != device:
-            self._rope_fast = rope_table(
+            self._rope_fast = rope_rotation(
                 self.config.num_codebooks, self.config.fast_head_dim, self.config.rope_base, device
             )
         return self._rope_fast
@@ -299,7 +299,7 @@ class DualARModel(nn.Module):
         # every position is below attend_len (cached) or T (uncached, positions from 0): the
         # table size is known without reading `positions`, so compiled steps never sync
         n_pos = t if cache is None else attend_len
-        cos_sin = self._slow_rope(n_pos, x.device)[positions]
+        rotation = self._slow_rope(n_pos, x.device)[positions]
         if cache is None:
             key_pos = positions  # [B, T]
             view = None
@@ -308,7 +308,7 @@ class DualARModel(nn.Module):
             view = CacheView(cache, rows, positions, attend_len)
         mask = key_pos.unsqueeze(1) <= positions.unsqueeze(2)  # [B, T, L]
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos_sin, mask, None if cache is None else cache[i], view)
+            x = layer(x, rotation, mask, None if cache is None else cache[i], view)
         if select is not None:  # one column per row (its last real one in a padded batch)
             x = x[torch.arange(b, device=x.device), select].unsqueeze(1)
         elif last_only and t > 1:
@@ -349,7 +349,7 @@ class DualARModel(nn.Module):
         b, t, _ = x.shape
         table = self._fast_rope(x.device)
         positions = torch.arange(start, start + t, device=x.device).expand(b, t)
-        cos_sin = table[start : start + t].unsqueeze(0)  # the same positions for every row
+        rotation = table[start : start + t].unsqueeze(0)  # the same positions for every row
         same = start if (cache is not None and t == 1 and isinstance(rows, slice)) else None
         view = None if cache is None else CacheView(cache, rows, positions, start + t, same_position=same)
         if cache is not None and t == 1:
@@ -358,7 +358,7 @@ class DualARModel(nn.Module):
             key_pos = positions if cache is None else torch.arange(start + t, device=x.device).expand(b, start + t)
             mask = key_pos.unsqueeze(1) <= positions.unsqueeze(2)
         for i, layer in enumerate(self.fast_layers):
-            x = layer(x, cos_sin, mask, None if cache is None else cache[i], view)
+            x = layer(x, rotation, mask, None if cache is None else cache[i], view)
         return self.fast_output(self.fast_norm(x))
 
     def fast_codebook_input(self, codes: Tensor) -> Tensor:

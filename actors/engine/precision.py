@@ -4,8 +4,8 @@ The rule: bfloat16 on CUDA, and on a CPU whose cores multiply bf16 natively -- A
 (`vdpbf16ps`) or AMX-BF16 tiles, as torch's cpuinfo reports them; float32 on every other CPU.
 With those units oneDNN runs its bf16 kernels (`brg_matmul:avx512_core_bf16`, or the AMX ones)
 on weights it pre-packs for them, and bf16 moves half the bytes: the `small` engine ran
-1.4-1.8x float32 on Intel Sapphire Rapids (AMX) and 1.3-1.7x at one row on AMD EPYC Zen 4
-(AVX512-BF16), the codec ~1.9x on Sapphire Rapids (docs/architecture.md §6). Without them
+1.4-1.8x float32 on Intel Sapphire Rapids (AMX) and 2.1x at one row, 1.5x at 32 rows on AMD EPYC
+Zen 4 (AVX512-BF16), the codec ~1.9x on Sapphire Rapids (docs/architecture.md §6). Without them
 (AVX2-only EPYCs) oneDNN refuses to pre-pack bf16 weights and torch converts per product:
 bf16 ran 0.2x float32 at 32 rows.
 
