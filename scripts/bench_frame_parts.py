@@ -33,6 +33,7 @@ from actors.engine import model as model_module  # noqa: E402
 from actors.engine import runner as runner_module  # noqa: E402
 from actors.engine.precision import CpuUnits  # noqa: E402
 from actors.engine.tiny import random_model  # noqa: E402
+from scripts.bench_soak import cpu_name as model_name  # noqa: E402
 
 PARTS = ["linears", "slow attention", "fast attention", "norms", "rope", "sampling"]
 
@@ -46,8 +47,9 @@ class PartClock:
         self.seconds: dict[str, float] = defaultdict(float)
         self.record: list | None = None
 
-    def wrap(self, owner, name: str, part, original=None):
-        original = original or getattr(owner, name)
+    def wrap(self, owner, name: str, part) -> None:
+        """Replace owner.name by a timed call; `part` names the part, or picks it from the args."""
+        original = getattr(owner, name)
 
         def timed(*args, **kwargs):
             if not self.on:
@@ -58,23 +60,19 @@ class PartClock:
             return out
 
         setattr(owner, name, timed)
-        return original
 
 
 def install(clock: PartClock, rows: int, steps: list, warm_steps: int = 2) -> None:
-    linear = model_module._packed_linear
+    # before any engine packs its linears (the packed forward binds the function then)
+    clock.wrap(model_module, "_packed_linear", "linears")
+    timed_linear = model_module._packed_linear
 
-    def linear_timed(x, weight, bias):
-        if not clock.on:
-            return linear(x, weight, bias)
-        if clock.record is not None:
+    def linear_recorded(x, weight, bias):
+        if clock.on and clock.record is not None:
             clock.record.append((tuple(x.shape), weight, bias))
-        start = time.perf_counter()
-        out = linear(x, weight, bias)
-        clock.seconds["linears"] += time.perf_counter() - start
-        return out
+        return timed_linear(x, weight, bias)
 
-    model_module._packed_linear = linear_timed  # before any engine packs its linears
+    model_module._packed_linear = linear_recorded
     # the fast stack's decode attends without a mask; the slow stack's always has one
     clock.wrap(model_module, "_attend", lambda q, k, v, mask: "fast attention" if mask is None else "slow attention")
     clock.wrap(model_module.RMSNorm, "forward", "norms")
@@ -83,12 +81,12 @@ def install(clock: PartClock, rows: int, steps: list, warm_steps: int = 2) -> No
     clock.wrap(runner_module, "pick_main", "sampling")
     clock.wrap(runner_module, "pick_code", "sampling")
     decode = runner_module.ModelRunner.decode
-
-    full_steps = [0]
+    full_steps = 0
 
     def decode_timed(self, n_live, keep_logits=False):
-        full_steps[0] = full_steps[0] + 1 if n_live == rows else 0
-        clock.on = full_steps[0] > warm_steps  # the first full steps warm up
+        nonlocal full_steps
+        full_steps = full_steps + 1 if n_live == rows else 0
+        clock.on = full_steps > warm_steps  # the first full steps warm up
         start = time.perf_counter()
         out = decode(self, n_live, keep_logits)
         if clock.on:
@@ -184,23 +182,12 @@ def print_table(medians: dict, dtypes: list, keys: list, args) -> None:
         line = f"{k:<26}" + "".join(f"{medians[d][k]:>12.1f}" for d in dtypes)
         line += "".join(f"{medians[base][k] / max(medians[d][k], 1e-9):>21.2f}x" for d in dtypes[1:])
         share = 100 * medians[dtypes[-1]][k] / medians[dtypes[-1]]["step_ms"]
-        print(line + (f"   ({share:.0f}% of the {dtypes[-1]} frame)" if k not in ("step_ms",) else ""))
+        print(line + (f"   ({share:.0f}% of the {dtypes[-1]} frame)" if k != "step_ms" else ""))
 
 
 def cpu_name() -> str:
     """The CPU's model name and the bf16 unit the dtype rule sees (actors/engine/precision.py)."""
-    return f"{_model_name()}, bf16 unit: {CpuUnits.of_this_cpu().bf16_unit() or 'none'}"
-
-
-def _model_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown cpu"
+    return f"{model_name()}, bf16 unit: {CpuUnits.of_this_cpu().bf16_unit() or 'none'}"
 
 
 if __name__ == "__main__":
