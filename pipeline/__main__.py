@@ -9,16 +9,10 @@ from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
 from actors.cli import error
-from actors.schema import InputSchemaError
 
 from .config import CONF_DIR
-from .inputs import InputError
-from .lease import OutputInUse
-from .output import OutputMismatch
-from .plan import ConfigError, run
-
-# problems with the user's input or settings: a message, not a traceback
-USER_ERRORS = (ConfigError, InputError, InputSchemaError, OutputMismatch, OutputInUse)
+from .errors import USER_ERRORS
+from .run.sequence import run
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")

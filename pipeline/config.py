@@ -21,6 +21,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from actors.demo import cache_root
 from actors.settings import (
     ConfigError,
     DataConfig,
@@ -31,7 +32,8 @@ from actors.settings import (
     SamplingSettings,
 )
 
-from .output import is_local, local_path
+from .location import is_local, local_path
+from .names import RUNS_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
@@ -207,6 +209,27 @@ def in_ray_job() -> bool:
     return RAY_JOB_ENV in os.environ
 
 
+def check_for_run(cfg: DictConfig, plain: dict) -> None:
+    """Everything about the settings that can be checked before Ray starts: each group's range
+    checks (`validate`), then what depends on where the run is (a relative output inside a
+    Ray Job, a checkpoint directory without its config or codec)."""
+    validate(cfg)
+    output = plain["output"]
+    if in_ray_job() and is_local(output["dir"]) and not os.path.isabs(os.path.expanduser(output["dir"])):
+        raise ConfigError(
+            f"output.dir={output['dir']!r} is relative: inside a Ray Job that is the job's "
+            f"temporary working directory, deleted afterwards; pass an absolute path or a URI"
+        )
+    model = plain["model"]
+    checkpoint = model["checkpoint"]
+    if checkpoint is not None and is_local(checkpoint):
+        if not os.path.isfile(os.path.join(local_path(checkpoint), "config.json")):
+            raise ConfigError(f"model.checkpoint={checkpoint!r} is not a checkpoint directory (no config.json there)")
+        codec = model["codec"] or os.path.join(checkpoint, "codec.pth")
+        if is_local(codec) and not os.path.exists(local_path(codec)):
+            raise ConfigError(f"codec {codec!r} does not exist (set model.codec)")
+
+
 def _input_stem(path: str) -> str:
     """'data/demo/demo.parquet' -> 'demo'; 's3://b/set/*.parquet' -> 'set'."""
     parts = [p for p in str(path).replace("\\", "/").rstrip("/").split("/") if p]
@@ -222,8 +245,8 @@ def _hydra_run_dir(output_dir: str, stamp: str) -> str:
     """Hydra's own logs: under the output when it is local, else in a local run folder; never
     inside a Ray Job's working directory, which Ray deletes."""
     if is_local(output_dir):
-        return str(Path(local_path(output_dir)) / "_runs" / stamp)
-    root = Path.home() / ".cache" / "chorus" / "runs" if in_ray_job() else Path("outputs") / "_runs"
+        return str(Path(local_path(output_dir)) / RUNS_DIR / stamp)
+    root = cache_root() / "runs" if in_ray_job() else Path("outputs") / RUNS_DIR
     return str(root / stamp)
 
 
@@ -258,5 +281,5 @@ def compose(overrides: Optional[list[str]] = None) -> DictConfig:
 
 def to_plain(cfg: DictConfig) -> dict:
     """Resolved plain containers: what the driver reads and the snapshot and identity record
-    (the actors get typed dataclasses: pipeline/plan.py::actor_arguments)."""
+    (the actors get typed dataclasses: pipeline/run/actor_settings.py actor_arguments)."""
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)

@@ -23,8 +23,9 @@ import pyarrow.parquet as pq
 from actors import schema as S
 
 from .config import compose, to_plain
-from .inputs import scan_input
-from .output import is_local, local_path
+from .location import is_local, local_path
+from .plan.inputs import scan_input
+from .run.actor_settings import actor_arguments
 
 log = logging.getLogger("chorus.encode_refs")
 ROWS_PER_CALL = 64  # rows per actor call: distinct clips of a call are encoded in codec batches
@@ -34,8 +35,6 @@ REF_CODES_TYPE = pa.list_(pa.list_(pa.int16()))
 def encode_refs(out_path: str, overrides: list[str]) -> dict:
     """Write the input with its ref_codes column to `out_path` (atomically); returns counts."""
     from actors.synth import SynthActor
-
-    from .plan import actor_arguments
 
     cfg = compose(overrides)
     plain = to_plain(cfg)

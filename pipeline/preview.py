@@ -1,5 +1,5 @@
 """`python -m pipeline.preview [key=value ...]`: what `python -m pipeline` would do with these
-overrides, planned by the same code (pipeline/resume.py plan_job), without a model, actors
+overrides, planned by the same code (pipeline/plan/job.py plan_job), without a model, actors
 or writing anything into the output. Prints a table, then as its last line one JSON object:
 rows_total, to_synthesize, done, changed, retry, rejected (reason -> rows), text_chars,
 estimated_frames, estimated_hours (from preview.bench=PATH, a bench.json; else null).
@@ -14,10 +14,16 @@ from typing import Optional
 
 from actors.cli import error
 
-from . import planner as P
-from .config import compose, to_plain
-from .output import OutputLayout, is_local, local_path
-from .resume import PlanSummary, plan_job
+from .cluster import Cluster
+from .config import check_for_run, compose, to_plain
+from .errors import USER_ERRORS
+from .location import local_path
+from .output.layout import OutputLayout
+from .plan import rules as P
+from .plan.counts import DecisionCounts
+from .plan.identity import model_fingerprint, settings_digest
+from .plan.inputs import scan_input
+from .plan.job import plan_job
 
 log = logging.getLogger("chorus")
 
@@ -34,7 +40,7 @@ def bench_frames_per_s(path: str, num_actors: int, slots: int) -> float:
     return float(best["frames_per_s"]) * num_actors / best["num_actors"]
 
 
-def result(summary: PlanSummary, frames_per_s: Optional[float]) -> dict:
+def result(summary: DecisionCounts, frames_per_s: Optional[float]) -> dict:
     hours = summary.estimated_frames / frames_per_s / 3600.0 if frames_per_s else None
     return {
         "rows_total": summary.rows_total,
@@ -49,7 +55,7 @@ def result(summary: PlanSummary, frames_per_s: Optional[float]) -> dict:
     }
 
 
-def table(figures: dict, summary: PlanSummary) -> str:
+def table(figures: dict, summary: DecisionCounts) -> str:
     lines = ["| rows | count |", "|---|---:|"]
     for key in ("rows_total", "to_synthesize", "done", "changed", "retry"):
         lines.append(f"| {key} | {figures[key]:,} |")
@@ -67,33 +73,17 @@ def table(figures: dict, summary: PlanSummary) -> str:
 
 def preview(overrides: list[str]) -> dict:
     """Plan the run these overrides describe; returns the figures (see the module doc)."""
-    from .identity import model_fingerprint, settings_digest
-    from .inputs import scan_input
-    from .plan import _check_settings
-    from .planning import use_distributed
-    from .stream import connect, data_context
-
     cfg = compose(overrides)
     plain = to_plain(cfg)
-    _check_settings(cfg, plain)
+    check_for_run(cfg, plain)
     scan = scan_input(plain["data"]["path"], plain["data"]["columns"])
     layout = OutputLayout(plain["output"]["dir"])
     layout.check_ours()
-    distributed = use_distributed(scan, plain["cluster"]["distributed_plan_rows"])
-    started_ray = connect(plain["cluster"]) if distributed else False
-    try:
-        if distributed:
-            data_context()
+    with Cluster.for_rows(plain["cluster"], scan.total_rows) as cluster:
+        if cluster.distributed:
+            cluster.connect()
         digest = settings_digest(plain, model_fingerprint(plain["model"]))
-        audio_root = plain["data"]["audio_root"]
-        if audio_root is not None and is_local(audio_root):
-            audio_root = local_path(audio_root)
-        summary = plan_job(plain, scan, layout, digest, audio_root).summary
-    finally:
-        if started_ray:
-            import ray
-
-            ray.shutdown()
+        summary = plan_job(plain, scan, layout, digest, cluster.distributed).counts
     bench = plain["preview"]["bench"]
     rate = bench_frames_per_s(bench, plain["cluster"]["num_actors"], plain["engine"]["max_rows"]) if bench else None
     figures = result(summary, rate)
@@ -103,8 +93,6 @@ def preview(overrides: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from .__main__ import USER_ERRORS
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         preview(argv)

@@ -34,7 +34,7 @@ def ray_cluster():
     """The address of a local Ray shared by the whole session."""
     import ray
 
-    from pipeline.stream import LOCAL_RAY_SYSTEM_CONFIG
+    from pipeline.cluster import LOCAL_RAY_SYSTEM_CONFIG
 
     if ray.is_initialized():
         ray.shutdown()
@@ -245,7 +245,7 @@ def small_settings() -> list[str]:
 def read_rows():
     """output dir -> every output row (dicts) as the part files hold them: no read-side
     deduplication, so a test that finds each id once proves the files hold each id once."""
-    from pipeline.output import OutputLayout
+    from pipeline.output.layout import OutputLayout
 
     return lambda output_dir: OutputLayout(str(output_dir)).read(latest_only=False).to_pylist()
 

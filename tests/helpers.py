@@ -40,10 +40,11 @@ def decide_rows(
     against the output directory `output` (if any), by the in-process or the distributed plan."""
     import pyarrow.fs as pafs
 
-    from pipeline.inputs import RowHasher, scan_input
-    from pipeline.output import OutputLayout
-    from pipeline.planner import Retry
-    from pipeline.planning import decide, output_key_files
+    from pipeline.output.layout import OutputLayout
+    from pipeline.plan.decide import decide, output_key_files
+    from pipeline.plan.inputs import scan_input
+    from pipeline.plan.keys import RowHasher
+    from pipeline.plan.rules import Retry
 
     scan = scan_input(str(path), {})
     files = output_key_files(OutputLayout(str(output)).live_files()) if output is not None else []
@@ -57,7 +58,7 @@ def within_sketch_bound(values, q: float, got) -> bool:
     bound: within RELATIVE_ERROR of the larger of the two ranks it interpolates between."""
     import numpy as np
 
-    from pipeline.sketch import RELATIVE_ERROR
+    from pipeline.report.sketch import RELATIVE_ERROR
 
     ordered = np.sort(np.asarray([v for v in values if v is not None], dtype=np.float64))
     ordered = ordered[np.isfinite(ordered)]

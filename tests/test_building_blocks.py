@@ -13,7 +13,7 @@ import torch
 from actors.engine.checkpoint import S2_FAST_PREFIX, S2_SLOW_PREFIX, _canonical_names, s2_stored_name
 from actors.files import atomic_open, write_atomically
 from actors.modules import RMSNorm, apply_rope, rope_rotation, rope_table
-from pipeline.progress import format_duration
+from pipeline.report.markup import format_duration
 
 
 def test_rope_table_is_upstreams_bfloat16_table():

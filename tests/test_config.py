@@ -21,9 +21,10 @@ from actors.settings import (
     SamplingSettings,
 )
 from actors.synth import SynthActor
-from pipeline import plan
+from pipeline.cluster import Cluster
 from pipeline.config import compose, validate
-from pipeline.plan import ACTOR_GROUPS, actor_arguments, run
+from pipeline.run.actor_settings import ACTOR_GROUPS, actor_arguments
+from pipeline.run.sequence import run
 from tests.helpers import REPO
 
 TYPES = {
@@ -82,7 +83,7 @@ def test_actor_restarts_grow_with_the_input_unless_set():
     the cost of one actor-killing row (crash_quarantine_after + 1 deaths) per 100 blocks an
     actor takes: a long job survives a few such rows, and nothing restarts forever."""
     from pipeline.config import to_plain
-    from pipeline.stream import actor_restarts
+    from pipeline.run.synthesis import actor_restarts
 
     def restarts(rows, *overrides):
         return actor_restarts(to_plain(compose(["cluster.rows_per_block=16", *overrides]))["cluster"], rows)
@@ -143,7 +144,7 @@ def test_bad_settings_are_refused_before_ray_starts(tmp_path, monkeypatch, overr
     def connect(cluster):
         raise AssertionError("Ray was started")
 
-    monkeypatch.setattr(plan, "connect", connect)
+    monkeypatch.setattr(Cluster, "connect", connect)
     with pytest.raises(ConfigError, match=message):
         run(compose([override, f"output.dir={tmp_path}/out"]))
     assert not (tmp_path / "out").exists()

@@ -17,7 +17,7 @@ import soundfile as sf
 from actors import schema as S
 from actors.synth import SynthActor, Trace
 from pipeline.config import compose
-from pipeline.plan import actor_arguments
+from pipeline.run.actor_settings import actor_arguments
 
 WAIT_S = 120.0  # a safety net for a broken actor, never reached when it works
 

@@ -1,12 +1,15 @@
 """The import layering, read from the source (every import statement, also those inside
-functions): the actors never import the driver; the engine and the codec are plain torch
-(no Ray, Hydra, OmegaConf or pyarrow), so they run anywhere a model runs; the driver never
-names torch. That the driver's modules do not load torch when imported is checked by running
-them (tests/test_pipeline.py::test_driver_never_imports_torch)."""
+functions and under TYPE_CHECKING): the actors never import the driver; the engine and the
+codec are plain torch (no Ray, Hydra, OmegaConf or pyarrow), so they run anywhere a model runs;
+the driver never names torch; no module of pipeline/ or actors/ is part of an import cycle; and
+the driver's rooms keep their one-way doors (pipeline/__init__.py draws them). That the
+driver's modules do not load torch when imported is checked by running them
+(tests/test_pipeline.py::test_driver_never_imports_torch)."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -79,3 +82,115 @@ def test_actor_settings_are_plain_python():
 
 def test_driver_never_names_torch():
     assert offending("pipeline", ("torch",)) == {}
+
+
+# ---- import cycles and the driver's rooms ----------------------------------------------------
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(folders: tuple[str, ...] = ("pipeline", "actors")) -> dict[str, set[str]]:
+    """Module -> the modules of `folders` it imports, by any form: `from pkg import name` is an
+    edge to pkg.name when that is a module, else to pkg."""
+    files = {module_name(p): p for folder in folders for p in sources(folder)}
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found = imported_modules(path.read_text(), package)
+        # imported_modules names both `pkg` and `pkg.name` for a from-import: keep `pkg` only
+        # where no `pkg.name` of it is a module (the name is then an attribute of pkg)
+        edges = {m for m in found if m in files}
+        edges -= {m for m in edges if any(other.startswith(m + ".") for other in edges)} - _bare_imports(path)
+        graph[name] = edges - {name}
+    return graph
+
+
+def _bare_imports(path: Path) -> set[str]:
+    """Modules named whole by `import a.b` (they are edges even when a.b.c is imported too)."""
+    return {
+        alias.name
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    # a lazy import and one under TYPE_CHECKING are edges too
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .layout import X\ndef f():\n    from ..plan import job\n"
+    assert imported_modules(source, "pipeline.output") >= {"pipeline.output.layout", "pipeline.plan.job"}
+
+
+def test_no_import_cycle_in_the_driver_or_the_actors():
+    assert cycles(import_graph()) == []
+
+
+LEAVES = {"pipeline.location", "pipeline.names", "pipeline.errors", "pipeline.config", "pipeline.cluster"}
+# each room of the driver and the rooms it may import besides its own and the leaves
+ROOMS = {
+    "pipeline.output": set(),
+    "pipeline.plan": {"pipeline.output"},
+    "pipeline.report": {"pipeline.output"},
+    "pipeline.run": {"pipeline.output", "pipeline.plan", "pipeline.report"},
+}
+
+
+def _room(module: str) -> str:
+    for room in (*ROOMS, *LEAVES):
+        if module == room or module.startswith(room + "."):
+            return room
+    return module
+
+
+def test_the_drivers_rooms_keep_their_doors():
+    """output/ imports none of plan/, run/, report/; plan/ and report/ only output/; run/ no
+    entry point; the leaves only each other."""
+    crossings = {}
+    for module, imported in import_graph(("pipeline",)).items():
+        room = _room(module)
+        allowed = {room, "pipeline"} | LEAVES | ROOMS.get(room, set())
+        if room in LEAVES:
+            allowed = LEAVES | {"pipeline"}
+        elif room not in ROOMS:
+            continue  # the entry points and bench/ may import any room
+        bad = sorted(m for m in imported if _room(m) not in allowed)
+        if bad:
+            crossings[module] = bad
+    assert crossings == {}

@@ -17,7 +17,8 @@ from actors import schema as S
 from actors.engine.segment import utf8_len
 from actors.synth import SynthActor, Trace
 from pipeline.config import compose
-from pipeline.plan import actor_arguments, run
+from pipeline.run.actor_settings import actor_arguments
+from pipeline.run.sequence import run
 
 SENTENCES = [
     "The old library stood at the end of a narrow street, its windows dusty and tall.",
@@ -210,7 +211,7 @@ def test_3000_character_row_through_the_pipeline(ray_cluster, tmp_path, small_se
 def test_bench_workload_mixes_in_long_rows(tmp_path):
     import pyarrow.parquet as pq
 
-    from pipeline.bench import make_workload
+    from pipeline.bench.workload import make_workload
 
     make_workload(tmp_path / "w.parquet", 40, 8.0, 0.0, 0, long_fraction=0.25, long_chars=3000)
     texts = pq.read_table(tmp_path / "w.parquet").column(S.TEXT).to_pylist()

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from actors import schema as S
-from pipeline import metrics
-from pipeline.summary import summarize
+from pipeline.report import metrics
+from pipeline.report.summary import summarize
 
 
 def batch(actor: str, number: int, rows: int = 3) -> dict:

@@ -23,20 +23,16 @@ from omegaconf.errors import MissingMandatoryValue
 
 from actors import schema as S
 from actors.engine.settings import EngineConfig
+from actors.files import TEMP_PREFIX
 from pipeline.config import EngineSettings, compose, to_plain
-from pipeline.export import export
-from pipeline.inputs import InputError, scan_input
-from pipeline.output import (
-    IDENTITY_FILE,
-    REJECTED_PART,
-    TEMP_PREFIX,
-    OutputLayout,
-    OutputMismatch,
-    part_name,
-    write_block,
-)
-from pipeline.plan import ConfigError, run
-from pipeline.progress import Progress
+from pipeline.errors import ConfigError, InputError, OutputMismatch
+from pipeline.names import IDENTITY_FILE, REJECTED_PART, part_name
+from pipeline.output.audio_files import export
+from pipeline.output.layout import OutputLayout
+from pipeline.output.parts import write_block
+from pipeline.plan.inputs import scan_input
+from pipeline.run.progress import Progress
+from pipeline.run.sequence import run
 from tests.helpers import REPO, decide_rows
 
 
@@ -118,12 +114,12 @@ def test_missing_column_fails_before_any_work(tmp_path, monkeypatch):
     """The schema is checked before Ray is reached and before anything is written. (Other tests
     may already hold this process's session Ray, so what is checked is that the run never
     asked for a cluster.)"""
-    import pipeline.plan
+    import pipeline.cluster
 
     def connect(cluster):
         raise AssertionError("the run reached Ray before validating its input")
 
-    monkeypatch.setattr(pipeline.plan, "connect", connect)
+    monkeypatch.setattr(pipeline.cluster.Cluster, "connect", connect)
     path = write(tmp_path, pa.table({"id": ["a", "b"], "sentence": ["x", "y"]}))
     with pytest.raises(S.InputSchemaError, match="required column 'text' is missing"):
         run(compose([f"data.path={path}", f"output.dir={tmp_path}/out"]))
@@ -241,8 +237,8 @@ def test_parts_are_atomic_and_idempotent(tmp_path):
             "errors": 1,
             "audio_seconds": 0.5,
             "frames": 10,
-            "part": part_name(table.column(S.ID)),
-            "bytes": os.path.getsize(os.path.join(layout.data_dir, part_name(table.column(S.ID)))),
+            "part": part_name(table.column(S.ID).to_pylist()),
+            "bytes": os.path.getsize(os.path.join(layout.data_dir, part_name(table.column(S.ID).to_pylist()))),
             "slot_rows": 0.0,  # these rows carry no batch figures
             "slot_steps": 0.0,
         }
@@ -323,7 +319,8 @@ def test_export_writes_one_safe_file_per_ok_row(tmp_path):
 # ---- layering -------------------------------------------------------------------------
 def test_driver_never_imports_torch():
     code = (
-        "import sys, pipeline.plan, pipeline.export, pipeline.bench, pipeline.report, pipeline.__main__;"
+        "import sys, importlib, pkgutil, pipeline;"
+        "[importlib.import_module(m.name) for m in pkgutil.walk_packages(pipeline.__path__, 'pipeline.')];"
         # what the driver uses from the actors' side: the column contract, the actor's and the
         # engine's settings, the engine's types, the actor class (it loads torch in its constructor)
         "import actors, actors.schema, actors.settings, actors.synth, actors.engine.settings, actors.engine.types;"

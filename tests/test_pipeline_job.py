@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors import schema as S
-from pipeline.output import OutputLayout
+from pipeline.output.layout import OutputLayout
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow

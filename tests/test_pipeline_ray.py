@@ -23,17 +23,14 @@ import pytest
 import soundfile as sf
 
 from actors import schema as S
+from actors.files import TEMP_PREFIX
 from pipeline.config import compose
-from pipeline.lease import LEASE_FILE, OutputInUse
-from pipeline.output import (
-    CONFIG_FILE,
-    SUMMARY_FILE,
-    TEMP_PREFIX,
-    OutputLayout,
-    OutputMismatch,
-)
-from pipeline.plan import run
-from pipeline.summary import SUMMARY_COLUMNS, summary_of
+from pipeline.errors import OutputInUse, OutputMismatch
+from pipeline.names import CONFIG_FILE, LEASE_FILE, SUMMARY_FILE
+from pipeline.output.layout import OutputLayout
+from pipeline.report.summary import summary_of
+from pipeline.report.summary_figures import SUMMARY_COLUMNS
+from pipeline.run.sequence import run
 from tests.helpers import REPO, assert_same_summary
 
 pytestmark = pytest.mark.slow

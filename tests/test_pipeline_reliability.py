@@ -17,17 +17,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors import schema as S
+from actors.files import TEMP_PREFIX
 from pipeline.config import compose
-from pipeline.lease import LEASE_FILE, Lease, OutputInUse
-from pipeline.output import (
-    IDENTITY_FILE,
-    REJECTED_PART,
-    TEMP_PREFIX,
-    OutputLayout,
-    OutputMismatch,
-    write_block,
-)
-from pipeline.plan import run
+from pipeline.errors import OutputInUse, OutputMismatch
+from pipeline.names import IDENTITY_FILE, LEASE_FILE, REJECTED_PART
+from pipeline.output.layout import OutputLayout
+from pipeline.output.lease import Lease
+from pipeline.output.parts import write_block
+from pipeline.run.sequence import run
 from tests.helpers import decide_rows
 
 PINNED_HASH = "a1f9b881d0134741b62ab6f37f6b236c"  # inputs.scan_rows of commit 87c655c, for the row below
@@ -109,8 +106,9 @@ def test_a_dead_drivers_lease_is_taken_over(tmp_path):
 
 _RACER = """
 import sys, time
-from pipeline.lease import Lease, OutputInUse
-from pipeline.output import OutputLayout
+from pipeline.output.lease import Lease
+from pipeline.errors import OutputInUse
+from pipeline.output.layout import OutputLayout
 start, out, run = float(sys.argv[1]), sys.argv[2], sys.argv[3]
 lease = Lease(OutputLayout(out), run, heartbeat_s=0.05)
 time.sleep(max(0.0, start - time.time()))
@@ -197,7 +195,9 @@ def test_rows_redone_by_a_later_run_are_on_disk_once(tmp_path):
     # "dup" is refused by the driver now: its old row goes too
     import pyarrow as pa
 
-    assert layout.drop_superseded(also_drop=pa.array(["dup"])) == 2
+    from pipeline.output.supersede import drop_in_process
+
+    assert drop_in_process(layout, pa.array(["dup"])) == 2
     rows = layout.read(latest_only=False).to_pylist()
     assert sorted((r[S.ID], r[S.RUN]) for r in rows) == [("a", "r1"), ("b", "r2"), ("c", "r2"), ("d", "r1")]
     for part in layout.parts():
@@ -281,7 +281,7 @@ def test_row_hashes_follow_text_reference_and_settings(tmp_path):
 def test_every_setting_the_audio_depends_on_changes_the_row_hashes(override):
     # a rerun with any of these changed must redo its rows (their audio would differ)
     from pipeline.config import to_plain
-    from pipeline.identity import settings_digest
+    from pipeline.plan.identity import settings_digest
 
     base = settings_digest(to_plain(compose([])), "fingerprint")
     assert settings_digest(to_plain(compose([override])), "fingerprint") != base
@@ -291,7 +291,7 @@ def test_every_setting_the_audio_depends_on_changes_the_row_hashes(override):
 
 
 def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkeypatch):
-    from pipeline.identity import FILE_HASH_CACHE, model_fingerprint
+    from pipeline.plan.identity import FILE_HASH_CACHE, model_fingerprint
 
     monkeypatch.setenv("CHORUS_CACHE", str(tmp_path / "cache"))
     cache_file = tmp_path / "cache" / FILE_HASH_CACHE
@@ -329,10 +329,11 @@ def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkey
 def test_resume_redoes_changed_rows_and_transient_errors(tmp_path, distributed, request):
     import pyarrow.fs as pafs
 
-    from pipeline.inputs import RowHasher, scan_input
-    from pipeline.planner import Retry
-    from pipeline.planning import decide, output_key_files
-    from pipeline.resume import refuse_changed, summarize
+    from pipeline.plan.counts import count_decisions, refuse_changed
+    from pipeline.plan.decide import decide, output_key_files
+    from pipeline.plan.inputs import scan_input
+    from pipeline.plan.keys import RowHasher
+    from pipeline.plan.rules import Retry
 
     if distributed:
         request.getfixturevalue("ray_cluster")
@@ -377,8 +378,8 @@ def test_resume_redoes_changed_rows_and_transient_errors(tmp_path, distributed, 
         Retry(),
         distributed,
     )
-    summary = summarize(decided, scan.total_rows, {"min_frames": 8, "max_frames": 1024, "frames_per_char": None})
-    assert summary.counts == {"done": 3, "changed": 1, "retry": 1, "new": 1} and summary.to_synthesize == 3
+    summary = count_decisions(decided, scan.total_rows, {"min_frames": 8, "max_frames": 1024, "frames_per_char": None})
+    assert summary.by_decision == {"done": 3, "changed": 1, "retry": 1, "new": 1} and summary.to_synthesize == 3
     with pytest.raises(OutputMismatch, match=r"1 rows changed since they were written \('edited'\)"):
         refuse_changed(summary)
 
@@ -416,7 +417,7 @@ def test_rejected_rows_count_as_done_unless_retry_rejected(tmp_path, distributed
 
 # ---- finding 7: input discovery ---------------------------------------------------------
 def test_input_discovery_skips_what_spark_and_notebooks_leave(tmp_path):
-    from pipeline.inputs import scan_input
+    from pipeline.plan.inputs import scan_input
 
     data = tmp_path / "set"
     for rel in ("part-0.parquet", "sub/part-1.parquet"):
@@ -436,7 +437,7 @@ def test_input_discovery_skips_what_spark_and_notebooks_leave(tmp_path):
 
 
 def test_output_inside_the_input_directory_is_refused(tmp_path):
-    from pipeline.plan import ConfigError
+    from pipeline.errors import ConfigError
 
     (tmp_path / "set").mkdir()
     pq.write_table(pa.table({"id": ["a"], "text": ["x"]}), tmp_path / "set" / "in.parquet")
@@ -447,7 +448,7 @@ def test_output_inside_the_input_directory_is_refused(tmp_path):
 
 
 def test_dictionary_encoded_columns_are_read_as_their_values(tmp_path):
-    from pipeline.inputs import _decode_dictionaries, scan_input
+    from pipeline.plan.inputs import _decode_dictionaries, scan_input
 
     table = pa.table(
         {

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 from actors import schema as S
-from pipeline.output import OutputLayout
+from pipeline.output.layout import OutputLayout
 from pipeline.preview import preview
 from tests.helpers import REPO, decide_rows
 
@@ -67,7 +67,7 @@ def test_preview_of_a_partly_done_output(corpus, tmp_path, capsys, distributed, 
         request.getfixturevalue("ray_cluster")
     data, expected = corpus
     from pipeline.config import compose, to_plain
-    from pipeline.identity import model_fingerprint, settings_digest
+    from pipeline.plan.identity import model_fingerprint, settings_digest
 
     plain = to_plain(compose([f"data.path={data}"]))
     digest = settings_digest(plain, model_fingerprint(plain["model"]))

@@ -160,7 +160,7 @@ def test_the_actor_transcribes_its_rows(tiny_whisper, small_settings):
     from actors.quality.text import word_error_rate
     from actors.synth import SynthActor
     from pipeline.config import compose
-    from pipeline.plan import actor_arguments
+    from pipeline.run.actor_settings import actor_arguments
 
     overrides = ["quality.asr=whisper", f"quality.asr_model={tiny_whisper}", "quality.asr_batch_rows=2"]
     actor = SynthActor(**actor_arguments(compose(small_settings + overrides), None, run_id="asr"))

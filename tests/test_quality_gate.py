@@ -18,7 +18,7 @@ from actors.quality import checks
 from actors.synth import SynthActor, Trace
 from actors.synth.chain import segment_seed
 from pipeline.config import compose
-from pipeline.plan import actor_arguments
+from pipeline.run.actor_settings import actor_arguments
 
 TEXT = "Hello there, how are you?"
 # cut into segments of at most 24 bytes (long_form.segment_bytes=24): five segments
@@ -165,8 +165,8 @@ def test_a_long_row_regenerates_only_its_failed_segment(actor, monkeypatch):
 def test_rejected_rows_are_done_on_rerun_unless_retry_rejected(ray_cluster, eos_first, tmp_path, small_settings):
     import pyarrow.parquet as pq
 
-    from pipeline.output import OutputLayout
-    from pipeline.plan import run
+    from pipeline.output.layout import OutputLayout
+    from pipeline.run.sequence import run
 
     source, out = tmp_path / "in.parquet", tmp_path / "out"
     specs = [{S.ID: "bad", S.TEXT: TEXT, S.SEED: eos_first[0]}, {S.ID: "good", S.TEXT: TEXT, S.SEED: 500}]

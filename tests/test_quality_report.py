@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from actors import schema as S
-from pipeline import quality
+from pipeline.report import quality_figures as quality
 
 
 def rows() -> pa.Table:
@@ -70,7 +70,7 @@ def test_the_report_page_has_the_section_with_the_worst_rows_audio(tmp_path):
 
     import soundfile as sf
 
-    from pipeline.report import write_report
+    from pipeline.report.page import write_report
     from tests.test_report import make_rows, write_run
 
     run = make_rows(n=6, n_err=1)
@@ -88,8 +88,8 @@ def test_the_report_page_has_the_section_with_the_worst_rows_audio(tmp_path):
 
 
 def test_rejected_rows_are_neither_ok_nor_errors_in_the_counts():
-    from pipeline import metrics
-    from pipeline.output import block_stats
+    from pipeline.output.parts import block_stats
+    from pipeline.report import metrics
 
     table = metrics.normalise(rows())
     assert metrics.counts(table) == {"rows": 6, "rows_ok": 3, "rows_error": 1, "rows_rejected": 2}

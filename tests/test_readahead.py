@@ -11,11 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors import schema as S
-from pipeline import readahead
-from pipeline.executor_stats import trim_block_stats
-from pipeline.inputs import FRAGMENT, ROW, scan_input
-from pipeline.planning import TodoFragment
-from pipeline.todo_read import chunks, read_dataset
+from pipeline.plan.inputs import scan_input
+from pipeline.plan.keys import FRAGMENT, ROW
+from pipeline.plan.todo import TodoFragment
+from pipeline.run import readahead
+from pipeline.run.chosen_rows import chunks, read_dataset
+from pipeline.run.executor_stats import trim_block_stats
 
 
 def test_window_follows_the_actors_blocks_and_holds_three_chunks():
@@ -123,7 +124,8 @@ def test_ray_datas_per_block_stats_are_cleared_while_streaming(ray_cluster):
 
 @pytest.mark.parametrize("configured", [0, -5])
 def test_read_ahead_rows_must_be_positive(configured):
-    from pipeline.config import ClusterSettings, ConfigError
+    from pipeline.config import ClusterSettings
+    from pipeline.errors import ConfigError
 
     with pytest.raises(ConfigError, match="read_ahead_rows"):
         ClusterSettings(read_ahead_rows=configured).validate()

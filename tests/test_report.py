@@ -30,7 +30,7 @@ import pytest
 import soundfile as sf
 
 from helpers import REPO
-from pipeline.report import write_report
+from pipeline.report.page import write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 SR = 24000
@@ -258,7 +258,7 @@ def test_report_page(run_dir, report):
 
 def test_report_is_rewritten_atomically(run_dir, report, monkeypatch):
     before = Path(report).read_text(encoding="utf-8")
-    import pipeline.report as rep
+    import actors.files as rep  # write_report writes through it
 
     def boom(*a, **k):
         raise OSError("disk full")
@@ -446,7 +446,7 @@ def test_a_large_output_is_shown_from_a_bounded_sample(tmp_path, monkeypatch):
     """Above report_sample.SAMPLE_ROWS the page reads an evenly spread sample of rows per file
     (here 10 of 30), says so, and takes its totals from summary.json; the sample's audio is
     still its own rows' (read by their positions in the files)."""
-    from pipeline import report_sample
+    from pipeline.report import sample as report_sample
 
     rows = make_rows()
     out = write_run(tmp_path / "big", rows, summary={**SUMMARY, "rows_total": 30, "rows_ok": 26, "rows_error": 4})
@@ -466,7 +466,7 @@ def test_a_large_output_is_shown_from_a_bounded_sample(tmp_path, monkeypatch):
 
 
 def test_sample_quotas_and_positions(tmp_path):
-    from pipeline import report_sample
+    from pipeline.report import sample as report_sample
 
     assert report_sample.quotas([5, 0, 7], budget=100) == [5, 0, 7]
     assert report_sample.quotas([1000, 10, 3000], budget=400) == [100, 1, 299]

@@ -15,11 +15,14 @@ import pytest
 
 from actors import schema as S
 from helpers import REPO
-from pipeline import hf_features, shards
-from pipeline import planner as P
-from pipeline.inputs import FRAGMENT, KEY_SCHEMA, ROW
-from pipeline.output import REJECTED_PART, OutputLayout, write_block
-from pipeline.planning import read_output_keys
+from pipeline.names import REJECTED_PART, is_shard, shard_name
+from pipeline.output import hf_features, shards, supersede
+from pipeline.output.layout import OutputLayout
+from pipeline.output.listing import ABSORBED_KEY, purge_absorbed
+from pipeline.output.parts import write_block
+from pipeline.plan import rules as P
+from pipeline.plan.decide import read_output_keys
+from pipeline.plan.keys import FRAGMENT, KEY_SCHEMA, ROW
 
 RUN = "20260101-000000-abcdef"
 IDS = [f"spk{k % 3}/utt{k:03d}" for k in range(40)]
@@ -95,7 +98,7 @@ def test_compaction_packs_parts_into_shards_each_row_once(tmp_path):
     assert layout.read().num_rows == len(IDS) + 1  # the rejected row too
     for r in results:  # the shards carry the features and the parts they absorbed
         meta = pq.read_schema(f"{layout.data_dir}/{r['shard']}").metadata
-        assert len(json.loads(meta[shards.ABSORBED_KEY])) == r["parts"]
+        assert len(json.loads(meta[ABSORBED_KEY])) == r["parts"]
         features = json.loads(meta[hf_features.METADATA_KEY])["info"]["features"]
         assert features[S.AUDIO] == {"sampling_rate": 44100, "decode": True, "_type": "Audio"}
     assert shards.compact_all(layout, "r-again", 1 << 30, 12) == []  # nothing left to pack
@@ -103,7 +106,7 @@ def test_compaction_packs_parts_into_shards_each_row_once(tmp_path):
 
 def test_a_shard_the_size_cap_closes(tmp_path):
     layout = job_output(tmp_path)
-    part_bytes = max(f.size for f in layout._data_files() if f.base_name != REJECTED_PART)
+    part_bytes = max(f.size for f in layout.data_files() if f.base_name != REJECTED_PART)
     results = shards.compact_all(layout, "r-end", shard_bytes=3 * part_bytes, shard_rows=10**6)
     assert all(r["parts"] <= 3 for r in results) and sum(r["rows"] for r in results) == len(IDS)
     assert len(results) >= 4
@@ -115,9 +118,9 @@ def test_superseded_copies_are_dropped_from_shards_keeping_their_footer(tmp_path
     shards.compact_all(layout, "r-end", 1 << 30, 100)
     redo = dict(ok(IDS[0], 5000.0), **{S.RUN: "20260102-000000-later0"})
     write_block(S.output_table([redo]), layout.location, redo[S.RUN])
-    assert layout.drop_superseded() == 1
+    assert supersede.drop_in_process(layout) == 1
     [shard] = [p for p in layout.live_files() if "/shard-" in p]
-    assert json.loads(pq.read_schema(shard).metadata[shards.ABSORBED_KEY])  # still names its parts
+    assert json.loads(pq.read_schema(shard).metadata[ABSORBED_KEY])  # still names its parts
     current = rows_by_id(layout)
     assert current[IDS[0]][S.RUN] == redo[S.RUN]
 
@@ -127,8 +130,8 @@ def test_superseded_copies_are_dropped_from_shards_keeping_their_footer(tmp_path
 _KILLED = textwrap.dedent(
     """
     import os, sys
-    from pipeline import shards
-    from pipeline.output import OutputLayout
+    from pipeline.output import shards
+    from pipeline.output.layout import OutputLayout
     target, seen = int(sys.argv[2]), [0]
     def hook(step):
         seen[0] += 1
@@ -166,8 +169,8 @@ def test_compaction_killed_at_any_step_loses_and_redoes_nothing(tmp_path):
         assert set(resume_decisions(rerun).values()) == {P.DONE}
         shards.compact_all(rerun, "20260101-000001-rerun0", 1 << 30, 20)
         assert rows_by_id(rerun) == before
-        names = [f.base_name for f in rerun._data_files()]
-        assert [n for n in names if not shards.is_shard(n)] == [REJECTED_PART], names  # no temp, no part left
+        names = [f.base_name for f in rerun.data_files()]
+        assert [n for n in names if not is_shard(n)] == [REJECTED_PART], names  # no temp, no part left
 
 
 def test_features_name_every_column_by_its_arrow_type():
@@ -212,8 +215,8 @@ def _crash_at(step: str):
 
 
 def test_readers_skip_the_parts_a_committed_shard_absorbed(tmp_path):
-    from pipeline.export import export
-    from pipeline.report_read import read_run
+    from pipeline.output.audio_files import export
+    from pipeline.report.page_data import read_run
 
     layout = job_output(tmp_path)
     group = shards.pending_groups(layout, 1 << 30, 20)[0]
@@ -243,30 +246,30 @@ def test_an_object_store_output_commits_by_upload_and_never_keeps_a_torn_shard(t
     # SubTreeFileSystem, under a URI scheme of the test's own
     import pyarrow.fs as pafs
 
-    from pipeline import output
+    from pipeline.output import layout as output_layout
 
-    real = output.open_location
+    real = output_layout.open_location
     store = pafs.SubTreeFileSystem(str(tmp_path / "store"), pafs.LocalFileSystem())
     (tmp_path / "store").mkdir()
 
     def open_location(location: str):
         return (store, location.removeprefix("teststore://")) if location.startswith("teststore://") else real(location)
 
-    monkeypatch.setattr(output, "open_location", open_location)
+    monkeypatch.setattr(output_layout, "open_location", open_location)
     layout = job_output(tmp_path, location="teststore://bucket/out")
     assert not layout.local
     before = rows_by_id(layout)
     first = shards.pending_groups(layout, 1 << 30, 20)[0]
     with pytest.raises(_Crash):  # the writer fails mid-shard: the closed upload is taken back
         shards.compact(layout.location, first, RUN, hook=_crash_at("row_group"))
-    assert not [f for f in layout._data_files() if shards.is_shard(f.base_name)]
+    assert not [f for f in layout.data_files() if is_shard(f.base_name)]
     assert rows_by_id(layout) == before
-    torn = tmp_path / "store" / "bucket" / "out" / "data" / shards.shard_name(["x"])
+    torn = tmp_path / "store" / "bucket" / "out" / "data" / shard_name(["x"])
     torn.write_bytes(b"PAR1 an upload cut short")  # what a failing writer elsewhere may publish
     assert rows_by_id(layout) == before  # not a shard: no footer, so it absorbed nothing
     shards.compact_all(layout, "r-end", 1 << 30, 20)  # its start deletes the torn one
     assert not torn.exists() and rows_by_id(layout) == before
-    assert sorted(f.base_name for f in layout._data_files() if not shards.is_shard(f.base_name)) == [REJECTED_PART]
+    assert sorted(f.base_name for f in layout.data_files() if not is_shard(f.base_name)) == [REJECTED_PART]
 
 
 def test_a_shard_rewritten_but_not_yet_deleted_is_read_once(tmp_path):
@@ -282,4 +285,4 @@ def test_a_shard_rewritten_but_not_yet_deleted_is_read_once(tmp_path):
     assert layout.live_files()[:1] == [new] and old not in layout.live_files()
     ids = layout.read([S.ID], latest_only=False).column(S.ID).to_pylist()
     assert sorted(i for i in ids if i) == sorted(IDS[1:])
-    assert shards.purge_absorbed(layout) == 1 and not os.path.exists(old)
+    assert purge_absorbed(layout.footers, layout.data_dir) == 1 and not os.path.exists(old)

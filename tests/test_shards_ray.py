@@ -11,10 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors import schema as S
-from pipeline import hf_features, shards
 from pipeline.config import compose
-from pipeline.output import DATA_DIR, OutputLayout
-from pipeline.plan import run
+from pipeline.names import DATA_DIR, is_shard
+from pipeline.output import hf_features
+from pipeline.output.layout import OutputLayout
+from pipeline.run.sequence import run
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow
@@ -43,7 +44,7 @@ def test_a_run_ends_in_shards_each_id_once(ray_cluster, demo_table, tmp_path, sm
         )
     )
     names = sorted(p.name for p in (out / DATA_DIR).iterdir())
-    assert all(shards.is_shard(n) for n in names), names  # no part, no temp file left
+    assert all(is_shard(n) for n in names), names  # no part, no temp file left
     assert len(names) == math.ceil(len(ids) / SHARD_ROWS)
     sizes = [pq.read_metadata(out / DATA_DIR / n).num_rows for n in names]
     assert max(sizes) <= SHARD_ROWS and sum(sizes) == len(ids)

@@ -11,10 +11,13 @@ import pytest
 from actors import schema as S
 from actors.quality.flags import FLAGS
 from helpers import assert_same_summary
-from pipeline import shards
-from pipeline.output import REJECTED_PART, OutputLayout, write_block
-from pipeline.sketch import DESCRIPTION, RELATIVE_ERROR, LogHistogram
-from pipeline.summary import EXACT, SUMMARY_COLUMNS, summary_of
+from pipeline.names import REJECTED_PART
+from pipeline.output import shards
+from pipeline.output.layout import OutputLayout
+from pipeline.output.parts import write_block
+from pipeline.report.sketch import DESCRIPTION, RELATIVE_ERROR, LogHistogram
+from pipeline.report.summary import summary_of
+from pipeline.report.summary_figures import EXACT, SUMMARY_COLUMNS
 
 OLD, NEW = "20260101-000000-aaaaaa", "20260102-000000-bbbbbb"
 MESSAGES = ["engine: out of slots", "codec failed " + "y" * 200, "codec failed " + "y" * 150 + "z" * 60, "short"]

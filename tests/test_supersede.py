@@ -11,9 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors import schema as S
-from pipeline import shards, supersede
-from pipeline.output import REJECTED_PART, OutputLayout, write_block
-from pipeline.resume import PlanSummary
+from pipeline.names import REJECTED_PART
+from pipeline.output import shards, supersede
+from pipeline.output.layout import OutputLayout
+from pipeline.output.parts import write_block
+from pipeline.plan.counts import DecisionCounts
 
 R1, R2 = "20260101-000000-aaaaaa", "20260102-000000-bbbbbb"
 
@@ -102,8 +104,8 @@ def test_both_ways_leave_the_same_rows(ray_cluster, tmp_path, driver_drops):
     assert any(pq.read_metadata(p).num_rows == 0 for p in there.live_files() if "/shard-" in p)
 
 
-def plan(**counts) -> PlanSummary:
-    return PlanSummary(rows_total=sum(counts.values()), counts=counts)
+def plan(**counts) -> supersede.PlannedRows:
+    return DecisionCounts(rows_total=sum(counts.values()), by_decision=counts).planned_rows()
 
 
 def test_skipped_only_when_the_footers_prove_one_copy_each(ray_cluster, tmp_path):

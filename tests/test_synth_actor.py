@@ -18,7 +18,7 @@ from actors import schema as S
 from actors.lru import LRU
 from actors.synth import SynthActor, escape_special_tokens, row_seed
 from pipeline.config import compose
-from pipeline.plan import actor_arguments
+from pipeline.run.actor_settings import actor_arguments
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +297,7 @@ import sys, threading
 import pyarrow as pa
 from actors.synth import SynthActor
 from pipeline.config import compose
-from pipeline.plan import actor_arguments
+from pipeline.run.actor_settings import actor_arguments
 
 attempts = sys.argv[1]
 cfg = compose(["cluster.block_timeout_s=2", "engine.max_frames=8"])

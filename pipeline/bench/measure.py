@@ -1,0 +1,113 @@
+"""One benchmark configuration's figures, from its output rows (every row of the output
+belongs to this run: each configuration writes a fresh output): rates, latency percentiles,
+the quality gate's share, slot occupancy, the actors' busy time by phase, start-up and
+overhead fractions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.compute as pc
+
+from actors import schema as S
+
+from ..output.layout import OutputLayout
+from ..output.parts import engine_figures
+from ..report import metrics
+from ..report import quality_figures as quality
+
+
+def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -> dict:
+    """The figures of one configuration's run, from its output rows (every row of the output
+    belongs to this run: each configuration writes a fresh output)."""
+    meta = OutputLayout(output_dir).read(S.METADATA_COLUMNS, latest_only=False)
+    table = metrics.normalise(meta)
+    counted, ok = metrics.counts(table), metrics.ok_rows(table)
+    gate = quality.figures(table)
+    frames = metrics.total(ok, S.N_FRAMES)
+    audio = metrics.total(ok, S.AUDIO_SECONDS)
+    p50, p95, p99 = metrics.percentiles(ok.column(S.TOTAL_MS), [50, 95, 99])
+    calls = metrics.batches(meta)
+    call_rows = calls.to_pylist()
+    actors = metrics.actor_batches(calls).to_pylist()
+    finished = pc.min(table.column(S.FINISHED_AT)).as_py()
+    # actor start-up (process, torch import, model + codec load): run start to its first call
+    startup = float(np.mean([a[f"{S.BATCH_STARTED_AT}_min"] - started_unix for a in actors])) if actors else 0.0
+    # of which the actors' own construction (imports, model + codec load), not Ray's
+    model_load = float(np.mean([a[f"{S.BATCH_ACTOR_INIT_MS}_first"] for a in actors])) / 1000.0 if actors else 0.0
+    # per actor: the seconds its engine or codec ran (their union: they overlap)
+    model_busy = float(np.mean([(a[f"{S.BATCH_ACTOR_MODEL_BUSY_MS}_max"] or 0.0) for a in actors])) / 1000.0
+    serving_s = max(wall_s - startup, 1e-9)  # the actors' first call to the last row written
+    per_actor = _per_actor(actors, call_rows, wall_s)
+    return {
+        "rows": counted["rows"],
+        "rows_ok": counted["rows_ok"],
+        "rows_error": counted["rows_error"],
+        # the quality gate: rows kept as rejected, and the frames regeneration generated and
+        # discarded, as a share of all frames generated (pipeline/quality.py)
+        "rows_rejected": gate["rows_by_status"].get(S.STATUS_REJECTED, 0),
+        "regenerated_frames_share": gate["discarded_share"],
+        "frames": frames,
+        "audio_seconds": audio,
+        "wall_s": wall_s,
+        "rows_per_s": counted["rows"] / wall_s,
+        "frames_per_s": frames / wall_s,
+        "audio_s_per_wall_s": audio / wall_s,
+        "latency_ms_p50": p50,
+        "latency_ms_p95": p95,
+        "latency_ms_p99": p99,
+        "time_to_first_row_s": (finished - started_unix) if finished is not None else None,
+        "actors": len(actors),
+        "per_actor": per_actor,
+        "engine_busy": float(np.mean([a["utilisation"] for a in per_actor.values()])) if per_actor else None,
+        "actor_utilisation": float(np.mean([a["utilisation"] for a in per_actor.values()])) if per_actor else None,
+        "slot_occupancy": engine_figures(call_rows)["slot_occupancy"],
+        "peak_rss_mb_per_actor": max((a["peak_rss_mb"] for a in per_actor.values()), default=None),
+        "kv_bytes": pc.max(calls.column(S.BATCH_KV_BYTES)).as_py(),
+        "split_s": _phase_split(actors, stream, wall_s),
+        "frames_per_s_serving": frames / serving_s,
+        "model_busy_s": model_busy,
+        # the wall time in which neither the engine nor the codec ran (the actor fed continuously
+        # runs them at once, so their union counts, not their sum), as a share of wall time:
+        # all of it, and after the actors' start-up (what a long job converges to)
+        "overhead_fraction": max(0.0, 1.0 - model_busy / wall_s),
+        "actor_startup_s": startup,
+        "overhead_fraction_after_startup": max(0.0, 1.0 - model_busy / serving_s),
+        "actor_init_s": model_load,
+        # Ray + Parquet + FLAC: the wall time that is neither the model's work nor its loading
+        "pipeline_overhead_fraction": max(0.0, 1.0 - (model_busy + model_load) / wall_s),
+    }
+
+
+def _per_actor(actors: list[dict], call_rows: list[dict], wall_s: float) -> dict:
+    """Each actor's busy seconds, utilisation, slot occupancy, peak RSS and rows."""
+    return {
+        a["actor"]: {
+            "engine_busy_s": a[f"{S.BATCH_ENGINE_MS}_sum"] / 1000.0,
+            "model_busy_s": (a[f"{S.BATCH_ACTOR_MODEL_BUSY_MS}_max"] or 0.0) / 1000.0,
+            "utilisation": a[f"{S.BATCH_ENGINE_MS}_sum"] / 1000.0 / wall_s,
+            "slot_occupancy": engine_figures(c for c in call_rows if c["actor"] == a["actor"])["slot_occupancy"],
+            "peak_rss_mb": a[f"{S.BATCH_PEAK_RSS_MB}_max"],
+            "rows": a[f"{S.BATCH_ROWS}_sum"],
+        }
+        for a in actors
+    }
+
+
+def _phase_split(actors: list[dict], stream: dict, wall_s: float) -> dict:
+    """Per-actor average busy seconds by phase; `other` is what is left of the wall time."""
+    n_actors = max(1, len(actors))
+
+    def phase_s(key: str) -> float:
+        return sum(a[f"{key}_sum"] for a in actors) / 1000.0 / n_actors
+
+    prep, engine, codec, encode = (
+        phase_s(k) for k in (S.BATCH_PREP_MS, S.BATCH_ENGINE_MS, S.BATCH_CODEC_MS, S.BATCH_ENCODE_MS)
+    )
+    write = encode + stream.get("write_s", 0.0) / n_actors
+    return {
+        "prep": prep,
+        "engine": engine,
+        "codec": codec,
+        "write": write,
+        "other": max(0.0, wall_s - prep - engine - codec - write),
+    }

@@ -1,0 +1,122 @@
+"""The run's Ray: one connection per run, the resources driver-side work asks for, and the one
+choice of where per-row driver work (planning, the run's end, the summary) runs -- in this
+process for a small job, as Ray Data work for a large one. A leaf: imports nothing of the
+driver; Ray itself is imported only when a connection is made.
+
+The choice is made once, by `Cluster.for_rows`, and handed down to everything that branches on
+it; the connection is made at most once, by whichever step first needs Ray, and closed at the
+run's end if this run started it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from actors.settings import ConfigError
+
+log = logging.getLogger("chorus")
+
+# every driver-side Ray task and read asks for this much CPU: a whole-CPU request never
+# schedules beside actors that hold part of every node's CPU, and the run hangs (DESIGN §6)
+TASK_CPUS = 0.25
+# keys per hash-shuffle partition (~40 MB of Arrow): one task's share of a distributed pass
+PARTITION_ROWS = 250_000
+
+# Ray keeps at most ~num_cpus workers around and kills the rest once idle for 1 s. The actors
+# hold workers for the whole run, so on a small node every write task found its worker killed
+# and booted a fresh Python (~1 CPU-second each, every ~1.3 s: measured 23 worker boots in one
+# 80 s run on 2 CPUs, CPU taken from the actors). Idle workers now live for a minute. For a
+# `ray start` cluster set RAY_idle_worker_killing_time_threshold_ms=60000 on the nodes.
+LOCAL_RAY_SYSTEM_CONFIG = {"idle_worker_killing_time_threshold_ms": 60_000}
+
+
+@dataclass
+class Cluster:
+    """The run's Ray connection and its in-process / distributed choice.
+
+    settings: the plain `cluster` config group. distributed: planning, the run's end and the
+    summary run as Ray Data work (a job of at least cluster.distributed_plan_rows rows)."""
+
+    settings: dict
+    distributed: bool
+    started: bool = False  # this run started Ray, so it stops it
+    connected: bool = False
+
+    @classmethod
+    def for_rows(cls, settings: dict, rows: int) -> Cluster:
+        return cls(settings, distributed=rows >= settings["distributed_plan_rows"])
+
+    def connect(self) -> None:
+        """Join or start Ray (once per run) and set Ray Data's context for every dataset of
+        the run. cluster.address null: RAY_ADDRESS (a Ray Job sets it) or else a new local Ray;
+        "auto": Ray's discovery of a `ray start` cluster on this machine; else that address."""
+        if self.connected:
+            return
+        import ray
+
+        if not ray.is_initialized():
+            address = self.settings["address"] or os.environ.get("RAY_ADDRESS") or "local"
+            options = {}
+            if address == "local":
+                options = {
+                    "num_cpus": self.settings["num_cpus"],
+                    "include_dashboard": False,
+                    "_system_config": LOCAL_RAY_SYSTEM_CONFIG,
+                }
+            ray.init(address=address, **options)
+            self.started = True
+        import ray.data  # noqa: F401  (~0.7 s: once per driver, with the cluster, not inside a run's clock)
+
+        data_context()
+        self.connected = True
+
+    def check_resources(self) -> None:
+        """Refuse actors that would hold every CPU (reads and writes need some: the run would
+        hang); on a GPU cluster only warn, since it may still be scaling up."""
+        import ray
+
+        cluster = self.settings
+        cpus = ray.cluster_resources().get("CPU", 0.0)
+        wanted = cluster["num_actors"] * cluster["cpus_per_actor"]
+        if cpus and wanted >= cpus:
+            message = (
+                f"{cluster['num_actors']} actors x {cluster['cpus_per_actor']} CPU = {wanted:g} CPU of the "
+                f"cluster's {cpus:g}: nothing is left for reading and writing, and the run would "
+                f"hang; lower cluster.cpus_per_actor or cluster.num_actors"
+            )
+            if cluster["gpus_per_actor"] == 0:
+                raise ConfigError(message)
+            log.warning(message)
+
+    def close(self) -> None:
+        if self.started:
+            import ray
+
+            ray.shutdown()
+        self.started = self.connected = False
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def data_context():
+    """Ray Data's settings for every dataset of a run (planning, synthesis, the run's end)."""
+    import ray
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # ours counts rows, audio and errors instead
+    context.use_datasource_v2 = False  # read_parquet's V2 listing task wants a whole CPU: hangs beside actors
+    return context
+
+
+def connect(settings: dict) -> Cluster:
+    """A connected Cluster for work outside a run (the benchmark's one Ray for every
+    configuration); close() stops Ray only if this call started it."""
+    cluster = Cluster(settings, distributed=True)
+    cluster.connect()
+    return cluster

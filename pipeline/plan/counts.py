@@ -1,0 +1,96 @@
+"""The plan's sums: rows per decision and per refusal reason, the text and frames to
+synthesize, a few changed ids to show. What the run logs, what `python -m pipeline.preview`
+prints, and what the run's end is told of the rows it leaves on disk. The driver holds these
+sums, never a row."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Optional
+
+from actors import schema as S
+
+from ..errors import OutputMismatch
+from ..output.supersede import PlannedRows
+from . import rules as P
+from .decide import Decided, is_decision
+from .keys import REASON
+
+# a row's frames when engine.frames_per_char is unset: ~21.5 codec frames per second of
+# speech at ~15 characters per second (for the estimate only; the engine stops at EOS)
+SPEECH_FRAMES_PER_CHAR = 1.43
+SHOWN_IDS = 10
+
+
+@dataclass
+class DecisionCounts:
+    rows_total: int
+    by_decision: dict = field(default_factory=dict)  # decision -> rows
+    rejected: dict = field(default_factory=dict)  # reason -> rows
+    text_chars: int = 0  # of the rows to synthesize
+    estimated_frames: int = 0
+    changed_examples: list = field(default_factory=list)
+
+    @property
+    def to_synthesize(self) -> int:
+        return sum(self.by_decision.get(d, 0) for d in P.TO_SYNTHESIZE)
+
+    def count(self, decision: str) -> int:
+        return self.by_decision.get(decision, 0)
+
+    def planned_rows(self) -> PlannedRows:
+        """What the run's end needs to know of the rows this plan leaves on disk."""
+        accepted = sum(n for decision, n in self.by_decision.items() if decision != P.REJECTED)
+        return PlannedRows(accepted=accepted, redone=self.count(P.CHANGED) + self.count(P.RETRY))
+
+
+def estimate_frames(chars: int, rows: int, engine: dict) -> int:
+    """Frames for `rows` rows of `chars` characters in all: the engine's per-character budget
+    when it has one, else read speech's rate; at least min_frames and at most max_frames a row."""
+    per_char = engine.get("frames_per_char") or SPEECH_FRAMES_PER_CHAR
+    frames = rows * engine["min_frames"] + math.ceil(per_char * chars)
+    return min(frames, rows * engine["max_frames"])
+
+
+def count_decisions(decided: Decided, rows_total: int, engine: dict) -> DecisionCounts:
+    """The sums of every decided row (a Ray Data pass for a distributed plan)."""
+    counts = DecisionCounts(rows_total=rows_total)
+    for row in decided.decision_sums():
+        decision, rows = row[P.DECISION], row["rows_sum"]
+        counts.by_decision[decision] = counts.by_decision.get(decision, 0) + rows
+        if decision == P.REJECTED:
+            counts.rejected[row[REASON]] = counts.rejected.get(row[REASON], 0) + rows
+        elif decision in P.TO_SYNTHESIZE:
+            counts.text_chars += row["chars_sum"]
+            counts.estimated_frames += estimate_frames(row["chars_sum"], rows, engine)
+    if counts.count(P.CHANGED):
+        counts.changed_examples = sorted(i for batch in changed_ids(decided, limit=SHOWN_IDS) for i in batch)[
+            :SHOWN_IDS
+        ]
+    return counts
+
+
+def changed_ids(decided: Decided, limit: Optional[int] = None) -> Iterator[list]:
+    """The ids of changed rows, a batch at a time (the first `limit` of them, if given)."""
+    seen = 0
+    for batch in decided.batches(is_decision(P.CHANGED), [S.ID]):
+        ids = batch.column(S.ID).to_pylist()
+        yield ids
+        seen += len(ids)
+        if limit is not None and seen >= limit:
+            return
+
+
+def refuse_changed(counts: DecisionCounts) -> None:
+    """output.on_change=refuse: changed rows stop the run before anything is written."""
+    changed = counts.count(P.CHANGED)
+    if not changed:
+        return
+    shown = ", ".join(repr(i) for i in counts.changed_examples[:5]) + (", ..." if changed > 5 else "")
+    raise OutputMismatch(
+        f"{changed} rows changed since they were written ({shown}): their text, "
+        f"reference, settings or model differ. Pass output.on_change=redo to redo them, or "
+        f"choose another output.dir to keep the old results"
+    )

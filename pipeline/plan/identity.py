@@ -1,0 +1,169 @@
+"""What a run's output is bound to: the model's fingerprint (its files' hashes, cached per
+machine), the digest of the settings a row's audio depends on, the input's ids, and the
+identity record that ties an output to one input + model (pipeline/output/layout.py claim)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from actors import schema as S
+from actors.demo import cache_root
+from actors.files import write_atomically
+
+from ..cluster import TASK_CPUS
+from ..config import REPO_ROOT
+from ..location import open_location
+from .inputs import InputScan
+
+log = logging.getLogger("chorus")
+
+# the built-in demo is built from these sources (actors/demo.py), so they are its weights
+_DEMO_SOURCES = ("actors/demo.py", "actors/engine/tiny.py", "actors/codec/tiny.py")
+# the settings a row's audio depends on (the rest -- batching, threads, compile -- leave the
+# codes of a row unchanged, which the determinism tests check)
+_ROW_SETTINGS = {
+    "engine": ("max_tokens", "max_frames", "frames_per_char", "min_frames", "stop_on_eos"),
+    "data": (
+        "audio_root",
+        "max_reference_seconds",
+        "max_reference_bytes",
+        "max_text_chars",
+        "max_text_bytes",
+        "allow_special_tokens",
+    ),
+    "long_form": ("segment_bytes", "max_turns", "history_fraction"),
+}
+# whole-file hashes of model files, keyed by path, size and modification time: a multi-GB
+# checkpoint is read once per machine, not at every run start
+FILE_HASH_CACHE = "file-hashes.json"  # in the cache directory (actors/demo.py cache_root: $CHORUS_CACHE)
+_FILE_HASH_CACHE_ENTRIES = 4096
+
+
+def _file_hashes(fs, files: list) -> list[str]:
+    """Each file's content hash (blake2b of every byte), from the cache when its path, size
+    and modification time are unchanged."""
+    cache_file = cache_root() / FILE_HASH_CACHE
+    try:
+        cache = json.loads(cache_file.read_text())
+        cache = cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):
+        cache = {}
+    hashes, fresh = [], False
+    for f in files:
+        key = f"{fs.type_name}:{f.path}|{f.size}|{f.mtime_ns}"
+        if key not in cache:
+            digest = hashlib.blake2b(digest_size=16)
+            with fs.open_input_stream(f.path) as handle:
+                while chunk := handle.read(8 << 20):
+                    digest.update(chunk)
+            cache[key], fresh = digest.hexdigest(), True
+        hashes.append(cache[key])
+    if fresh:
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            kept = dict(list(cache.items())[-_FILE_HASH_CACHE_ENTRIES:])
+            write_atomically(str(cache_file), json.dumps(kept))
+        except OSError as e:  # a read-only home: hash again next time
+            log.warning("could not save file hashes to %s: %r", cache_file, e)
+    return hashes
+
+
+def _fingerprint_location(digest, location: str) -> None:
+    fs, path = open_location(location)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        entries = [f for f in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if f.type == pafs.FileType.File]
+    elif info.type == pafs.FileType.File:
+        entries = [info]
+    else:
+        digest.update(f"missing:{location}".encode())
+        return
+    entries.sort(key=lambda e: e.path)
+    for f, content in zip(entries, _file_hashes(fs, entries)):
+        digest.update(f"{f.path[len(path) :]}|{f.size}|{content}|".encode())
+
+
+def model_fingerprint(model: dict) -> str:
+    """What the model's weights are, not what its folder is called: the content of every
+    file of the checkpoint and codec (hashed whole; see _file_hashes for the cache)."""
+    digest = hashlib.blake2b(digest_size=16)
+    if model["checkpoint"] is None:
+        for source in _DEMO_SOURCES:
+            digest.update(source.encode() + b"\x00" + (REPO_ROOT / source).read_bytes())
+    else:
+        _fingerprint_location(digest, model["checkpoint"])
+        codec = model["codec"] or model["checkpoint"].rstrip("/") + "/codec.pth"
+        _fingerprint_location(digest, codec)
+    return digest.hexdigest()
+
+
+def settings_digest(plain: dict, fingerprint: str) -> str:
+    """One digest of every setting a row's audio depends on, the model's fingerprint included."""
+    relevant = {
+        "model": {
+            "name": plain["model"]["name"],
+            "fingerprint": fingerprint,
+            "dtype": plain["model"]["dtype"],
+            "codec_dtype": plain["model"]["codec_dtype"],
+        },
+        "sampling": plain["sampling"],
+        "keep_codes": plain["output"]["keep_codes"],
+        **{group: {k: plain[group].get(k) for k in keys} for group, keys in _ROW_SETTINGS.items()},
+    }
+    return hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def file_ids_digest(path: str, filesystem: pafs.FileSystem, id_column: str) -> str:
+    """A digest of one file's ids in order (the id column only, a batch at a time): for a
+    one-file input the same value the output's identity has always recorded."""
+    digest = hashlib.blake2b(digest_size=16)
+    reader = pq.ParquetFile(path, filesystem=filesystem)
+    for batch in reader.iter_batches(batch_size=65536, columns=[id_column]):
+        ids = batch.column(0).cast(pa.string())
+        # each id as its UTF-8 bytes + NUL, a null as 0x01: one buffer per batch, hashed whole
+        framed = pc.if_else(ids.is_null(), pa.scalar("\x01"), pc.binary_join_element_wise(ids, "", "\x00"))
+        framed = framed.combine_chunks() if isinstance(framed, pa.ChunkedArray) else framed
+        if len(framed):
+            offsets = memoryview(framed.buffers()[1]).cast("i")
+            start, stop = offsets[framed.offset], offsets[framed.offset + len(framed)]
+            digest.update(memoryview(framed.buffers()[2])[start:stop])
+    return digest.hexdigest()
+
+
+def ids_digest(file_digests: list[str]) -> str:
+    """The input's ids as one digest: one file's digest as it is, several files' combined."""
+    if len(file_digests) == 1:
+        return file_digests[0]
+    return hashlib.blake2b("|".join(file_digests).encode(), digest_size=16).hexdigest()
+
+
+def input_ids_digest(scan: InputScan, distributed: bool) -> str:
+    """The input's ids in order, as one digest (ids_digest): each file's ids hashed by
+    its own Ray task when the job is planned distributed, else here."""
+    id_column = next((name for name, canonical in scan.rename.items() if canonical == S.ID), S.ID)
+    if not distributed or len(scan.files) == 1 and scan.total_rows < 1_000_000:
+        return ids_digest([file_ids_digest(path, scan.filesystem, id_column) for path in scan.files])
+    import ray
+
+    task = ray.remote(num_cpus=TASK_CPUS)(file_ids_digest)
+    return ids_digest(ray.get([task.remote(path, scan.filesystem, id_column) for path in scan.files]))
+
+
+def identity(plain: dict, scan: InputScan, ids: str) -> dict:
+    """What an output belongs to: the input's ids (not its path: a Ray Job reads its copy of
+    the table from a new temporary directory each time) and the model."""
+    checkpoint = plain["model"]["checkpoint"]
+    return {
+        "input_rows": scan.total_rows,
+        "input_ids": ids,
+        "model": plain["model"]["name"],
+        "checkpoint": os.path.basename(os.path.normpath(checkpoint)) if checkpoint else None,
+    }

@@ -1,0 +1,200 @@
+"""report.html's reading (pipeline/report.py): a run's output files, leniently -- a torn
+file or a foreign column type is a note on the page, not a failure -- as the metadata columns
+of every row up to pipeline/report_sample.py's SAMPLE_ROWS (an even sample above it), and the
+audio bytes of the few rows the page plays."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from actors import schema as S
+
+from ..names import DATA_DIR, SUMMARY_FILE, is_part, is_shard
+from ..output.layout import OutputLayout
+from . import metrics
+from . import sample as report_sample
+
+_HEAVY = (S.AUDIO, S.CODES)
+
+
+_FILE_COL = "__report_file"
+
+
+_ROW_COL = "__report_row"
+
+
+@dataclass
+class ReportRun:
+    output_dir: Path
+    files: list[Path]
+    table: pa.Table  # metadata columns of every row, normalised for the metrics (+ file/row index)
+    present: set[str]  # the columns the files have
+    summary: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    rows_in_files: int = 0  # every row, read or not (pipeline/report_sample.py)
+
+    @property
+    def n(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def sampled(self) -> bool:
+        return self.n < self.rows_in_files
+
+    def has(self, name: str) -> bool:
+        return name in self.present
+
+    def strings(self, name: str) -> list[Optional[str]]:
+        return self.table.column(name).to_pylist()
+
+    def floats(self, name: str) -> np.ndarray:
+        """A float64 array per row (NaN for null or unreadable values), for plotting."""
+        return pc.cast(self.table.column(name), pa.float64()).to_numpy().astype(np.float64, copy=True)
+
+    @property
+    def ok(self) -> np.ndarray:
+        return self.table.column(metrics.OK).to_numpy()
+
+
+def _data_files(output_dir: Path, notes: list[str]) -> list[Path]:
+    """chorus's live files (pipeline/output.py: the shards, the parts no shard absorbed, the
+    rejected part), and any other Parquet file below data/ (a foreign layout is read too)."""
+    data = output_dir / DATA_DIR
+    if not data.is_dir():
+        return []
+
+    def chorus_named(p: Path) -> bool:
+        return p.parent == data and (is_shard(p.name) or is_part(p.name))
+
+    found = [p for p in data.rglob("*.parquet") if p.is_file() and not p.name.startswith(".")]
+    try:
+        live = [Path(p) for p in OutputLayout(str(output_dir)).live_files()]
+    except Exception as exc:  # a torn shard footer: read every file rather than nothing
+        notes.append(f"could not tell which files are current ({exc}); read every Parquet file under data/")
+        return sorted(found)
+    return sorted(set(live) | {p for p in found if not chorus_named(p)})
+
+
+def _unify(tables: list[pa.Table], notes: list[str]) -> pa.Table:
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    # files disagree on a column's type in a way Arrow cannot promote: read those as text
+    types: dict[str, set] = {}
+    for t in tables:
+        for f in t.schema:
+            types.setdefault(f.name, set()).add(f.type)
+    clash = {name for name, ts in types.items() if len({str(t) for t in ts if not pa.types.is_null(t)}) > 1}
+    notes.append("columns with different types across files were read as text: " + ", ".join(sorted(clash)))
+    fixed = []
+    for t in tables:
+        for name in clash & set(t.column_names):
+            i = t.column_names.index(name)
+            try:
+                t = t.set_column(i, name, pc.cast(t.column(i), pa.string()))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                t = t.set_column(
+                    i, name, pa.array([None if v is None else str(v) for v in t.column(i).to_pylist()], pa.string())
+                )
+        fixed.append(t)
+    return pa.concat_tables(fixed, promote_options="permissive")
+
+
+def read_run(output_dir: Path) -> ReportRun:
+    notes: list[str] = []
+    files = _data_files(output_dir, notes)
+    sources = {}
+    for index, path in enumerate(files):
+        try:
+            sources[index] = pq.ParquetFile(path)
+        except Exception as exc:  # a torn or foreign file must not sink the whole report
+            notes.append(f"skipped unreadable file {path.relative_to(output_dir)}: {exc}")
+    sizes = [sources[i].metadata.num_rows if i in sources else 0 for i in range(len(files))]
+    takes = report_sample.quotas(sizes)
+    tables = []
+    for index, source in sources.items():
+        try:
+            columns = [n for n in source.schema_arrow.names if n not in _HEAVY]
+            wanted = report_sample.positions(sizes[index], takes[index])
+            t, rows = report_sample.read_rows(source, columns, wanted)
+        except Exception as exc:
+            notes.append(f"skipped unreadable file {files[index].relative_to(output_dir)}: {exc}")
+            continue
+        t = t.append_column(_FILE_COL, pa.array(np.full(t.num_rows, index, dtype=np.int32)))
+        t = t.append_column(_ROW_COL, pa.array(rows))
+        tables.append(t)
+    if tables:
+        table = _unify(tables, notes)
+    else:
+        table = pa.table({_FILE_COL: pa.array([], pa.int32()), _ROW_COL: pa.array([], pa.int64())})
+        notes.append("no Parquet files under data/" if not files else "no readable Parquet files under data/")
+    present = set(table.column_names)
+    summary: dict[str, Any] = {}
+    summary_path = output_dir / SUMMARY_FILE
+    if summary_path.is_file():
+        try:
+            loaded = json.loads(summary_path.read_text(encoding="utf-8"))
+            if isinstance(loaded, dict):
+                summary = loaded
+            else:
+                notes.append(f"{SUMMARY_FILE} is not a JSON object; ignored")
+        except (OSError, ValueError) as exc:
+            notes.append(f"{SUMMARY_FILE} could not be read: {exc}")
+    run = ReportRun(output_dir, files, metrics.normalise(table), present, summary, notes, rows_in_files=sum(sizes))
+    if run.sampled:
+        counted = report_sample.summary_totals(summary, run.rows_in_files)
+        totals = f"the totals are {SUMMARY_FILE}'s" if counted else "so are the totals"
+        notes.append(
+            f"{sum(sizes):,} rows: the plots and tables show an evenly spread sample of {run.n:,} of them; {totals}"
+        )
+    return run
+
+
+def read_audio(run: ReportRun, picks: Sequence[int]) -> dict[int, dict]:
+    """{table row -> {"bytes": b|None, "path": str|None}} for the picked rows, reading only
+    the row groups that hold them."""
+    out: dict[int, dict] = {}
+    if not picks:
+        return out
+    file_idx = run.table.column(_FILE_COL).to_numpy()
+    row_idx = run.table.column(_ROW_COL).to_numpy()
+    by_file: dict[int, list[int]] = {}
+    for i in picks:
+        by_file.setdefault(int(file_idx[i]), []).append(i)
+    for f, rows in by_file.items():
+        try:
+            pf = pq.ParquetFile(run.files[f])
+            if S.AUDIO not in pf.schema_arrow.names:
+                continue
+            starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
+            wanted: dict[int, list[int]] = {}
+            for i in rows:
+                g = int(np.searchsorted(starts, row_idx[i], side="right") - 1)
+                wanted.setdefault(g, []).append(i)
+            for g, members in wanted.items():
+                col = pf.read_row_group(g, columns=[S.AUDIO]).column(0)
+                for i in members:
+                    out[i] = _audio_value(col[int(row_idx[i] - starts[g])].as_py())
+        except Exception as exc:
+            run.notes.append(f"audio could not be read from {run.files[f].name}: {exc}")
+    return out
+
+
+def _audio_value(v: Any) -> dict:
+    if isinstance(v, dict):
+        return {"bytes": v.get(S.AUDIO_BYTES), "path": v.get(S.AUDIO_PATH)}
+    if isinstance(v, (bytes, bytearray)):
+        return {"bytes": bytes(v), "path": None}
+    if isinstance(v, str):
+        return {"bytes": None, "path": v}
+    return {"bytes": None, "path": None}

@@ -1,0 +1,42 @@
+"""One run's fixed facts, made once at its start and handed to each of its steps."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from ..cluster import Cluster
+from ..location import scratch_dir
+from ..output.layout import OutputLayout
+from ..plan.inputs import InputScan
+
+
+def new_run_id() -> str:
+    """When the run started, to the second, and a random tail: sortable, and unique per run."""
+    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+@dataclass
+class Job:
+    """A run: its config (typed and plain), its id, its input, its output, its Ray and its
+    clock (monotonic, for durations; unix, for rows' timestamps)."""
+
+    cfg: DictConfig
+    plain: dict
+    run_id: str
+    scan: InputScan
+    layout: OutputLayout
+    cluster: Cluster
+    started: float
+    started_unix: float
+
+    @property
+    def output(self) -> dict:
+        return self.plain["output"]
+
+    def scratch(self, folder: str) -> str:
+        """This run's working folder `folder` (pipeline/location.py scratch_dir)."""
+        return scratch_dir(self.layout.location, folder, self.run_id)

@@ -1,0 +1,218 @@
+"""One synthesis run, start to end: check the settings, input and output; take the lease;
+plan every row; stream the rows to do through the actors; settle the output; write the
+summary and the report. Each step is a function below, in the order the run takes them.
+
+    plan (pipeline/plan/job.py: every row new / done / changed / retry / rejected)
+      -> read the chosen rows (pipeline/run/chosen_rows.py: small blocks, content hash attached)
+      -> map_batches(SynthStage, actor pool)
+      -> map_batches(write_block): one crash-safe part file per block, stats back to the driver
+      (Ray tasks, while it runs): each shard's worth of parts packed into a shard
+
+The driver consumes the stream of per-block stats (pipeline/run/synthesis.py): that is the
+progress, and what fills a shard starts its compaction; the run's end packs the remaining
+parts. The live files are the resume state (pipeline/output/layout.py). Nothing here imports
+torch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..cluster import Cluster
+from ..config import check_for_run, to_plain
+from ..errors import ConfigError, OutputInUse
+from ..names import ATTEMPTS_DIR, CONFIG_FILE, DATA_DIR, PLAN_DIR, REJECTED_PART, SUMMARY_FILE
+from ..output import shards, supersede
+from ..output.layout import OutputLayout
+from ..output.lease import Lease
+from ..plan import rules as P
+from ..plan.identity import identity, input_ids_digest, model_fingerprint, settings_digest
+from ..plan.inputs import output_inside_input, scan_input
+from ..plan.job import Plan, plan_job
+from ..plan.records import write_changed, write_rejected
+from ..plan.todo import todo_fragments
+from ..report.summary import summary_of
+from .actor_settings import actor_arguments
+from .context import Job, new_run_id
+from .synthesis import synthesize
+
+log = logging.getLogger("chorus")
+
+
+@dataclass
+class RunReport:
+    output: str
+    summary: dict
+    report_s: float = 0.0  # writing report.html, after the data is complete (not in summary wall_s)
+
+
+def run(cfg: DictConfig) -> RunReport:
+    """One run: everything that can be checked is checked before Ray starts; rows already in
+    the output are skipped; summary.json is rewritten at the end."""
+    plain = to_plain(cfg)
+    check_for_run(cfg, plain)
+    started, started_unix, run_id = time.monotonic(), time.time(), new_run_id()
+    scan = scan_input(plain["data"]["path"], plain["data"]["columns"])
+    output = plain["output"]
+    if output_inside_input(scan, output["dir"]):
+        raise ConfigError(
+            f"output.dir={output['dir']!r} is inside the input directory {scan.base_dir}: its part files "
+            f"would be read back as input on the next run; choose an output.dir outside it"
+        )
+    layout = OutputLayout(output["dir"])
+    layout.check_ours()  # before the lease file goes in: a foreign directory is left untouched
+    with Cluster.for_rows(plain["cluster"], scan.total_rows) as cluster:
+        if cluster.distributed:
+            cluster.connect()  # planning runs on Ray too
+        job = Job(cfg, plain, run_id, scan, layout, cluster, started, started_unix)
+        lease = Lease(layout, run_id, heartbeat_s=output["lease_heartbeat_s"], stale_s=output["lease_stale_s"])
+        lease.acquire()
+        try:
+            return _run_leased(job, lease)
+        finally:
+            lease.release()
+
+
+def _run_leased(job: Job, lease: Lease) -> RunReport:
+    """The run under its lease: claim the output, plan, synthesize, then the run's end."""
+    _claim_output(job)
+    digest = settings_digest(job.plain, model_fingerprint(job.plain["model"]))
+    plan = plan_job(job.plain, job.scan, job.layout, digest, job.cluster.distributed)
+    refused = write_rejected(plan.decided, job.layout, job.run_id)
+    _log_plan(job, plan, refused.rows)
+    stream = _synthesize(job, plan)
+    if lease.lost:
+        raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")
+    _settle_output(job, plan, refused.ids)
+    return _finish(job, stream)
+
+
+def _claim_output(job: Job) -> None:
+    """Bind the output to this input and model, clear what earlier runs left for themselves
+    only, and record the run's configuration."""
+    layout = job.layout
+    layout.claim(
+        identity(job.plain, job.scan, input_ids_digest(job.scan, job.cluster.distributed)),
+        overwrite=job.output["overwrite"],
+        run_id=job.run_id,
+    )
+    if layout.local:  # crash counts of earlier runs' blocks mean nothing to this run's blocks
+        shutil.rmtree(layout.path(ATTEMPTS_DIR), ignore_errors=True)
+        shutil.rmtree(layout.path(PLAN_DIR), ignore_errors=True)
+    layout.write_text(CONFIG_FILE, OmegaConf.to_yaml(job.cfg, resolve=True))
+
+
+def _log_plan(job: Job, plan: Plan, refused_rows: int) -> None:
+    """What the plan decided, in the log: refused rows, rows to do, changed and retried rows
+    (the changed ids, every one, into a file under the output)."""
+    counts, scan = plan.counts, job.scan
+    if refused_rows:
+        log.warning(
+            "%d input rows rejected before synthesis (bad or duplicate ids, ref_id conflicts); they are error "
+            "rows in %s",
+            refused_rows,
+            REJECTED_PART,
+        )
+    pending = counts.to_synthesize
+    log.info(
+        "input %s: %d rows in %d file(s); %d to synthesize, %d already in %s",
+        scan.source,
+        scan.total_rows,
+        len(scan.files),
+        pending,
+        scan.total_rows - pending,
+        job.layout.location,
+    )
+    if counts.count(P.CHANGED):
+        log.warning(
+            "%d rows changed since they were written (text, reference, settings or model) and are redone: %s "
+            "(every id in %s)",
+            counts.count(P.CHANGED),
+            ", ".join(map(repr, counts.changed_examples))
+            + (" ..." if counts.count(P.CHANGED) > len(counts.changed_examples) else ""),
+            write_changed(plan.decided, job.layout, job.run_id),
+        )
+    if counts.count(P.RETRY):
+        retried_by = job.output["retry_errors"] or job.output["retry_rejected"]
+        log.info(
+            "%d error or rejected rows are retried (%s)",
+            counts.count(P.RETRY),
+            "output.retry_errors / retry_rejected" if retried_by else "their errors were transient",
+        )
+
+
+def _synthesize(job: Job, plan: Plan) -> dict:
+    """The rows to do through the actors (pipeline/run/synthesis.py); what only the stream
+    sees. The run's scratch folders go afterwards."""
+    stream = {}
+    if plan.counts.to_synthesize:
+        todo = todo_fragments(plan.decided, job.scratch(PLAN_DIR))
+        arguments = actor_arguments(
+            job.cfg, job.scan.root, job.run_id, job.scratch(ATTEMPTS_DIR), rows=job.scan.total_rows
+        )
+        stream = synthesize(job, todo, arguments, plan.counts.to_synthesize)
+    shutil.rmtree(job.scratch(PLAN_DIR), ignore_errors=True)
+    shutil.rmtree(job.scratch(ATTEMPTS_DIR), ignore_errors=True)
+    return stream
+
+
+def _settle_output(job: Job, plan: Plan, refused_ids: int) -> None:
+    """The run's end on disk: each id's older copies dropped, the last parts packed."""
+    planned = plan.counts.planned_rows()
+    superseded = supersede.drop_superseded(job.layout, planned, refused_ids, job.cluster.distributed)
+    if superseded:
+        log.info("removed %d older copies of rows this run redid", superseded)
+    packed = shards.compact_all(job.layout, job.run_id, job.output["shard_bytes"], job.output["shard_rows"])
+    if packed:
+        log.info("packed the last %d parts into %d shard(s)", sum(p["parts"] for p in packed), len(packed))
+
+
+def _finish(job: Job, stream: dict) -> RunReport:
+    """summary.json (its wall time ends here), then the report page, timed apart."""
+    layout, scan = job.layout, job.scan
+    wall = time.monotonic() - job.started
+    extra = {
+        "output": layout.location,
+        "data": f"{layout.location}/{DATA_DIR}",
+        "input": scan.source,
+        "input_rows": scan.total_rows,
+        "model": job.plain["model"]["name"],
+        "finished_at": datetime.datetime.now().isoformat(timespec="seconds"),
+        "started_at_unix": job.started_unix,
+        **stream,
+    }
+    summary = summary_of(layout, job.run_id, wall, extra, job.cluster.distributed)
+    layout.write_text(SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    report_s = _write_report(layout, job.run_id)
+    log.info(
+        "done: %d rows (%d ok, %d error), %.3f h audio, %.1f s (+ %.1f s report); output in %s",
+        summary["rows_total"],
+        summary["rows_ok"],
+        summary["rows_error"],
+        summary["audio_hours"],
+        wall,
+        report_s,
+        layout.location,
+    )
+    return RunReport(output=layout.location, summary=summary, report_s=report_s)
+
+
+def _write_report(layout: OutputLayout, run_id: str) -> float:
+    """report.html beside the data (a local output; for a URI output: report later); the
+    seconds it took. A broken page never fails the run: the data is written."""
+    began = time.monotonic()
+    if layout.local:
+        from ..report.page import write_report  # matplotlib: only when a page is written
+
+        try:
+            write_report(layout.location, title=f"chorus run {run_id}")
+        except Exception:
+            log.exception("could not write report.html")
+    return time.monotonic() - began

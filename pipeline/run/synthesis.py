@@ -1,0 +1,129 @@
+"""The synthesis stream of a run: the Ray Data dataset (the chosen rows' read, admitted by the
+read-ahead window -> the actor pool -> the block writer) and the driver's loop over its
+per-block stats: progress, compaction, the read-ahead's release and Ray Data's stats trim, each
+O(1) per block."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+
+from ..cluster import TASK_CPUS
+from ..output.compaction import RunningCompaction
+from ..output.parts import write_block
+from . import readahead
+from .actor_settings import blocks_per_actor
+from .chosen_rows import read_dataset
+from .context import Job
+from .executor_stats import TRIM_EVERY_BLOCKS, trim_block_stats
+from .progress import Progress
+
+log = logging.getLogger("chorus")
+
+
+# cluster.max_actor_restarts null: restarts each actor may use, for deaths that are no row's
+# fault (a node lost, memory pressure) ...
+BASE_ACTOR_RESTARTS = 10
+# ... plus what one row that kills its actor costs (crash_quarantine_after + 1 deaths before
+# it is quarantined) for every this many blocks an actor takes
+BLOCKS_PER_TOLERATED_CRASH = 100
+
+
+def actor_restarts(cluster: dict, rows: int) -> int:
+    """Restarts each actor is allowed: cluster.max_actor_restarts, or (null) a budget that grows
+    with the input, so that a long job survives a few rows that crash their actor (each costs
+    crash_quarantine_after + 1 deaths) while an actor that keeps dying for another reason still
+    ends the job instead of restarting forever."""
+    if cluster["max_actor_restarts"] is not None:
+        return int(cluster["max_actor_restarts"])
+    share = blocks_per_actor(rows, cluster["rows_per_block"], cluster["num_actors"])
+    tolerated = max(1, math.ceil(share / BLOCKS_PER_TOLERATED_CRASH))
+    return BASE_ACTOR_RESTARTS + (cluster["crash_quarantine_after"] + 1) * tolerated
+
+
+def build_dataset(job: Job, todo: list, arguments: dict, gate):
+    """The run's Ray Data dataset: read (admitted by `gate`) -> actors -> part writer."""
+    plain, scan, run_id = job.plain, job.scan, job.run_id
+    rows_per_block = plain["cluster"]["rows_per_block"]
+    chunk = readahead.chunk_rows(arguments["settings"].engine.max_concurrent_blocks, rows_per_block)
+    ds = read_dataset(scan, todo, rows_per_block, chunk, gate, scope=run_id)
+    with warnings.catch_warnings():
+        # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
+        # "use the named remote parameters" warning has nothing to point to); pinned <2.61
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        ds = _synth_stage(ds, plain, arguments, scan.total_rows)
+    return ds.map_batches(
+        write_block,
+        fn_kwargs={"location": job.layout.location, "run_id": run_id},
+        batch_format="pyarrow",
+        batch_size=None,
+        num_cpus=TASK_CPUS,
+    )
+
+
+def _synth_stage(ds, plain: dict, arguments: dict, rows: int):
+    from ray.data import ActorPoolStrategy
+
+    from actors.synth import SynthStage
+
+    cluster = plain["cluster"]
+    blocks = arguments["settings"].engine.max_concurrent_blocks  # resolved by actor_arguments
+    return ds.map_batches(
+        SynthStage,
+        fn_constructor_kwargs=arguments,
+        # an async callable class: up to `blocks` calls run in one actor at once (Ray Data sets
+        # the actor's max_concurrency to max_concurrent_calls_per_actor), and no more are sent
+        # to it than that, so a waiting block never sits in one actor's queue while another idles
+        compute=ActorPoolStrategy(
+            size=cluster["num_actors"], max_concurrent_calls_per_actor=blocks, max_tasks_in_flight_per_actor=blocks
+        ),
+        # bounded: a row that kills its actor must end as an error row, not loop forever
+        max_restarts=actor_restarts(cluster, rows),
+        max_task_retries=cluster["max_task_retries"],
+        num_cpus=cluster["cpus_per_actor"],
+        num_gpus=cluster["gpus_per_actor"],
+        batch_size=cluster["rows_per_block"],
+        batch_format="pyarrow",
+    )
+
+
+def start_read_ahead(cluster: dict, arguments: dict):
+    """The run's ReadAhead actor (pipeline/run/readahead.py), its window from the actors' blocks."""
+    blocks = arguments["settings"].engine.max_concurrent_blocks  # resolved by actor_arguments
+    window = readahead.window_rows(cluster["num_actors"], blocks, cluster["rows_per_block"], cluster["read_ahead_rows"])
+    log.debug("read-ahead window: %d rows", window)
+    return readahead.start(window)
+
+
+def synthesize(job: Job, todo: list, arguments: dict, pending: int) -> dict:
+    """Stream the `pending` rows still to do (`todo`, per fragment) through the actors
+    (constructed with `arguments`: pipeline/run/actor_settings.py) into part files, showing
+    progress. Returns what only the stream sees: total part-file write time and when the first
+    finished block reached the driver (seconds after the stream started)."""
+    job.cluster.connect()
+    job.cluster.check_resources()
+    cluster, output, total = job.plain["cluster"], job.output, job.scan.total_rows
+    stream = {"write_s": 0.0, "first_block_s": None}
+    gate = start_read_ahead(cluster, arguments)
+    dataset = build_dataset(job, todo, arguments, gate)
+    progress = Progress(total, total - pending, output["progress_interval_s"], output["progress_bar"])
+    compaction = RunningCompaction(job.layout.location, job.run_id, output["shard_bytes"], output["shard_rows"])
+    began = time.monotonic()
+    try:
+        for seen, stats in enumerate(dataset.iter_rows(), 1):  # O(1) per block: sums, one part handed on
+            gate.release.remote(stats["rows"])
+            if stream["first_block_s"] is None:
+                stream["first_block_s"] = time.monotonic() - began
+            if seen % TRIM_EVERY_BLOCKS == 0:
+                trim_block_stats(dataset)
+            stream["write_s"] += (stats["write_ms"] or 0.0) / 1000.0
+            progress.update(
+                stats["rows"], stats["errors"], stats["audio_seconds"], stats["slot_rows"], stats["slot_steps"]
+            )
+            compaction.add(stats)
+    finally:
+        progress.close()
+        stream.update(compaction.finish())
+    return stream
