@@ -189,7 +189,7 @@ class EngineSettings(EngineConfig):
     # Ray Data blocks one actor holds at once: its engine loop takes rows from all of them, so
     # a slot freed at the end of one block is refilled from the next at once. null = enough
     # blocks of cluster.rows_per_block rows to cover max_rows + feed_queue_rows, plus two, at
-    # most each actor's share of the input's blocks (pipeline/plan.py::concurrent_blocks)
+    # most each actor's share of the input's blocks (pipeline/run/actor_settings.py::concurrent_blocks)
     max_concurrent_blocks: Optional[int] = None
     # rows an actor holds beyond its slots, prepared and waiting for one (back-pressure: a
     # block's rows enter the engine's queue only while fewer than max_rows + this are in flight)
@@ -395,6 +395,6 @@ class ActorSettings:
             if not isinstance(value, kind):
                 raise TypeError(
                     f"SynthActor's {name} must be a {kind.__name__} (actors/settings.py; "
-                    f"pipeline/plan.py::actor_arguments builds them from the run config), got {type(value).__name__}"
+                    f"pipeline/run/actor_settings.py::actor_arguments builds them from the run config), got {type(value).__name__}"
                 )
             value.validate()

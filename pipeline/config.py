@@ -65,7 +65,7 @@ class OutputSettings:
     # them (worth it after raising quality.max_attempts or changing the model)
     retry_rejected: bool = False
     # finished blocks are packed into shards of about this many bytes, while the job runs and
-    # at its end (pipeline/shards.py), and of at most this many rows
+    # at its end (pipeline/output/shards.py), and of at most this many rows
     shard_bytes: int = 512 * 1024 * 1024
     shard_rows: int = 100_000
 
@@ -96,7 +96,7 @@ class ClusterSettings:
     threads_per_actor: Optional[int] = None
     # rows per block = rows per actor call; small blocks spread work over every actor
     rows_per_block: int = 16
-    # rows the job's read may run ahead of the rows written (pipeline/readahead.py); null =
+    # rows the job's read may run ahead of the rows written (pipeline/run/readahead.py); null =
     # three times what the actors hold at once (num_actors x blocks per actor x rows_per_block)
     read_ahead_rows: Optional[int] = None
     # inputs of at least this many rows are planned as distributed Ray Data work (hash
@@ -107,7 +107,7 @@ class ClusterSettings:
     # (Ray Data's default is forever); a block that killed its actor this many times has its
     # rows run alone, and the row that kills it alone becomes an error row (quarantined).
     # max_actor_restarts null = 10 + (crash_quarantine_after + 1) per 100 blocks an actor takes
-    # (pipeline/stream.py actor_restarts): room for a few such rows in a long job
+    # (pipeline/run/synthesis.py actor_restarts): room for a few such rows in a long job
     max_actor_restarts: Optional[int] = None
     max_task_retries: int = 4
     crash_quarantine_after: int = 2

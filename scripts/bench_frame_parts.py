@@ -1,9 +1,9 @@
 """Where a decode frame's time goes, per dtype, side by side: the frame's wall time split into
 its parts (the packed linears, slow and fast attention, norms, RoPE, sampling, the rest), the
 same frame's linears replayed back to back on their own, and each part's bfloat16 / float32
-ratio. This is the profile behind the README's bf16 figures: a frame gains what its parts
-gain, weighted by their share, so the ratio of the linears and the share of everything else
-bound what bf16 can reach on a CPU.
+ratio. This is the profile behind the bf16 figures in docs/performance.md: a frame gains what
+its parts gain, weighted by their share, so the ratio of the linears and the share of
+everything else bound what bf16 can reach on a CPU.
 
     .venv/bin/python scripts/bench_frame_parts.py [--size small] [--rows 32] [--prompt-len 98]
         [--steps 8] [--dtypes float32,bfloat16] [--rounds 2] [--threads 2] [--json OUT]

@@ -1,16 +1,14 @@
-"""Planning at scale, new against a tree of an older commit, side by side in one run.
+"""Planning at scale: `python -m pipeline.preview` (the run's own planning, no model or actors)
+on corpus-shaped inputs of growing size.
 
-    .venv/bin/python scripts/bench_preview.py --base DIR [--sizes 200000 2000000] [--work DIR]
+    .venv/bin/python scripts/bench_preview.py [--sizes 200000 2000000] [--work DIR]
         [--done-rows N] [--out bench-preview.json]
 
-For each size: a corpus-shaped input (scripts/make_scale_input.py, kept in --work), then
-  new:  `python -m pipeline.preview` of this tree (the run's own planning, no model or actors);
-  base: the same planning as the tree at --base does it before a run synthesizes (its
-        scan_input + scan_rows + plan_resume on the driver), when --base is given.
-Each is a fresh process; the figures are its wall time and the driver's peak RSS (VmHWM,
-polled), and whether its counts equal the input's planted ones. --done-rows N first writes N
-rows of the input as an earlier run's output (real content hashes, shards of 100k rows), so
-the plan also reads an output. Prints a table and writes JSON.
+For each size: an input from scripts/make_scale_input.py (kept in --work), then
+`python -m pipeline.preview` on it in a fresh process. The figures are its wall time and peak
+RSS (VmHWM, polled), and whether its counts equal the input's planted ones. --done-rows N first
+writes N rows of the input as an earlier run's output (real content hashes, one part per input
+fragment), so the plan also reads an output. Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -24,25 +22,6 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
-
-# the starting commit's planning, run inside its tree: what a run did before synthesis
-BASE_PLAN = """
-import json, sys
-from pipeline.config import compose, to_plain
-from pipeline.inputs import scan_input, scan_rows
-from pipeline.output import OutputLayout
-from pipeline.plan import model_fingerprint, plan_resume, settings_digest
-from actors import schema as S
-plain = to_plain(compose(sys.argv[1:]))
-scan = scan_input(plain["data"]["path"], plain["data"]["columns"])
-rows = scan_rows(scan, settings_digest(plain, model_fingerprint(plain["model"])), None)
-accepted = [i for i in scan.accepted_ids if i not in rows.conflicts]
-layout = OutputLayout(plain["output"]["dir"])
-done = layout.read([S.ID, S.STATUS, S.RETRYABLE, S.CONTENT_HASH])
-plan = plan_resume(accepted, rows.hashes, done)
-print(json.dumps({"rows_total": scan.total_rows, "to_synthesize": len(accepted) - len(plan.skip),
-                  "rejected_rows": len(scan.rejected) + len(rows.conflicts)}))
-"""
 
 
 def peak_rss_run(args: list[str], cwd: str) -> tuple[float, float, str]:
@@ -85,9 +64,10 @@ def write_done(data: str, output: str, rows: int) -> None:
 
     from actors import schema as S
     from pipeline.config import compose, to_plain
-    from pipeline.identity import model_fingerprint, settings_digest
-    from pipeline.inputs import RowHasher, annotate, read_fragment, scan_input
-    from pipeline.output import OutputLayout
+    from pipeline.output.layout import OutputLayout
+    from pipeline.plan.identity import model_fingerprint, settings_digest
+    from pipeline.plan.inputs import read_fragment, scan_input
+    from pipeline.plan.keys import RowHasher, annotate
 
     plain = to_plain(compose([f"data.path={data}"]))
     scan = scan_input(data, {})
@@ -113,13 +93,9 @@ def write_done(data: str, output: str, rows: int) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 2_000_000])
-    parser.add_argument("--base", default=None, help="a tree of the older commit (git archive)")
     parser.add_argument("--work", default="/tmp/chorus-bench-preview")
     parser.add_argument("--done-rows", type=int, default=0)
     parser.add_argument("--out", default="bench-preview.json")
-    parser.add_argument(
-        "--base-max-rows", type=int, default=2_000_000, help="no base run above this size (its driver holds every id)"
-    )
     args = parser.parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
     results = []
@@ -129,7 +105,6 @@ def main(argv: list[str]) -> int:
         if args.done_rows and not os.path.exists(output):
             write_done(data, output, args.done_rows)
         overrides = [f"data.path={data}", f"output.dir={output}"]
-        entry = {"rows": rows, "done_rows": args.done_rows, "expected": expected}
         wall, rss, out = peak_rss_run([PYTHON, "-m", "pipeline.preview", *overrides], REPO)
         figures = json.loads(out.strip().splitlines()[-1])
         # exact: the planted rejections, and every row counted once; the earlier run's rows
@@ -139,28 +114,17 @@ def main(argv: list[str]) -> int:
         exact = figures["rejected"] == expected["rejected"]
         exact = exact and args.done_rows - planted_bad <= figures["done"] <= args.done_rows
         exact = exact and figures["done"] + figures["to_synthesize"] + sum(expected["rejected"].values()) == rows
-        entry["new"] = {"wall_s": wall, "peak_rss_mb": rss, "counts_exact": exact, "figures": figures}
-        print(json.dumps({"rows": rows, "new": entry["new"]}), flush=True)
-        if args.base and rows <= args.base_max_rows:
-            wall, rss, out = peak_rss_run([PYTHON, "-c", BASE_PLAN, *overrides], args.base)
-            base = json.loads(out.strip().splitlines()[-1])
-            exact = base["rejected_rows"] == sum(expected["rejected"].values())
-            entry["same_to_synthesize"] = base["to_synthesize"] == figures["to_synthesize"]
-            entry["base"] = {"wall_s": wall, "peak_rss_mb": rss, "counts_exact": exact, "figures": base}
+        entry = {"rows": rows, "done_rows": args.done_rows, "expected": expected, "wall_s": wall}
+        entry.update({"peak_rss_mb": rss, "counts_exact": exact, "figures": figures})
         results.append(entry)
         print(json.dumps(entry), flush=True)
     with open(args.out, "w") as f:
-        json.dump({"cpu": "see README (figures with their CPU)", "results": results}, f, indent=2)
-    print(
-        "| rows | done rows | new wall s | new peak RSS MB | base wall s | base peak RSS MB | counts exact (new / base / same to do) |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---|")
+        json.dump({"cpu": "see docs/performance.md (figures with their CPU)", "results": results}, f, indent=2)
+    print("| rows | done rows | wall s | peak RSS MB | counts exact |")
+    print("|---:|---:|---:|---:|---|")
     for e in results:
-        base = e.get("base", {})
         print(
-            f"| {e['rows']:,} | {e['done_rows']:,} | {e['new']['wall_s']:.1f} | {e['new']['peak_rss_mb']:.0f} | "
-            f"{base.get('wall_s', float('nan')):.1f} | {base.get('peak_rss_mb', float('nan')):.0f} | "
-            f"{e['new']['counts_exact']} / {base.get('counts_exact', '-')} / {e.get('same_to_synthesize', '-')} |"
+            f"| {e['rows']:,} | {e['done_rows']:,} | {e['wall_s']:.1f} | {e['peak_rss_mb']:.0f} | {e['counts_exact']} |"
         )
     return 0
 

@@ -1,20 +1,19 @@
-"""The end of a run at scale -- dropping superseded copies, then summary.json -- in this tree
-against an older one, side by side in one run.
+"""The end of a run at scale -- dropping superseded copies, then summary.json -- as a large run
+does it (distributed), on outputs of growing size.
 
-    .venv/bin/python scripts/bench_run_end.py [--base DIR | --base-commit REV] [--sizes 200000 2000000]
-        [--redo 0.05] [--work DIR] [--out bench-run-end.json]
+    .venv/bin/python scripts/bench_run_end.py [--sizes 200000 2000000] [--redo 0.05] [--work DIR]
+        [--out bench-run-end.json]
 
 For each size: an output of that many rows (no audio: the steps never read it) in files of
 100k rows (output.shard_rows' default) written by an earlier run, plus, in the "redo" case, a
 share (--redo) of those ids written again by this run in 16k-row files (so that every file of
-the earlier run holds copies to drop); the "clean" case has no second copies. Each step runs
+the earlier run holds copies to drop); the "clean" case has no second copies. Both steps run
 in a fresh driver process with a local Ray up (a run's driver has it up at that size), on its
-own copy of the output:
-  new:  pipeline/supersede.py drop_superseded + pipeline/summary.py summary_of, distributed
-        (what a run above cluster.distributed_plan_rows does);
-  base: the tree at --base: OutputLayout.drop_superseded + summarize(layout.read(...)).
-The figures: wall seconds of each step and the driver's peak RSS over them (VmHWM, reset
-after Ray starts; Ray's workers are other processes). Prints a table and writes JSON.
+own copy of the output: pipeline/output/supersede.py drop_superseded, then
+pipeline/report/summary.py summary_of, distributed (what a run above
+cluster.distributed_plan_rows does). The figures: wall seconds of each step and the driver's
+peak RSS over them (VmHWM, reset after Ray starts; Ray's workers are other processes). Prints
+a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -26,48 +25,52 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
 EARLIER, THIS = "20260101-000000-earlie", "20260102-000000-thisrn"
 FILE_ROWS, REDO_FILE_ROWS = 100_000, 16_384
 
-# run in the measured tree (argv: output dir, rows accepted, rows redone, "new" | "base", this run's id)
-STEPS = """
-import json, sys, time
-import pyarrow as pa
-import ray
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-import ray.data
-from pipeline.output import OutputLayout
-out, accepted, redone, which, run = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-def status(key):
-    return [int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith(key)][0]
-layout, refused = OutputLayout(out), pa.array([], pa.string())
-if which == 'new':
-    from pipeline import supersede
-    from pipeline.stream import data_context
-    from pipeline.resume import PlanSummary
-    from pipeline.summary import summary_of
+
+def _status_mb(key: str) -> float:
+    with open("/proc/self/status") as f:
+        return [int(line.split()[1]) / 1024 for line in f if line.startswith(key)][0]
+
+
+def steps(out: str, accepted: int, redone: int, run: str) -> dict:
+    """The run's end on the output at `out`, in this (fresh) process: Ray up first, then the
+    peak RSS reset and both steps timed."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    import ray.data  # noqa: F401
+
+    from pipeline.cluster import data_context
+    from pipeline.output import supersede
+    from pipeline.output.layout import OutputLayout
+    from pipeline.report.summary import summary_of
+
     data_context()
-    plan = PlanSummary(rows_total=accepted, counts={'done': accepted - redone, 'changed': redone})
-    drop = lambda: supersede.drop_superseded(layout, plan, 0, distributed=True)  # refused ids: none
-    summary = lambda: summary_of(layout, run, 100.0, {}, distributed=True)
-else:
-    from pipeline.output import SUMMARY_COLUMNS, summarize
-    drop = lambda: layout.drop_superseded(also_drop=refused)
-    summary = lambda: summarize(layout.read(SUMMARY_COLUMNS), run, 100.0, {})
-rss_before = status('VmRSS:')
-open('/proc/self/clear_refs', 'w').write('5')  # the peak from here on
-began = time.perf_counter()
-removed = drop()
-dropped = time.perf_counter()
-figures = summary()
-done = time.perf_counter()
-print(json.dumps({'supersede_s': dropped - began, 'summary_s': done - dropped, 'removed': removed,
-                  'rows_total': figures['rows_total'], 'rss_before_mb': rss_before, 'peak_rss_mb': status('VmHWM:'),
-                  'percentiles': figures.get('percentiles', 'exact')}))
-"""
+    layout = OutputLayout(out)
+    planned = supersede.PlannedRows(accepted=accepted, redone=redone)
+    rss_before = _status_mb("VmRSS:")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak from here on
+    began = time.perf_counter()
+    removed = supersede.drop_superseded(layout, planned, 0, distributed=True)  # refused ids: none
+    dropped = time.perf_counter()
+    figures = summary_of(layout, run, 100.0, {}, distributed=True)
+    done = time.perf_counter()
+    return {
+        "supersede_s": dropped - began,
+        "summary_s": done - dropped,
+        "removed": removed,
+        "rows_total": figures["rows_total"],
+        "rss_before_mb": rss_before,
+        "peak_rss_mb": _status_mb("VmHWM:"),
+        "percentiles": figures.get("percentiles", "exact"),
+    }
 
 
 def _file(first: int, n: int, run: str, seed: int):
@@ -76,7 +79,7 @@ def _file(first: int, n: int, run: str, seed: int):
     import pyarrow as pa
 
     from actors import schema as S
-    from pipeline.shards import conform
+    from pipeline.output.reading import conform
 
     rng = np.random.default_rng(seed)
     ids = pa.array([f"u{k:09d}" for k in range(first, first + n)], pa.string())
@@ -147,19 +150,20 @@ def _redo_file(ids: list[int], seed: int):
     return table.set_column(0, S.ID, pa.array([f"u{k:09d}" for k in ids], pa.string()))
 
 
-def measure(tree: str, template: str, rows: int, redone: int, which: str, work: str) -> dict:
+def measure(template: str, rows: int, redone: int, work: str) -> dict:
+    """Both steps on a fresh copy of `template`, in a fresh process (this script's --step)."""
     copy = os.path.join(work, "scratch")
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(template, copy)
     done = subprocess.run(
-        [PYTHON, "-c", STEPS, copy, str(rows), str(redone), which, THIS],
-        cwd=tree,
-        env=dict(os.environ, PYTHONPATH=tree, RAY_DATA_DISABLE_PROGRESS_BARS="1"),
+        [PYTHON, os.path.abspath(__file__), "--step", copy, str(rows), str(redone), THIS],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO, RAY_DATA_DISABLE_PROGRESS_BARS="1"),
         capture_output=True,
         text=True,
     )
     if done.returncode:
-        raise RuntimeError(f"{which} at {rows} rows failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"the run's end at {rows} rows failed:\n{done.stderr[-3000:]}")
     shutil.rmtree(copy, ignore_errors=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -173,48 +177,36 @@ def cpu_name() -> str:
         return platform.processor() or "unknown"
 
 
-def base_tree(args) -> str | None:
-    if args.base or not args.base_commit:
-        return args.base
-    tree = os.path.join(args.work, f"base-{args.base_commit}")
-    if not os.path.exists(tree):
-        os.makedirs(tree)
-        archive = subprocess.run(["git", "-C", REPO, "archive", args.base_commit], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
-    return tree
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 2_000_000])
     parser.add_argument("--redo", type=float, default=0.05, help="share of the ids this run wrote again")
-    parser.add_argument("--base", default=None, help="a tree of the older commit")
-    parser.add_argument("--base-commit", default=None, help="or a commit, extracted with git archive into --work")
     parser.add_argument("--work", default="/tmp/chorus-bench-run-end")
     parser.add_argument("--out", default="bench-run-end.json")
+    parser.add_argument("--step", nargs=4, help=argparse.SUPPRESS)  # OUT ACCEPTED REDONE RUN: one measurement
     args = parser.parse_args(argv)
-    os.makedirs(args.work, exist_ok=True)
     sys.path.insert(0, REPO)
-    base = base_tree(args)
+    if args.step:
+        out, accepted, redone, run = args.step
+        print(json.dumps(steps(out, int(accepted), int(redone), run)), flush=True)
+        return 0
+    os.makedirs(args.work, exist_ok=True)
     results = []
     for rows in args.sizes:
         clean, redo, redone = make_output(rows, args.redo, args.work)
         for case, template, copies in (("redo", redo, redone), ("clean", clean, 0)):
-            for which, tree in (("base", base), ("new", REPO)):
-                if tree is None:
-                    continue
-                entry = {"rows": rows, "case": case, "redone": copies, "tree": which}
-                entry.update(measure(tree, template, rows, copies, which, args.work))
-                print(json.dumps(entry), flush=True)
-                results.append(entry)
+            entry = {"rows": rows, "case": case, "redone": copies}
+            entry.update(measure(template, rows, copies, args.work))
+            print(json.dumps(entry), flush=True)
+            results.append(entry)
     with open(args.out, "w") as f:
-        json.dump({"cpu": cpu_name(), "base": base, "results": results}, f, indent=2)
+        json.dump({"cpu": cpu_name(), "results": results}, f, indent=2)
     print(f"\nCPU: {cpu_name()}")
-    print("| rows | case | tree | supersede s | summary s | removed | driver RSS before MB | driver peak RSS MB |")
-    print("|---:|---|---|---:|---:|---:|---:|---:|")
+    print("| rows | case | supersede s | summary s | removed | driver RSS before MB | driver peak RSS MB |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
     for e in results:
         print(
-            f"| {e['rows']:,} | {e['case']} | {e['tree']} | {e['supersede_s']:.1f} | {e['summary_s']:.1f} | "
+            f"| {e['rows']:,} | {e['case']} | {e['supersede_s']:.1f} | {e['summary_s']:.1f} | "
             f"{e['removed']:,} | {e['rss_before_mb']:.0f} | {e['peak_rss_mb']:.0f} |"
         )
     return 0

@@ -26,7 +26,7 @@ READS = {
     # what a rerun's resume reads, what the summary reads, and an export's pass over the audio
     "resume": "layout.read([S.ID, S.STATUS, S.RETRYABLE, S.CONTENT_HASH]).num_rows",
     "summary": "layout.read(SUMMARY_COLUMNS).num_rows",
-    "export_scan": "sum(1 for _ in _rows(layout, [S.ID, S.STATUS, S.AUDIO]))",
+    "export_scan": "sum(1 for _ in live_rows(layout, [S.ID, S.STATUS, S.AUDIO]))",
     "list": "len(layout.live_files())",
 }
 
@@ -36,8 +36,9 @@ def write_parts(out: Path, rows: int, audio_bytes: int, block_rows: int) -> floa
     import pyarrow.parquet as pq
 
     from actors import schema as S
-    from pipeline import hf_features
-    from pipeline.output import OutputLayout, part_name
+    from pipeline.names import part_name
+    from pipeline.output import hf_features
+    from pipeline.output.layout import OutputLayout
 
     layout = OutputLayout(str(out))
     layout.claim({"bench": rows}, overwrite=True, run_id="bench")
@@ -62,7 +63,7 @@ def write_parts(out: Path, rows: int, audio_bytes: int, block_rows: int) -> floa
         ]
         # the files write_block makes (name, features), without its per-file fsync: set-up, not measured
         table = hf_features.with_features(S.output_table(block))
-        pq.write_table(table, f"{layout.data_dir}/{part_name(table.column(S.ID).combine_chunks(), 'bench')}")
+        pq.write_table(table, f"{layout.data_dir}/{part_name(table.column(S.ID).to_pylist(), 'bench')}")
     return time.perf_counter() - began
 
 
@@ -72,9 +73,9 @@ def measure_read(out: Path, read: str) -> dict:
         "import json, sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from actors import schema as S\n"
-        "from pipeline.export import _rows\n"
-        "from pipeline.output import OutputLayout\n"
-        "from pipeline.summary import SUMMARY_COLUMNS\n"
+        "from pipeline.output.audio_files import live_rows\n"
+        "from pipeline.output.layout import OutputLayout\n"
+        "from pipeline.report.summary_figures import SUMMARY_COLUMNS\n"
         f"layout = OutputLayout({str(out)!r})\n"
         "began = time.perf_counter()\n"
         f"value = {READS[read]}\n"
@@ -104,9 +105,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from pipeline import shards
     from pipeline.config import OutputSettings
-    from pipeline.output import OutputLayout
+    from pipeline.output import shards
+    from pipeline.output.layout import OutputLayout
 
     parts, packed_dir = args.out / f"rows-{args.rows}-parts", args.out / f"rows-{args.rows}-shards"
     result = {"rows": args.rows, "audio_bytes": args.audio_bytes, "block_rows": args.block_rows}

@@ -31,8 +31,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from pipeline.output import OutputLayout  # noqa: E402
-from pipeline.report_plots import Plots  # noqa: E402
+from pipeline.output.layout import OutputLayout  # noqa: E402
+from pipeline.report.plots import Plots  # noqa: E402
 from scripts.bench_job_scale import stop_process_group  # noqa: E402
 
 MEASURES = ("rss", "anon", "shmem")

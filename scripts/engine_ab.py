@@ -44,7 +44,8 @@ from actors.engine.tiny import random_model
 p = argparse.ArgumentParser()
 for name, kind, default in [("size", str, "tiny"), ("rows", int, 32), ("max_rows", int, 32), ("prompt_len", int, 64),
                             ("frames", int, 64), ("references", int, 0), ("reference_frames", int, 100),
-                            ("threads", int, 0), ("seed", int, 0), ("dtype", str, "float32"), ("json", str, None)]:
+                            ("threads", int, 0), ("seed", int, 0), ("dtype", str, "float32"), ("json", str, None),
+                            ("max_tokens", int, 0)]:
     p.add_argument("--" + name.replace("_", "-"), type=kind, default=default)
 p.add_argument("--compile", action="store_true")
 a = p.parse_args()

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 
 class SynthActor:
-    """`settings`: everything the actor is told (pipeline/plan.py::actor_arguments builds it
+    """`settings`: everything the actor is told (pipeline/run/actor_settings.py::actor_arguments builds it
     from the run config); `recorder`: what tests and debugging watch (nothing by default)."""
 
     def __init__(self, settings: ActorSettings, recorder: Optional[Recorder] = None):
@@ -180,7 +180,7 @@ class SynthActor:
 
 
 class SynthStage(SynthActor):
-    """The face Ray Data drives (pipeline/stream.py): an async callable class, so one actor takes
+    """The face Ray Data drives (pipeline/run/synthesis.py): an async callable class, so one actor takes
     up to engine.max_concurrent_blocks blocks at once (the actor's concurrency limit is set to
     that); each runs SynthActor's call in a thread of its own, and they share the engine feeder."""
 

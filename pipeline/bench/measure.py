@@ -43,7 +43,7 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
         "rows_ok": counted["rows_ok"],
         "rows_error": counted["rows_error"],
         # the quality gate: rows kept as rejected, and the frames regeneration generated and
-        # discarded, as a share of all frames generated (pipeline/quality.py)
+        # discarded, as a share of all frames generated (pipeline/report/quality_figures.py)
         "rows_rejected": gate["rows_by_status"].get(S.STATUS_REJECTED, 0),
         "regenerated_frames_share": gate["discarded_share"],
         "frames": frames,
