@@ -1,5 +1,8 @@
 """Shared fixtures of the pipeline tests.
 
+`s3_store`: an S3-compatible server on 127.0.0.1 (tests/object_store.py) and the AWS
+environment pointed at it, for the session.
+
 `ray_cluster`: ONE local Ray per test session (ray.init costs ~9 s here); the Ray tests run
 the driver in-process against it, and the subprocess drivers (kill test, no-argument run)
 join it through RAY_ADDRESS.
@@ -30,8 +33,20 @@ MAX_REFERENCE_BYTES = 1_000_000  # the tests' clip size cap (small_settings), so
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """The address of a local Ray shared by the whole session."""
+def s3_store():
+    """An S3-compatible server on 127.0.0.1 for the whole session (tests/object_store.py), the
+    standard AWS environment pointed at it."""
+    from object_store import S3Store
+
+    store = S3Store()
+    yield store
+    store.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(s3_store):
+    """The address of a local Ray shared by the whole session. Started after the S3 server, so
+    its workers inherit the AWS environment as a user's cluster nodes would have it set."""
     import ray
 
     from pipeline.cluster import LOCAL_RAY_SYSTEM_CONFIG

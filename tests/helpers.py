@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import html
+import json
 import os
+import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,3 +117,84 @@ def assert_same_summary(exact: dict, sketched: dict, table, run_id: str) -> None
                 got = sketched_distributions[name][key]
                 assert within_sketch_bound([r[name] for r in rows], float(key[1:]), got), (name, key, got)
     _same(exact, sketched, "summary")
+
+
+# ---- headless Chromium: the report page as a browser shows it ----------------------------
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's package (.ci/run installs it)
+
+# Appended to a copy of a page: loads and plays every <audio>, then publishes what each did in
+# <pre id="chorus-audio-check"> (read from --dump-dom).
+CHECK_SCRIPT = """
+<script>
+console.error("%(canary)s");
+(function () {
+  const audios = Array.from(document.querySelectorAll("audio"));
+  const results = [];
+  let pending = audios.length;
+  function publish() {
+    const pre = document.createElement("pre");
+    pre.id = "chorus-audio-check";
+    pre.textContent = JSON.stringify(results);
+    document.body.appendChild(pre);
+    document.title = "checked";
+  }
+  function settle(r) { results.push(r); if (--pending === 0) publish(); }
+  if (!pending) publish();
+  audios.forEach(function (a) {
+    const cell = a.closest("tr") && a.closest("tr").querySelector("td.id");
+    const r = {id: cell ? cell.textContent : null};
+    a.addEventListener("loadedmetadata", function () {
+      r.readyState = a.readyState; r.duration = a.duration; a.muted = true;
+      a.play().then(function () { r.played = true; a.pause(); settle(r); },
+                    function (e) { r.played = false; r.playError = String(e); settle(r); });
+    }, {once: true});
+    a.addEventListener("error", function () { r.error = a.error ? a.error.code : -1; settle(r); }, {once: true});
+    a.load();
+  });
+})();
+</script>
+"""
+
+
+def chromium(args: list[str], profile: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    cmd = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--mute-audio",
+        "--autoplay-policy=no-user-gesture-required",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def console_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
+
+
+def audio_check(page: Path, work: Path) -> tuple[list[dict], list[str]]:
+    """Every <audio> of the page at `page` loaded and played in headless Chromium: (one result
+    per player: id, readyState, duration, played or error; the console lines other than the
+    probe's own canary)."""
+    canary = f"chorus-canary-{uuid.uuid4().hex}"
+    probe = work / f"probe-{canary}.html"
+    doc = page.read_text(encoding="utf-8")
+    probe.write_text(doc.replace("</body>", CHECK_SCRIPT % {"canary": canary} + "</body>"), encoding="utf-8")
+    proc = chromium(["--dump-dom", probe.as_uri()], work / f"profile-{canary}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = console_lines(proc.stderr)
+    assert any(canary in ln for ln in lines), proc.stderr[-2000:]  # console capture works
+    m = re.search(r'<pre id="chorus-audio-check">(.*?)</pre>', proc.stdout, re.S)
+    assert m, "the probe did not finish: " + proc.stdout[-500:]
+    return json.loads(html.unescape(m.group(1))), [ln for ln in lines if canary not in ln]

@@ -1,11 +1,11 @@
 """`python -m pipeline.report OUTPUT_DIR [--title T] [--max-audio-rows N] [--bench bench.json]`:
-write OUTPUT_DIR/report.html for a chorus run (pipeline/report/page.py)."""
+write OUTPUT_DIR/report.html for a chorus run, OUTPUT_DIR a local path or a URI
+(pipeline/report/page.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,13 +18,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m pipeline.report", description="Write OUTPUT_DIR/report.html for a chorus run."
     )
-    ap.add_argument("output_dir", help="the run's output directory (holds data/ and summary.json)")
+    ap.add_argument(
+        "output_dir", help="the run's output directory, a local path or a URI (holds data/ and summary.json)"
+    )
     ap.add_argument("--title", default="chorus run")
     ap.add_argument("--max-audio-rows", type=int, default=12, help="ok rows with playable audio (default 12)")
     ap.add_argument("--bench", help="a benchmark JSON file whose 'configs' list is shown as a table")
     args = ap.parse_args(argv)
-    if not os.path.isdir(args.output_dir):
-        ap.error(f"output directory {args.output_dir!r} does not exist")
     bench = None
     if args.bench:
         try:
@@ -33,7 +33,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             ap.error(f"--bench {args.bench!r}: {exc}")
         if not isinstance(bench, dict):
             ap.error(f"--bench {args.bench!r}: expected a JSON object")
-    path = write_report(args.output_dir, title=args.title, max_audio_rows=args.max_audio_rows, bench=bench)
+    try:
+        path = write_report(args.output_dir, title=args.title, max_audio_rows=args.max_audio_rows, bench=bench)
+    except FileNotFoundError as exc:
+        ap.error(str(exc))
     print(path)
     return 0
 

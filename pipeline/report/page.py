@@ -10,15 +10,15 @@ reasons), the most common errors, per-actor figures, and a table of sample rows 
 playable audio. Plots are inline SVG and audio is embedded as `data:` URIs (or linked by
 relative path when the run wrote files), so the page works offline as one file.
 
-Reading is pipeline/report_read.py (the files, leniently: a torn file or a foreign column
-type is a note, not a failure), the figures pipeline/metrics.py (shared with summary.json and
-the benchmark), the plots pipeline/report_plots.py, the HTML pieces pipeline/report_html.py;
+Reading is pipeline/report/page_data.py (the files, leniently: a torn file or a foreign column
+type is a note, not a failure), the figures pipeline/report/metrics.py (shared with summary.json and
+the benchmark), the plots pipeline/report/plots.py, the HTML pieces pipeline/report/markup.py;
 this module renders the page, one small function per page section.
 
 Layering: the driver side never imports torch — these modules use pyarrow, numpy and
 matplotlib only (matplotlib through its object API, no pyplot, so no GUI backend is chosen
 and no global state is touched). Only metadata columns are read, of every row up to
-pipeline/report_sample.py's SAMPLE_ROWS and of an evenly spread sample of that many above it
+pipeline/report/sample.py's SAMPLE_ROWS and of an evenly spread sample of that many above it
 (the page says so, and its totals are then summary.json's); audio bytes are read for the few
 sample rows only, so a report of a multi-hour run stays cheap.
 """
@@ -31,11 +31,13 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import pyarrow.fs as pafs
 
 from actors import schema as S
 from actors.files import write_atomically
 
 from ..names import REPORT_FILE, SUMMARY_FILE
+from ..output.layout import OutputLayout
 from . import metrics
 from . import quality_figures as quality
 from . import sample as report_sample
@@ -111,7 +113,7 @@ def _notes_section(run: ReportRun) -> str:
 
 
 def _summary_section(run: ReportRun) -> str:
-    """The headline cards: pipeline/metrics.py's headline figures of the rows, against
+    """The headline cards: pipeline/report/metrics.py's headline figures of the rows, against
     summary.json's wall time when the run wrote one."""
     h = metrics.headline(run.table, _num(run.summary, "wall_s"))
     if run.sampled:
@@ -286,7 +288,7 @@ def _sample_cells(columns: dict, i: int, ok: bool, audio: dict, output_dir: Path
 
 
 def _quality_section(run: ReportRun, max_audio_rows: int) -> str:
-    """pipeline/quality.py's section, its worst rows with players from this page's reader."""
+    """pipeline/report/quality_figures.py's section, its worst rows with players from this page's reader."""
     audio = read_audio(run, quality.worst_rows(run.table, max_audio_rows))
 
     def player(i: int) -> str:
@@ -316,13 +318,19 @@ def _bench(bench: dict) -> str:
 def write_report(
     output_dir: str, *, title: str = "chorus run", max_audio_rows: int = 12, bench: dict | None = None
 ) -> str:
-    """Write OUTPUT_DIR/report.html (atomically) from the run's Parquet output and
-    summary.json; return its path. An empty or all-error run still gets a page."""
-    out = Path(output_dir)
-    if not out.is_dir():
+    """Write report.html into the output directory `output_dir` (a local path or a URI) from
+    its Parquet output and summary.json; return the page's path or URI. An empty or all-error
+    run still gets a page. Locally the page is replaced atomically; on an object store it
+    appears when its upload completes. The sampled rows' audio is embedded (data: URIs), so
+    the page plays in a browser that cannot read the store."""
+    layout = OutputLayout(str(output_dir))
+    if layout.fs.get_file_info(layout.base).type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"output directory {output_dir!r} does not exist")
-    run = read_run(out)
+    run = read_run(layout.location)
     page = _render(run, title=title, max_audio_rows=max(0, int(max_audio_rows)), bench=bench)
-    target = out / REPORT_FILE
+    if not layout.local:
+        layout.write_text(REPORT_FILE, page)
+        return f"{layout.location}/{REPORT_FILE}"
+    target = Path(layout.location) / REPORT_FILE
     write_atomically(target, page, prefix=".report-")
     return str(target)

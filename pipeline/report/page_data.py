@@ -1,24 +1,24 @@
-"""report.html's reading (pipeline/report.py): a run's output files, leniently -- a torn
-file or a foreign column type is a note on the page, not a failure -- as the metadata columns
-of every row up to pipeline/report_sample.py's SAMPLE_ROWS (an even sample above it), and the
-audio bytes of the few rows the page plays."""
+"""report.html's reading (pipeline/report/page.py): a run's output files, local or on an object
+store, leniently -- a torn file or a foreign column type is a note on the page, not a failure
+-- as the metadata columns of every row up to pipeline/report/sample.py's SAMPLE_ROWS (an even
+sample above it), and the audio bytes of the few rows the page plays."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from actors import schema as S
 
-from ..names import DATA_DIR, SUMMARY_FILE, is_part, is_shard
+from ..names import SUMMARY_FILE, base_name, is_part, is_shard
 from ..output.layout import OutputLayout
 from . import metrics
 from . import sample as report_sample
@@ -34,13 +34,24 @@ _ROW_COL = "__report_row"
 
 @dataclass
 class ReportRun:
-    output_dir: Path
-    files: list[Path]
+    layout: OutputLayout  # the output directory (its `location` names it on the page)
+    files: list[str]  # paths inside layout.fs
     table: pa.Table  # metadata columns of every row, normalised for the metrics (+ file/row index)
     present: set[str]  # the columns the files have
     summary: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    rows_in_files: int = 0  # every row, read or not (pipeline/report_sample.py)
+    rows_in_files: int = 0  # every row, read or not (pipeline/report/sample.py)
+
+    @property
+    def output_dir(self) -> str:
+        return self.layout.location
+
+    def open(self, index: int) -> pq.ParquetFile:
+        return pq.ParquetFile(self.layout.fs.open_input_file(self.files[index]))
+
+    def name(self, index: int) -> str:
+        """A file's path below the output directory, for notes."""
+        return self.files[index][len(self.layout.base) + 1 :]
 
     @property
     def n(self) -> int:
@@ -65,19 +76,22 @@ class ReportRun:
         return self.table.column(metrics.OK).to_numpy()
 
 
-def _data_files(output_dir: Path, notes: list[str]) -> list[Path]:
-    """chorus's live files (pipeline/output.py: the shards, the parts no shard absorbed, the
-    rejected part), and any other Parquet file below data/ (a foreign layout is read too)."""
-    data = output_dir / DATA_DIR
-    if not data.is_dir():
-        return []
+def _data_files(layout: OutputLayout, notes: list[str]) -> list[str]:
+    """chorus's live files (pipeline/output/listing.py: the shards, the parts no shard absorbed,
+    the rejected part), and any other Parquet file below data/ (a foreign layout is read too)."""
+    selector = pafs.FileSelector(layout.data_dir, recursive=True, allow_not_found=True)
+    found = [
+        f.path
+        for f in layout.fs.get_file_info(selector)
+        if f.type == pafs.FileType.File and f.base_name.endswith(".parquet") and not f.base_name.startswith(".")
+    ]
 
-    def chorus_named(p: Path) -> bool:
-        return p.parent == data and (is_shard(p.name) or is_part(p.name))
+    def chorus_named(path: str) -> bool:
+        name = base_name(path)
+        return path == f"{layout.data_dir}/{name}" and (is_shard(name) or is_part(name))
 
-    found = [p for p in data.rglob("*.parquet") if p.is_file() and not p.name.startswith(".")]
     try:
-        live = [Path(p) for p in OutputLayout(str(output_dir)).live_files()]
+        live = layout.live_files()
     except Exception as exc:  # a torn shard footer: read every file rather than nothing
         notes.append(f"could not tell which files are current ({exc}); read every Parquet file under data/")
         return sorted(found)
@@ -110,16 +124,33 @@ def _unify(tables: list[pa.Table], notes: list[str]) -> pa.Table:
     return pa.concat_tables(fixed, promote_options="permissive")
 
 
-def read_run(output_dir: Path) -> ReportRun:
+def read_run(location: str) -> ReportRun:
+    """The output directory at `location` (a local path or a URI), read for its page."""
+    layout = OutputLayout(str(location))
     notes: list[str] = []
-    files = _data_files(output_dir, notes)
+    run = ReportRun(layout, _data_files(layout, notes), pa.table({}), set(), notes=notes)
     sources = {}
-    for index, path in enumerate(files):
+    for index in range(len(run.files)):
         try:
-            sources[index] = pq.ParquetFile(path)
+            sources[index] = run.open(index)
         except Exception as exc:  # a torn or foreign file must not sink the whole report
-            notes.append(f"skipped unreadable file {path.relative_to(output_dir)}: {exc}")
-    sizes = [sources[i].metadata.num_rows if i in sources else 0 for i in range(len(files))]
+            notes.append(f"skipped unreadable file {run.name(index)}: {exc}")
+    sizes = [sources[i].metadata.num_rows if i in sources else 0 for i in range(len(run.files))]
+    table = _read_rows(run, sources, sizes)
+    run.table, run.present, run.rows_in_files = metrics.normalise(table), set(table.column_names), sum(sizes)
+    run.summary = _read_summary(layout, notes)
+    if run.sampled:
+        counted = report_sample.summary_totals(run.summary, run.rows_in_files)
+        totals = f"the totals are {SUMMARY_FILE}'s" if counted else "so are the totals"
+        notes.append(
+            f"{sum(sizes):,} rows: the plots and tables show an evenly spread sample of {run.n:,} of them; {totals}"
+        )
+    return run
+
+
+def _read_rows(run: ReportRun, sources: dict[int, pq.ParquetFile], sizes: list[int]) -> pa.Table:
+    """The metadata columns of every row up to the sample's size (an even sample above it),
+    each with its file and row index."""
     takes = report_sample.quotas(sizes)
     tables = []
     for index, source in sources.items():
@@ -128,36 +159,27 @@ def read_run(output_dir: Path) -> ReportRun:
             wanted = report_sample.positions(sizes[index], takes[index])
             t, rows = report_sample.read_rows(source, columns, wanted)
         except Exception as exc:
-            notes.append(f"skipped unreadable file {files[index].relative_to(output_dir)}: {exc}")
+            run.notes.append(f"skipped unreadable file {run.name(index)}: {exc}")
             continue
         t = t.append_column(_FILE_COL, pa.array(np.full(t.num_rows, index, dtype=np.int32)))
-        t = t.append_column(_ROW_COL, pa.array(rows))
-        tables.append(t)
+        tables.append(t.append_column(_ROW_COL, pa.array(rows)))
     if tables:
-        table = _unify(tables, notes)
-    else:
-        table = pa.table({_FILE_COL: pa.array([], pa.int32()), _ROW_COL: pa.array([], pa.int64())})
-        notes.append("no Parquet files under data/" if not files else "no readable Parquet files under data/")
-    present = set(table.column_names)
-    summary: dict[str, Any] = {}
-    summary_path = output_dir / SUMMARY_FILE
-    if summary_path.is_file():
-        try:
-            loaded = json.loads(summary_path.read_text(encoding="utf-8"))
-            if isinstance(loaded, dict):
-                summary = loaded
-            else:
-                notes.append(f"{SUMMARY_FILE} is not a JSON object; ignored")
-        except (OSError, ValueError) as exc:
-            notes.append(f"{SUMMARY_FILE} could not be read: {exc}")
-    run = ReportRun(output_dir, files, metrics.normalise(table), present, summary, notes, rows_in_files=sum(sizes))
-    if run.sampled:
-        counted = report_sample.summary_totals(summary, run.rows_in_files)
-        totals = f"the totals are {SUMMARY_FILE}'s" if counted else "so are the totals"
-        notes.append(
-            f"{sum(sizes):,} rows: the plots and tables show an evenly spread sample of {run.n:,} of them; {totals}"
-        )
-    return run
+        return _unify(tables, run.notes)
+    run.notes.append("no Parquet files under data/" if not run.files else "no readable Parquet files under data/")
+    return pa.table({_FILE_COL: pa.array([], pa.int32()), _ROW_COL: pa.array([], pa.int64())})
+
+
+def _read_summary(layout: OutputLayout, notes: list[str]) -> dict[str, Any]:
+    try:
+        text = layout.read_text(SUMMARY_FILE)
+        loaded = json.loads(text) if text is not None else {}
+    except (OSError, ValueError) as exc:
+        notes.append(f"{SUMMARY_FILE} could not be read: {exc}")
+        return {}
+    if isinstance(loaded, dict):
+        return loaded
+    notes.append(f"{SUMMARY_FILE} is not a JSON object; ignored")
+    return {}
 
 
 def read_audio(run: ReportRun, picks: Sequence[int]) -> dict[int, dict]:
@@ -173,7 +195,7 @@ def read_audio(run: ReportRun, picks: Sequence[int]) -> dict[int, dict]:
         by_file.setdefault(int(file_idx[i]), []).append(i)
     for f, rows in by_file.items():
         try:
-            pf = pq.ParquetFile(run.files[f])
+            pf = run.open(f)
             if S.AUDIO not in pf.schema_arrow.names:
                 continue
             starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
@@ -186,7 +208,7 @@ def read_audio(run: ReportRun, picks: Sequence[int]) -> dict[int, dict]:
                 for i in members:
                     out[i] = _audio_value(col[int(row_idx[i] - starts[g])].as_py())
         except Exception as exc:
-            run.notes.append(f"audio could not be read from {run.files[f].name}: {exc}")
+            run.notes.append(f"audio could not be read from {run.name(f)}: {exc}")
     return out
 
 

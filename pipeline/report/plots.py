@@ -1,4 +1,4 @@
-"""report.html's plots (pipeline/report.py): matplotlib's object API to inline SVG (no pyplot,
+"""report.html's plots (pipeline/report/page.py): matplotlib's object API to inline SVG (no pyplot,
 so no GUI backend is chosen and no global state is touched)."""
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def present_metrics(table: pa.Table) -> list[str]:
 def figures(table: pa.Table, distributions: Optional[dict] = None) -> dict:
     """Rows per status, per flag (rows whose kept audio shows it), per attempt count; the frames
     regeneration discarded as a share of all frames generated; each metric's percentiles
-    (exact, or `distributions` computed elsewhere: pipeline/summary_parts.py's sketches)."""
+    (exact, or `distributions` computed elsewhere: pipeline/report/summary_merge.py's sketches)."""
     if distributions is None:
         distributions = {}
         for name in present_metrics(table):

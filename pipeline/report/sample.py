@@ -1,8 +1,8 @@
-"""Which rows report.html reads (pipeline/report.py): every row of an output up to
+"""Which rows report.html reads (pipeline/report/page.py): every row of an output up to
 SAMPLE_ROWS, else an evenly spread sample of that many, so that the page's memory stays
 bounded whatever the job's size. Each file gives rows in proportion to its own, at evenly
 spaced positions, read one row group at a time; the page's totals then come from
-summary.json, which counts every row (pipeline/summary.py)."""
+summary.json, which counts every row (pipeline/report/summary.py)."""
 
 from __future__ import annotations
 

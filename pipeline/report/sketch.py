@@ -5,7 +5,7 @@ Error bound. A nonzero value v falls in the bucket (g**(k-1), g**k] of its magni
 g = (1 + a) / (1 - a), and reads back as 2 g**k / (g + 1), within a|v| of v; a = 1%
 (RELATIVE_ERROR). Values with |v| <= TINY read back as 0. So every order statistic comes back
 within 1% of its true value, and a percentile -- linear interpolation between the two closest
-ranks, numpy's default, as pipeline/metrics.py computes it exactly -- within 1% of the larger
+ranks, numpy's default, as pipeline/report/metrics.py computes it exactly -- within 1% of the larger
 magnitude of those two values. Counts are exact; merging adds counts, so any merge order gives
 the same sketch. Size: one entry per occupied bucket, at most ~70 per factor of 2 of range.
 """

@@ -10,7 +10,7 @@ turns into summary.json, so the file says the same things either way; its "perce
 says how they were computed ("exact", or the sketch's bound).
 
 The distributed way reads each live file's rows as they are: it runs after the run's end
-pass (pipeline/supersede.py), which leaves each id on disk once, so there is no older copy
+pass (pipeline/output/supersede.py), which leaves each id on disk once, so there is no older copy
 for it to skip as `OutputLayout.read` would.
 """
 

@@ -1,4 +1,4 @@
-"""summary.json's figures above cluster.distributed_plan_rows (pipeline/summary.py): one Ray
+"""summary.json's figures above cluster.distributed_plan_rows (pipeline/report/summary.py): one Ray
 task per live file computes that file's partial figures, and the driver merges them as they
 arrive, holding one partial at a time plus the merged one (O(actors + sketch buckets), not
 O(rows)).
@@ -6,7 +6,7 @@ O(rows)).
 What merges exactly: row counts, sums, per-actor sums (an actor's node and device are those
 of its first row, the file earliest in reading order deciding), quality tallies, engine
 figures (a batch counted once per file: a block's rows are written as one part, which
-compaction and rewrites move whole). Percentiles come from pipeline/sketch.py's histograms
+compaction and rewrites move whole). Percentiles come from pipeline/report/sketch.py's histograms
 (<= 1% relative; summary.json says so). The top errors: each file's message counts stay in
 the object store; when there are few kinds in all the driver merges them, otherwise a hash
 shuffle by message sums each kind in one partition, whose top ten the driver merges. Ties

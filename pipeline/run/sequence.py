@@ -205,14 +205,13 @@ def _finish(job: Job, stream: dict) -> RunReport:
 
 
 def _write_report(layout: OutputLayout, run_id: str) -> float:
-    """report.html beside the data (a local output; for a URI output: report later); the
-    seconds it took. A broken page never fails the run: the data is written."""
-    began = time.monotonic()
-    if layout.local:
-        from ..report.page import write_report  # matplotlib: only when a page is written
+    """report.html beside the data, local or on an object store; the seconds it took. A broken
+    page never fails the run: the data is written."""
+    from ..report.page import write_report  # matplotlib: only when a page is written
 
-        try:
-            write_report(layout.location, title=f"chorus run {run_id}")
-        except Exception:
-            log.exception("could not write report.html")
+    began = time.monotonic()
+    try:
+        write_report(layout.location, title=f"chorus run {run_id}")
+    except Exception:
+        log.exception("could not write report.html")
     return time.monotonic() - began
