@@ -251,6 +251,16 @@ LOUDNESS_LUFS = "loudness_lufs"  # integrated loudness, ITU-R BS.1770-4 (null: t
 ASR_TEXT = "asr_text"
 WER = "wer"
 CER = "cer"
+# the reference clip the row's voice came from, as the actor read it: its path (confined to
+# data.audio_root) or URI; null when it was given as bytes or codes, or there was none
+REFERENCE = "reference"
+# with quality.speaker: cosine similarity of speaker embeddings, the row's audio against its
+# reference clip (null without a reference or for a clip too short to embed)
+SPEAKER_SIMILARITY = "speaker_similarity"
+# with quality.mos: DNSMOS P.835's predicted overall quality, signal and background (1-5)
+MOS = "mos"
+MOS_SIG = "mos_sig"
+MOS_BAK = "mos_bak"
 # a digest of everything the row's audio depends on (text, reference, settings, model): a
 # rerun redoes a row whose digest changed
 CONTENT_HASH = "content_hash"
@@ -311,6 +321,7 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field(RAS_WINDOW, pa.int32()),
         pa.field(TEXT, pa.string()),
         pa.field(SPEAKER, pa.string()),
+        pa.field(REFERENCE, pa.string()),
         pa.field(SEGMENTS, pa.int32()),
         pa.field(SEGMENT_FRAMES, pa.list_(pa.int32())),
         pa.field(SEGMENT_STOP_REASONS, pa.list_(pa.string())),
@@ -328,6 +339,10 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field(ASR_TEXT, pa.string()),
         pa.field(WER, pa.float64()),
         pa.field(CER, pa.float64()),
+        pa.field(SPEAKER_SIMILARITY, pa.float64()),
+        pa.field(MOS, pa.float64()),
+        pa.field(MOS_SIG, pa.float64()),
+        pa.field(MOS_BAK, pa.float64()),
     ]
 )
 

@@ -22,7 +22,7 @@ from actors import schema
 from actors.engine.segment import DEFAULT_MAX_TURNS, DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from actors.engine.settings import DTYPE_NAMES, EngineConfig
 from actors.engine.types import SamplingParams
-from actors.quality.flags import ASR_BACKENDS, FLAGS, NO_AUDIO, WER
+from actors.quality.flags import ASR_BACKENDS, FLAGS, MOS, MOS_BACKENDS, NO_AUDIO, SPEAKER, SPEAKER_BACKENDS, WER
 
 MISSING = "???"  # OmegaConf's mark of a required value (omegaconf.MISSING), without importing it
 
@@ -177,9 +177,15 @@ class EngineSettings(EngineConfig):
     min_frames: int = 8
     stop_on_eos: bool = True
     # rows per codec decode call, and how long the finisher waits for that many while the
-    # engine still has rows live (on a GPU one call for several rows costs about what one
-    # row's does; on CPU batching saves 1.1-1.4x and a batch pads at most 15%)
-    codec_batch_rows: int = 8
+    # engine still has rows live. 1 (each row alone) makes a row's audio a function of the row:
+    # batched, oneDNN picks its convolution algorithm by the call's batch size and width, and
+    # attention reduces over the padded length, so a row's samples moved by up to 1.4e-6 with
+    # its batch-mates and a rerun or another block size did not reproduce its audio bit for bit.
+    # The price on a 2-vCPU Sapphire Rapids: the demo job's rows/s 0.6-0.8x of 8-row batches
+    # (its tiny codec gains from batching), while the real-size codec decoded a second of audio
+    # faster alone than in 8-row batches. engine=gpu batches 16: there a call for many rows costs
+    # about what one row's does (and bf16 is not batch-invariant anyway)
+    codec_batch_rows: int = 1
     codec_wait_ms: float = 200.0
     # CPU: decode in a child process holding its own copy of the codec, so the codec does not
     # share the engine loop's GIL (CUDA: the codec has a stream of its own; this is ignored)
@@ -306,13 +312,32 @@ class QualitySettings:
     asr_language: Optional[str] = None
     asr_batch_rows: int = 8
     max_wer: float = 0.5
+    # speaker similarity (speaker_similarity): a WavLM x-vector model from a local directory
+    # (null: none, nothing imported), the row's audio against its reference clip; the flag below
+    # the bound. 0.86: the same-speaker threshold microsoft/wavlm-base-plus-sv's model card gives
+    speaker: Optional[str] = None
+    speaker_model: Optional[str] = None
+    min_speaker_similarity: float = 0.86
+    # predicted MOS (mos, mos_sig, mos_bak): DNSMOS P.835's ONNX file (null: none, nothing
+    # imported); the flag below the bound. 3.0 OVRL: the Emilia corpus's filter (He et al., 2024)
+    mos: Optional[str] = None
+    mos_model: Optional[str] = None
+    min_mos: float = 3.0
+    # regeneration for the checks on decoded audio (silence, clipping, loudness, wer, speaker,
+    # mos) stops once the frames generated again for them would exceed this multiple of the
+    # row's frames: a one-segment row at max_attempts=3 needs 2.0; a long row that fails early
+    # would otherwise regenerate most of itself max_attempts times per segment
+    max_regenerated_share: float = 2.0
 
     def validate(self) -> None:
         for flag in self.reject:
             if flag not in FLAGS:
                 raise ConfigError(f"quality.reject: unknown flag {flag!r} (known: {', '.join(FLAGS)})")
-        if WER in self.reject and self.asr is None:
-            raise ConfigError("quality.reject lists 'wer' but quality.asr is null (set quality.asr=whisper)")
+        for flag, backend, example in ((WER, "asr", "whisper"), (SPEAKER, "speaker", "wavlm"), (MOS, "mos", "dnsmos")):
+            if flag in self.reject and getattr(self, backend) is None:
+                raise ConfigError(
+                    f"quality.reject lists {flag!r} but quality.{backend} is null (set quality.{backend}={example})"
+                )
         for key in ("max_attempts", "repeat_ngram", "asr_batch_rows"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"quality.{key} must be >= 1, got {getattr(self, key)}")
@@ -328,11 +353,20 @@ class QualitySettings:
             raise ConfigError(f"quality.clip_level must be in (0, 1], got {self.clip_level}")
         if self.max_wer < 0:
             raise ConfigError(f"quality.max_wer must be >= 0, got {self.max_wer}")
-        if self.asr is not None:
-            if self.asr not in ASR_BACKENDS:
-                raise ConfigError(f"quality.asr must be null or one of {', '.join(ASR_BACKENDS)}, got {self.asr!r}")
-            if not self.asr_model:
-                raise ConfigError("quality.asr is set but quality.asr_model is null: name a local model directory")
+        if self.max_regenerated_share < 0:
+            raise ConfigError(f"quality.max_regenerated_share must be >= 0, got {self.max_regenerated_share}")
+        for backend, known, where in (
+            ("asr", ASR_BACKENDS, "a local model directory"),
+            ("speaker", SPEAKER_BACKENDS, "a local model directory"),
+            ("mos", MOS_BACKENDS, "the local sig_bak_ovr.onnx file"),
+        ):
+            chosen = getattr(self, backend)
+            if chosen is None:
+                continue
+            if chosen not in known:
+                raise ConfigError(f"quality.{backend} must be null or one of {', '.join(known)}, got {chosen!r}")
+            if not getattr(self, f"{backend}_model"):
+                raise ConfigError(f"quality.{backend} is set but quality.{backend}_model is null: name {where}")
 
 
 @dataclass

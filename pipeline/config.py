@@ -161,6 +161,9 @@ class BenchSettings:
     slots: list[int] = field(default_factory=lambda: [16])
     # also run the one-row-at-a-time engine loop (1 actor, 1 slot): the ratio's denominator
     baseline: bool = True
+    # also run each configuration's rows with quality.max_attempts=1: the rows regeneration
+    # saved (rejected there, ok here) and what it cost in rows/s (bench=quality)
+    single_attempt_pass: bool = False
 
 
 @dataclass

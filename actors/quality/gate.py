@@ -8,14 +8,14 @@ engine, torch or Arrow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import numpy as np
 
 from actors import schema as S
 from actors.quality import attempts, checks
-from actors.quality.flags import NO_AUDIO, SPEECH_RATE, WER
+from actors.quality.flags import MOS, NO_AUDIO, SPEAKER, SPEECH_RATE, WER
 from actors.settings import QualitySettings
 
 
@@ -30,10 +30,16 @@ class Attempt:
 class SegmentAttempts:
     """One segment's attempts: `offer` each engine result; True means generate it again (same
     prompt, the next attempt's seed); `kept` is the attempt to record. A segment's speech rate
-    is known from its frame count (the codec's frames_per_second) before any audio is decoded."""
+    is known from its frame count (the codec's frames_per_second) before any audio is decoded.
+    `first_attempt`: the attempts this segment took in earlier rounds (a row sent back by a
+    check on its audio runs the segment again): numbering goes on from there, so no attempt
+    reuses a seed and max_attempts bounds them all."""
 
-    def __init__(self, settings: QualitySettings, text: Optional[str], frames_per_second: float):
+    def __init__(
+        self, settings: QualitySettings, text: Optional[str], frames_per_second: float, first_attempt: int = 0
+    ):
         self.settings, self.text, self.frames_per_second = settings, text, frames_per_second
+        self.first_attempt = first_attempt
         self.attempts: list[Attempt] = []
 
     def offer(self, payload: Any, codes: np.ndarray, stop_reason: str) -> bool:
@@ -43,11 +49,11 @@ class SegmentAttempts:
         if rate is not None and not self.settings.min_s_per_char <= rate <= self.settings.max_s_per_char:
             flags.append(SPEECH_RATE)
         self.attempts.append(Attempt(payload, checks.ordered(flags), frames, ratio))
-        return attempts.should_retry(flags, self.settings.reject, len(self.attempts) - 1, self.settings.max_attempts)
+        return attempts.should_retry(flags, self.settings.reject, self.next_attempt - 1, self.settings.max_attempts)
 
     @property
     def next_attempt(self) -> int:
-        return len(self.attempts)
+        return self.first_attempt + len(self.attempts)
 
     def kept(self) -> Attempt:
         return self.attempts[attempts.best_attempt([a.flags for a in self.attempts])]
@@ -59,34 +65,88 @@ class SegmentAttempts:
 
 @dataclass
 class RowQuality:
-    """A row's quality across its segments: the flags of each segment's kept attempt, the
-    attempts it took, and, once decoded, the audio's metrics and flags."""
+    """A row's quality across its segments: each segment's kept attempt and the attempts it
+    took, the frames generated in all, and, once decoded, the audio's metrics and flags. A
+    check on the audio that rejects the row rewinds it (`rewind`) to the segment to generate
+    again; `snapshot` keeps a round's state so the best round can be the one written."""
 
     settings: QualitySettings
-    flags: list[str] = field(default_factory=list)
-    attempts: int = 1  # the most any segment took (<= quality.max_attempts)
-    discarded_frames: int = 0
-    repeat_ratio: float = 0.0  # the worst segment's
+    segments: list[Attempt] = field(default_factory=list)  # each segment's kept attempt, in order
+    tries: dict[int, int] = field(default_factory=dict)  # segment -> attempts taken, every round
+    generated_frames: int = 0  # by every attempt of every round
+    regenerated_frames: int = 0  # of those, generated again because a check on the audio failed
     metrics: Optional[checks.AudioMetrics] = None
     asr: Any = None  # an asr.Transcript, when quality.asr is set
+    speaker_similarity: Optional[float] = None  # with quality.speaker and a reference
+    mos: Any = None  # a mos.MOSScore, when quality.mos is set
+    audio_flags: list[str] = field(default_factory=list)  # what the decoded audio showed
 
     def add_segment(self, segment: SegmentAttempts) -> Attempt:
         """Record a segment's kept attempt; returns it."""
         kept = segment.kept()
-        self.flags = checks.ordered([*self.flags, *kept.flags])
-        self.attempts = max(self.attempts, len(segment.attempts))
-        self.discarded_frames += segment.discarded_frames()
-        self.repeat_ratio = max(self.repeat_ratio, kept.repeat_ratio)
+        self.tries[len(self.segments)] = segment.next_attempt
+        self.segments.append(kept)
+        self.generated_frames += sum(a.frames for a in segment.attempts)
         return kept
 
     def add_audio(self, audio: np.ndarray, sample_rate: int, text: Optional[str]) -> None:
         self.metrics = checks.audio_metrics(audio, sample_rate, text, self.settings)
-        self.flags = checks.ordered([*self.flags, *checks.audio_flags(self.metrics, self.settings)])
+        self._flag(*checks.audio_flags(self.metrics, self.settings))
 
     def add_transcript(self, transcript: Any) -> None:
         self.asr = transcript
         if transcript.wer > self.settings.max_wer:
-            self.flags = checks.ordered([*self.flags, WER])
+            self._flag(WER)
+
+    def add_speaker_similarity(self, similarity: Optional[float]) -> None:
+        """None (no reference, or a clip too short to embed) is not measured, not a flag."""
+        self.speaker_similarity = similarity
+        if similarity is not None and similarity < self.settings.min_speaker_similarity:
+            self._flag(SPEAKER)
+
+    def add_mos(self, score: Any) -> None:
+        self.mos = score
+        if score.ovrl < self.settings.min_mos:
+            self._flag(MOS)
+
+    def _flag(self, *flags: str) -> None:
+        self.audio_flags = checks.ordered([*self.audio_flags, *flags])
+
+    @property
+    def flags(self) -> list[str]:
+        return checks.ordered([flag for kept in self.segments for flag in kept.flags] + self.audio_flags)
+
+    @property
+    def attempts(self) -> int:
+        """The most attempts any segment took (<= quality.max_attempts)."""
+        return max(self.tries.values(), default=1)
+
+    @property
+    def repeat_ratio(self) -> float:
+        return max((kept.repeat_ratio for kept in self.segments), default=0.0)
+
+    @property
+    def kept_frames(self) -> int:
+        return sum(kept.frames for kept in self.segments)
+
+    @property
+    def discarded_frames(self) -> int:
+        return self.generated_frames - self.kept_frames
+
+    def audio_rejections(self) -> list[str]:
+        """The flags the decoded audio showed that quality.reject rejects."""
+        return [flag for flag in self.audio_flags if flag in self.settings.reject]
+
+    def rewind(self, segment: int) -> None:
+        """Forget `segment` and every later one, and what the audio showed: they are generated
+        again (their frames count as regenerated)."""
+        self.regenerated_frames += sum(kept.frames for kept in self.segments[segment:])
+        del self.segments[segment:]
+        self.metrics = self.asr = self.speaker_similarity = self.mos = None
+        self.audio_flags = []
+
+    def snapshot(self) -> RowQuality:
+        return replace(self, segments=list(self.segments), tries=dict(self.tries), audio_flags=list(self.audio_flags))
 
     @property
     def rejected(self) -> bool:
@@ -99,14 +159,17 @@ class RowQuality:
         m = self.metrics
         out = {
             S.ATTEMPTS: self.attempts,
-            S.QUALITY_FLAGS: list(self.flags),
+            S.QUALITY_FLAGS: self.flags,
             S.REPEAT_RATIO: self.repeat_ratio,
             S.DISCARDED_FRAMES: self.discarded_frames,
             S.SPEECH_RATE_S_PER_CHAR: m.speech_rate_s_per_char if m else None,
             S.SILENCE_RATIO: m.silence_ratio if m else None,
             S.CLIPPED_RATIO: m.clipped_ratio if m else None,
             S.LOUDNESS_LUFS: m.loudness_lufs if m else None,
+            S.SPEAKER_SIMILARITY: self.speaker_similarity,
         }
         if self.asr is not None:
             out.update({S.ASR_TEXT: self.asr.asr_text, S.WER: self.asr.wer, S.CER: self.asr.cer})
+        if self.mos is not None:
+            out.update({S.MOS: self.mos.ovrl, S.MOS_SIG: self.mos.sig, S.MOS_BAK: self.mos.bak})
         return out

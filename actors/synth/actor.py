@@ -40,10 +40,11 @@ from actors.synth.finisher import Finisher
 from actors.synth.gate import QualityGate
 from actors.synth.guard import CrashGuard
 from actors.synth.jobs import Block
+from actors.synth.listening import load_mos, load_speaker_check
 from actors.synth.output import RowWriter, batch_columns, output_table_per_row
 from actors.synth.recorder import Recorder
 from actors.synth.references import CodecShape, ReferenceStore
-from actors.synth.rows import RowError, RowSpec
+from actors.synth.rows import RefSpec, RowError, RowSpec
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,13 @@ class SynthActor:
         positions = min(self.engine.config.max_tokens, self.lm.config.max_seq_len)
         self.planner = ChainPlanner(settings, loaded.builder, positions, frozenset(self.lm.tokenizer.special))
         self.preparer = Preparer(settings, base_sampling, self.references, self.planner)
-        asr = load_asr(settings.quality, str(self.lm.device))  # None (nothing imported) without quality.asr
-        self.gate = QualityGate(settings, self.codec.sample_rate / self.codec.frame_length, self.codec.sample_rate, asr)
+        self._codec_runner = loaded.codec_runner
+        # each None (nothing imported) unless quality.asr / .speaker / .mos is set
+        asr = load_asr(settings.quality, str(self.lm.device))
+        speaker = load_speaker_check(settings.quality, str(self.lm.device), self._reference_wave)
+        mos = load_mos(settings.quality, settings.run.threads)
+        fps = self.codec.sample_rate / self.codec.frame_length
+        self.gate = QualityGate(settings, fps, self.codec.sample_rate, asr, speaker, mos)
         self.finisher = Finisher(
             settings,
             loaded.codec_runner,
@@ -86,6 +92,7 @@ class SynthActor:
             self.writer,
             lambda: self.feeder.holding,
             self.gate,
+            lambda job: self.feeder.submit(job),  # a row the gate sends back for another round
             loaded.codec_stream,
         )
         self.feeder = EngineFeeder(
@@ -108,6 +115,13 @@ class SynthActor:
             loaded.codec_path,
             self.engine.kv_bytes(),
         )
+
+    def _reference_wave(self, ref: RefSpec) -> tuple[np.ndarray, int]:
+        """A reference's audio for the speaker check: its clip read as the run reads it, or,
+        for a row that gave only ref_codes, those codes decoded (the voice the model was shown)."""
+        if ref.source is not None:
+            return self.references.load_in_time(ref.source), self.codec.sample_rate
+        return self._codec_runner.decode_batch([ref.codes], max_batch_rows=1)[0], self.codec.sample_rate
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """One block, start to end; safe to call from several threads at once (SynthStage

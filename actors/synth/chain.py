@@ -67,6 +67,7 @@ class RowChain:
         self.steps: list[int] = []  # the actor's engine step at which each segment finished
         self.history: list[int] = []  # how many previous segments each segment's prompt kept
         self.attempt = 0  # of the current segment: 0, then one more for each `retry`
+        self.first_attempts: dict[int, int] = {}  # segment -> its first attempt after a `rewind`
         self._prompt: Optional[Prompt] = None  # the current segment's, kept for a retry
 
     @property
@@ -117,13 +118,21 @@ class RowChain:
         segment again, same prompt, next attempt's seed."""
         self.attempt += 1
 
+    def rewind(self, segment: int, first_attempts: dict[int, int]) -> None:
+        """Generate `segment` and every later one again (a check on the decoded audio rejected
+        the row there): their results are dropped, each later segment's prompt is built anew
+        from the new history, and segment k's attempts go on from `first_attempts[k]`."""
+        del self.results[segment:], self.steps[segment:], self.history[segment:]
+        self.first_attempts = dict(first_attempts)
+        self._prompt, self.attempt = None, self.first_attempts.get(segment, 0)
+
     def record(self, result: Result, step: int) -> Optional[str]:
         """Accept the current segment's result (finished at engine step `step`); the row's
         failure when the segment failed, else None."""
         label = self.label(self.segment)
         self.results.append(result)
         self.steps.append(step)
-        self._prompt, self.attempt = None, 0
+        self._prompt, self.attempt = None, self.first_attempts.get(self.segment, 0)
         if result.stop_reason == STOP_ERROR:
             return f"{label}generation: {result.error}"
         if result.frames == 0:

@@ -4,8 +4,10 @@ returns when its last row is here. On CUDA its codec work runs on a stream of it
 overlaps the engine's kernels instead of queueing behind them (CPU: threads are enough).
 
 Each decoded batch is measured by the quality gate (gate.py: loudness, silence, clipping,
-speech rate, and ASR with quality.asr) before its output rows are built; a row the gate kept
-without frames has nothing to decode and is written as `rejected`.
+speech rate; ASR, speaker similarity and MOS when set) before its output rows are built; a row
+whose audio fails a check quality.reject lists goes back to the engine feeder for another
+round instead (gate.py says from where), and a row the gate kept without frames has nothing to
+decode and is written as `rejected`.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ class Finisher:
         writer: RowWriter,
         engine_holding: Callable[[], int],
         gate: QualityGate,
+        send_back: Callable[[Job], None],
         stream: Any = None,
     ):
         self.settings, self.codec_runner, self.clock, self.writer = settings, codec_runner, clock, writer
         self.gate = gate
+        self._send_back = send_back  # the engine feeder's submit: a row the gate regenerates
         self._engine_holding = engine_holding  # rows still in the engine feeder: more may come soon
         self._stream = stream
         self.intake: queue.Queue = queue.Queue()
@@ -57,23 +61,27 @@ class Finisher:
             torch.cuda.set_stream(self._stream)  # this thread's current stream from now on
         while True:
             jobs = self._next_batch()
+            again: list[Job] = []
             try:
                 # similar lengths decode together: a batch pads to its longest row
                 with self.clock.busy():
                     self.decode(sorted((j for j in jobs if j.ok and j.result.frames), key=lambda j: j.result.frames))
-                self.gate.audio(jobs)
+                again = self.gate.audio(jobs)
             except Exception as e:  # a bug or a device failure: the rows still come back, as errors
                 log.error("decode failed in %s:\n%s", self.writer.actor, traceback.format_exc())
                 for job in jobs:
                     if job.wave is None:
                         job.fail(f"internal error in actor {self.writer.actor}: {e!r}", retryable=True)
             for job in jobs:
-                self._finish(job)
+                if any(job is back for back in again):
+                    self._send_back(job)  # waits while the engine's queue is full
+                else:
+                    self._finish(job)
 
     def _finish(self, job: Job) -> None:
         began = time.perf_counter()
         out = self.writer.row(job, self._flac(job))
-        job.wave = None  # the FLAC holds it now; an actor keeps no decoded audio longer
+        job.wave, job.rounds = None, []  # the FLAC holds it now; an actor keeps no decoded audio longer
         job.block.finish(job, out, (time.perf_counter() - began) * 1000.0)
 
     def _flac(self, job: Job) -> Optional[bytes]:

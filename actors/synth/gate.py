@@ -1,29 +1,70 @@
-"""The quality gate (issue 21; the checks are actors/quality/): each segment's result is checked
-as the engine returns it, and an attempt `quality.reject` rejects is generated again at once --
-the same prompt, so the same history (the earlier segments' codes, the other segments
-untouched), with the next attempt's seed (chain.segment_seed: a function of the row's seed
-alone) -- up to `quality.max_attempts`; the least flawed attempt is kept. Once the row's audio
-is decoded it is measured (and transcribed, with `quality.asr`, a codec batch at a time), and
-the row is `rejected` when what it kept still fails the gate or has no audio.
+"""The quality gate (the checks are actors/quality/), in two places of a row's way:
+
+- Each segment's result is checked as the engine returns it, and an attempt `quality.reject`
+  rejects is generated again at once -- the same prompt, so the same history, with the next
+  attempt's seed (chain.segment_seed: a function of the row's seed alone) -- up to
+  `quality.max_attempts`; the least flawed attempt is kept.
+- Once the row's audio is decoded it is measured (silence, clipping, loudness; with
+  `quality.asr` / `.speaker` / `.mos` transcribed, compared with its reference, scored), a
+  finisher batch at a time. A flag quality.reject lists sends the row back to the engine:
+  from the first segment whose audio shows it (a one-segment row: the row), that segment and
+  every later one generated again. Later segments go too because each one's prompt carries
+  the segments before it as history: kept, they would continue audio that is no longer in the
+  row. Checks that only the whole row can show (wer, speaker, mos) send it back from its
+  first segment. Each segment's attempts go on counting (max_attempts bounds them all, and no
+  attempt reuses a seed), and the frames generated again are bounded by
+  `quality.max_regenerated_share` of the row's. When the row can go back no more, the best
+  round (the same ordering as attempts) is written; `rejected` if it still fails.
 
 The engine feeder calls `segment` for every attempt; the finisher calls `audio` for every
-decoded batch. Both run on their own thread and touch only the job in hand.
+decoded batch. Both run on their own thread and touch only the jobs in hand.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
+import numpy as np
+
 from actors.engine.types import STOP_ERROR
+from actors.quality import attempts, checks
+from actors.quality.flags import CLIPPING, LOUDNESS, SILENCE
 from actors.quality.gate import RowQuality, SegmentAttempts
 from actors.settings import ActorSettings
 from actors.synth.jobs import Job
 
+# the flags a segment's own stretch of audio can show (the others need the whole row)
+_LOCAL_FLAGS = (SILENCE, CLIPPING, LOUDNESS)
+
+
+@dataclass
+class AudioRound:
+    """A row as one round left it: what would be written if this round is kept."""
+
+    quality: RowQuality
+    result: Any
+    wave: np.ndarray
+    results: list
+    steps: list
+    history: list
+
 
 class QualityGate:
-    def __init__(self, settings: ActorSettings, frames_per_second: float, sample_rate: int, asr: Any = None):
+    def __init__(
+        self,
+        settings: ActorSettings,
+        frames_per_second: float,
+        sample_rate: int,
+        asr: Any = None,
+        speaker: Any = None,
+        mos: Any = None,
+    ):
         self.settings, self.frames_per_second, self.sample_rate = settings, frames_per_second, sample_rate
+        self.frame_length = round(sample_rate / frames_per_second)
         self.asr = asr  # an actors.quality.asr backend, or None
+        self.speaker = speaker  # an actors.synth.listening.SpeakerCheck, or None
+        self.mos = mos  # an actors.quality.mos predictor, or None
 
     def segment(self, job: Job, result: Any) -> Optional[Any]:
         """A segment attempt's result: None when it is to be generated again (the chain has
@@ -36,7 +77,8 @@ class QualityGate:
             job.quality = RowQuality(quality)
         chain = job.chain
         if job.tries is None:
-            job.tries = SegmentAttempts(quality, chain.plan.texts[chain.segment], self.frames_per_second)
+            text = chain.plan.texts[chain.segment]
+            job.tries = SegmentAttempts(quality, text, self.frames_per_second, first_attempt=chain.attempt)
         if job.tries.offer(result, result.codes, result.stop_reason):
             chain.retry()
             return None
@@ -44,12 +86,78 @@ class QualityGate:
         job.tries = None
         return kept.payload
 
-    def audio(self, jobs: list[Job]) -> None:
-        """Measure the decoded rows (and transcribe them, batched, with quality.asr)."""
+    def audio(self, jobs: list[Job]) -> list[Job]:
+        """Measure the decoded rows; returns those sent back to the engine (the caller hands
+        them to the engine feeder instead of finishing them)."""
         heard = [j for j in jobs if j.ok and j.wave is not None and j.quality is not None]
+        if not heard:
+            return []
+        self._measure(heard)
+        return [job for job in heard if self._again(job)]
+
+    def _measure(self, heard: list[Job]) -> None:
         for job in heard:
             job.quality.add_audio(job.wave, self.sample_rate, job.spec.text)
-        if self.asr is not None and heard:
-            scored = self.asr.score([j.wave for j in heard], self.sample_rate, [j.spec.text or "" for j in heard])
+        waves = [j.wave for j in heard]
+        if self.asr is not None:
+            scored = self.asr.score(waves, self.sample_rate, [j.spec.text or "" for j in heard])
             for job, transcript in zip(heard, scored):
                 job.quality.add_transcript(transcript)
+        if self.speaker is not None:
+            similarities = self.speaker.similarities(waves, [j.spec.reference for j in heard], self.sample_rate)
+            for job, similarity in zip(heard, similarities):
+                job.quality.add_speaker_similarity(similarity)
+        if self.mos is not None:
+            for job, score in zip(heard, self.mos.score(waves, self.sample_rate)):
+                job.quality.add_mos(score)
+
+    def _again(self, job: Job) -> bool:
+        """Whether the row goes back to the engine; if not, the round to write is in place."""
+        quality, chain = job.quality, job.chain
+        job.rounds.append(
+            AudioRound(
+                quality.snapshot(), job.result, job.wave, list(chain.results), list(chain.steps), list(chain.history)
+            )
+        )
+        failing = quality.audio_rejections()
+        if not failing:
+            return False
+        start = self._first_failing_segment(job, failing)
+        redo = sum(kept.frames for kept in quality.segments[start:])
+        limit = self.settings.quality.max_regenerated_share * quality.kept_frames
+        if quality.tries.get(start, 0) >= self.settings.quality.max_attempts or (
+            quality.regenerated_frames + redo > limit
+        ):
+            self._keep_best_round(job)
+            return False
+        quality.rewind(start)
+        chain.rewind(start, {k: n for k, n in quality.tries.items() if k >= start})
+        job.result = job.wave = None
+        return True
+
+    def _first_failing_segment(self, job: Job, failing: list[str]) -> int:
+        """The first segment whose own stretch of audio shows a rejected local flag; 0 when the
+        row has one segment or only whole-row checks failed."""
+        local = [flag for flag in failing if flag in _LOCAL_FLAGS]
+        segments = job.quality.segments
+        if len(segments) < 2 or not local:
+            return 0
+        settings, start = self.settings.quality, 0
+        for k, kept in enumerate(segments):
+            stretch = job.wave[start * self.frame_length : (start + kept.frames) * self.frame_length]
+            start += kept.frames
+            shown = checks.audio_flags(checks.audio_metrics(stretch, self.sample_rate, None, settings), settings)
+            if any(flag in shown for flag in local):
+                return k
+        return 0
+
+    def _keep_best_round(self, job: Job) -> None:
+        """Every round failed: write the best (least severe flags, the earliest among equals)."""
+        rounds = job.rounds
+        best = rounds[attempts.best_attempt([r.quality.flags for r in rounds])]
+        # every round's attempts and frames were spent, whichever round is written
+        best.quality.tries = dict(job.quality.tries)
+        best.quality.generated_frames = job.quality.generated_frames
+        best.quality.regenerated_frames = job.quality.regenerated_frames
+        job.quality, job.result, job.wave = best.quality, best.result, best.wave
+        job.chain.results[:], job.chain.steps[:], job.chain.history[:] = best.results, best.steps, best.history

@@ -108,6 +108,7 @@ class RowWriter:
             S.MAX_FRAMES: chain.plan.max_frames if chain is not None else spec.max_frames,
             S.TEXT: spec.text,
             S.SPEAKER: None if spec.values.get(S.SPEAKER) is None else str(spec.values[S.SPEAKER]),
+            S.REFERENCE: _reference_source(spec),
             S.FINISHED_AT: time.time(),
             S.CONTENT_HASH: spec.content_hash,
             **_segment_columns(chain),
@@ -144,6 +145,11 @@ class RowWriter:
         if self.settings.run.keep_codes:
             audio[S.CODES] = np.asarray(result.codes, dtype=np.int16).tolist()
         return audio
+
+
+def _reference_source(spec: Any) -> Optional[str]:
+    source = spec.reference.source if spec.reference is not None else None
+    return source if isinstance(source, str) else None
 
 
 def _segment_columns(chain: Any) -> dict:

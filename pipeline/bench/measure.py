@@ -111,3 +111,14 @@ def _phase_split(actors: list[dict], stream: dict, wall_s: float) -> dict:
         "write": write,
         "other": max(0.0, wall_s - prep - engine - codec - write),
     }
+
+
+def rows_saved(single_attempt_output: str, output: str) -> dict:
+    """Rows rejected with one attempt each, and of those the rows the configured run (with
+    regeneration) wrote ok: what regeneration saved."""
+    columns = [S.ID, S.STATUS]
+    single = OutputLayout(single_attempt_output).read(columns, latest_only=False).to_pylist()
+    regenerated = {r[S.ID]: r[S.STATUS] for r in OutputLayout(output).read(columns, latest_only=False).to_pylist()}
+    rejected = [r[S.ID] for r in single if r[S.STATUS] == S.STATUS_REJECTED]
+    saved = sum(1 for i in rejected if regenerated.get(i) == S.STATUS_OK)
+    return {"rows_rejected": len(rejected), "rows_saved": saved}

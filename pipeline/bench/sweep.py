@@ -37,7 +37,7 @@ from ..location import is_local, local_path
 from ..names import BENCH_FILE, BENCH_TABLE_FILE, REPORT_FILE
 from ..run.actor_settings import actor_arguments
 from ..run.sequence import run
-from .measure import measure
+from .measure import measure, rows_saved
 from .workload import make_workload
 
 log = logging.getLogger("chorus")
@@ -84,8 +84,8 @@ def markdown(report: dict) -> str:
         "| actors | slots | rows/s | frames/s | audio s / wall s | vs 1-row loop | vs engine only (whole run) "
         "| p50 / p95 / p99 latency ms | first row s | slot occupancy | engine busy | peak RSS MiB/actor | KV MiB "
         "| prep / engine / codec / write / other s | overhead (after start-up) | Ray + Parquet + FLAC | report page s "
-        "| rejected rows | regenerated frames |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| rejected rows | regenerated frames | rows saved (rejected with 1 attempt) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def share(value):
@@ -106,9 +106,13 @@ def markdown(report: dict) -> str:
             f"{s['prep']:.1f} / {s['engine']:.1f} / {s['codec']:.1f} / {s['write']:.1f} / {s['other']:.1f} | "
             f"{m['overhead_fraction']:.1%} ({m['overhead_fraction_after_startup']:.1%}) | "
             f"{m['pipeline_overhead_fraction']:.1%} | {m['report_s']:.1f} | "
-            f"{m['rows_rejected']} | {share(m['regenerated_frames_share'])} |"
+            f"{m['rows_rejected']} | {share(m['regenerated_frames_share'])} | {_saved(c.get('single_attempt'))} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _saved(single: dict | None) -> str:
+    return "-" if single is None else f"{single['rows_saved']} ({single['rows_rejected']})"
 
 
 def _bench_config(cfg: DictConfig, actors: int, slots: int, cpus: float, root: Path, workload: Path) -> dict:
@@ -131,6 +135,8 @@ def _bench_config(cfg: DictConfig, actors: int, slots: int, cpus: float, root: P
         **measure(str(out), wall, unix0, stream),
         "report_s": finished.report_s,
     }
+    if cfg.bench.single_attempt_pass:
+        entry["single_attempt"] = _single_attempt(cfg, actors, slots, cpus, root, workload, str(out))
     log.info("bench: the same rows through the engine alone (%d slots)", slots)
     alone = engine_only_pass(run_cfg, workload)
     # each actor's engine runs side by side with the others on its own CPU share
@@ -141,6 +147,19 @@ def _bench_config(cfg: DictConfig, actors: int, slots: int, cpus: float, root: P
     entry["vs_engine_only"] = entry["frames_per_s_serving"] / alone_rate if alone_rate else None
     entry["vs_engine_only_whole_run"] = entry["frames_per_s"] / alone_rate if alone_rate else None
     return entry
+
+
+def _single_attempt(cfg: DictConfig, actors: int, slots: int, cpus: float, root: Path, workload: Path, out: str):
+    """The same rows with one attempt each (no regeneration): its rows/s and rejected rows,
+    and the rows regeneration saved (rejected there, ok in the configured run)."""
+    single_out = root / "runs" / f"a{actors}-s{slots}-single-attempt"
+    run_cfg = _settings(cfg, actors, slots, cpus, str(workload), str(single_out))
+    run_cfg.quality.max_attempts = 1
+    log.info("bench: the same rows with one attempt each (quality.max_attempts=1)")
+    t0 = time.monotonic()
+    finished = run(run_cfg)
+    wall = time.monotonic() - t0 - finished.report_s
+    return {"wall_s": wall, "rows_per_s": cfg.bench.rows / wall, **rows_saved(str(single_out), out)}
 
 
 def run_bench(cfg: DictConfig) -> dict:

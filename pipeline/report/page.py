@@ -53,7 +53,7 @@ from .markup import (
     is_scalar,
     nested_summary,
 )
-from .page_data import ReportRun, read_audio, read_run
+from .page_data import ReportRun, read_audio, read_references, read_run
 from .plots import Plots, percentile_marks, run_plots
 
 MAX_ERROR_SAMPLES = 5  # error rows shown in the sample table
@@ -289,13 +289,17 @@ def _sample_cells(columns: dict, i: int, ok: bool, audio: dict, output_dir: Path
 
 def _quality_section(run: ReportRun, max_audio_rows: int) -> str:
     """pipeline/report/quality_figures.py's section, its worst rows with players from this page's reader."""
-    audio = read_audio(run, quality.worst_rows(run.table, max_audio_rows))
+    worst = quality.worst_rows(run.table, max_audio_rows)
+    audio, references = read_audio(run, worst), read_references(run, worst)
 
-    def player(i: int) -> str:
-        src, note = audio_src(audio.get(i, {}), run.output_dir)
-        return f'<audio controls preload="metadata" src="{esc(src)}"></audio>' if src else esc(note)
+    def player(sources: dict[int, dict]):
+        def html_of(i: int) -> str:
+            src, note = audio_src(sources.get(i, {}), run.output_dir)
+            return f'<audio controls preload="metadata" src="{esc(src)}"></audio>' if src else esc(note)
 
-    return quality.section(run.table, player, max_audio_rows)
+        return html_of
+
+    return quality.section(run.table, player(audio), max_audio_rows, reference=player(references))
 
 
 def _bench(bench: dict) -> str:

@@ -18,10 +18,12 @@ import pyarrow.parquet as pq
 
 from actors import schema as S
 
+from ..location import open_location
 from ..names import SUMMARY_FILE, base_name, is_part, is_shard
 from ..output.layout import OutputLayout
 from . import metrics
 from . import sample as report_sample
+from .markup import MAX_EMBED_BYTES
 
 _HEAVY = (S.AUDIO, S.CODES)
 
@@ -210,6 +212,38 @@ def read_audio(run: ReportRun, picks: Sequence[int]) -> dict[int, dict]:
         except Exception as exc:
             run.notes.append(f"audio could not be read from {run.name(f)}: {exc}")
     return out
+
+
+def read_references(run: ReportRun, picks: Sequence[int]) -> dict[int, dict]:
+    """{table row -> {"bytes": b}} of the reference clips the picked rows name (S.REFERENCE:
+    a local path or a URI), each read once and only up to the page's embedding limit, so the
+    page plays them wherever it is opened; a clip that cannot be read is noted, not fatal."""
+    if S.REFERENCE not in run.table.column_names:
+        return {}
+    named = run.table.column(S.REFERENCE).to_pylist()
+    clips: dict[str, dict] = {}
+    out = {}
+    for i in picks:
+        source = named[i]
+        if not source:
+            continue
+        if source not in clips:
+            clips[source] = _read_clip(run, source)
+        out[i] = clips[source]
+    return out
+
+
+def _read_clip(run: ReportRun, source: str) -> dict:
+    try:
+        fs, path = open_location(source)
+        size = fs.get_file_info(path).size or 0
+        if size > MAX_EMBED_BYTES:
+            return {"bytes": None, "path": None}
+        with fs.open_input_file(path) as f:
+            return {"bytes": f.read(), "path": None}
+    except Exception as exc:
+        run.notes.append(f"reference clip {source} could not be read: {exc}")
+        return {"bytes": None, "path": None}
 
 
 def _audio_value(v: Any) -> dict:

@@ -25,6 +25,10 @@ METRIC_COLUMNS = (
     S.LOUDNESS_LUFS,
     S.WER,
     S.CER,
+    S.SPEAKER_SIMILARITY,
+    S.MOS,
+    S.MOS_SIG,
+    S.MOS_BAK,
 )
 PERCENTILES = (5, 50, 95)
 
@@ -114,10 +118,13 @@ def _number(v: Optional[float]) -> str:
     return "–" if v is None else f"{v:.3g}"
 
 
-def section(table: pa.Table, player: Callable[[int], str], limit: int = 12) -> str:
+def section(
+    table: pa.Table, player: Callable[[int], str], limit: int = 12, reference: Optional[Callable[[int], str]] = None
+) -> str:
     """The report's quality section: counts, metric distributions, and the worst rows with
     their flags and an audio player each (`player(row index)` gives its HTML, from the
-    report's own audio reader)."""
+    report's own audio reader; `reference(row index)` the player of the clip its voice came
+    from, beside it)."""
     fig = figures(table)
     if not fig["rows_by_attempts"] and not fig["rows_by_flag"]:
         return '<h2>Quality</h2><p class="empty">No quality columns in this output.</p>'
@@ -138,20 +145,36 @@ def section(table: pa.Table, player: Callable[[int], str], limit: int = 12) -> s
         for name, values in fig["metrics"].items()
     )
     dist_head = "".join(f"<th>{h}</th>" for h in ("metric", *(f"p{q}" for q in PERCENTILES), "mean"))
-    ids, texts, flags = _column(table, S.ID), _column(table, S.TEXT), _column(table, S.QUALITY_FLAGS)
-    status = _column(table, S.STATUS)
-    worst = "".join(
-        f'<tr><td class="id">{_e(ids[i])}</td><td class="text">{_e((texts[i] or "")[:120])}</td>'
-        f"<td>{_e(status[i])}</td><td>{_e(', '.join(flags[i]))}</td><td>{player(i)}</td></tr>"
-        for i in worst_rows(table, limit)
-    )
-    worst_head = "".join(f"<th>{h}</th>" for h in ("id", "text", "status", "flags", "audio"))
+    worst = _worst_rows_table(table, player, limit, reference)
     return (
         f'<h2>Quality</h2><table class="kv">{rows}</table>'
         f'<table class="data"><thead><tr>{dist_head}</tr></thead><tbody>{dist}</tbody></table>'
-        + (
-            f'<h3>Worst rows</h3><table class="samples"><thead><tr>{worst_head}</tr></thead><tbody>{worst}</tbody></table>'
-            if worst
-            else ""
-        )
+        + (f"<h3>Worst rows</h3>{worst}" if worst else "")
     )
+
+
+def _worst_rows_table(
+    table: pa.Table, player: Callable[[int], str], limit: int, reference: Optional[Callable[[int], str]]
+) -> str:
+    """The worst rows: id, text, status, flags, the model-based scores present, the audio, and
+    the reference clip beside it when the output names one."""
+    picks = worst_rows(table, limit)
+    if not picks:
+        return ""
+    ids, texts, flags = _column(table, S.ID), _column(table, S.TEXT), _column(table, S.QUALITY_FLAGS)
+    status = _column(table, S.STATUS)
+    scores = [n for n in (S.SPEAKER_SIMILARITY, S.MOS) if n in present_metrics(table)]
+    values = {n: _column(table, n) for n in scores}
+    show_reference = reference is not None and any(_column(table, S.REFERENCE)[i] for i in picks)
+    head = ["id", "text", "status", "flags", *scores, "audio", *(["reference"] if show_reference else [])]
+    body = "".join(
+        f'<tr><td class="id">{_e(ids[i])}</td><td class="text">{_e((texts[i] or "")[:120])}</td>'
+        f"<td>{_e(status[i])}</td><td>{_e(', '.join(flags[i]))}</td>"
+        + "".join(f'<td class="num">{_number(values[n][i])}</td>' for n in scores)
+        + f"<td>{player(i)}</td>"
+        + (f"<td>{reference(i)}</td>" if show_reference else "")
+        + "</tr>"
+        for i in picks
+    )
+    cells = "".join(f"<th>{_e(h)}</th>" for h in head)
+    return f'<table class="samples"><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>'
