@@ -22,7 +22,18 @@ from actors import schema
 from actors.engine.segment import DEFAULT_MAX_TURNS, DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from actors.engine.settings import DTYPE_NAMES, EngineConfig
 from actors.engine.types import SamplingParams
-from actors.quality.flags import ASR_BACKENDS, FLAGS, MOS, MOS_BACKENDS, NO_AUDIO, SPEAKER, SPEAKER_BACKENDS, WER
+from actors.quality.flags import (
+    ASR_BACKENDS,
+    EMILIA_MIN_OVRL,
+    FLAGS,
+    MOS,
+    MOS_BACKENDS,
+    NO_AUDIO,
+    SPEAKER,
+    SPEAKER_BACKENDS,
+    WAVLM_SAME_SPEAKER_THRESHOLD,
+    WER,
+)
 
 MISSING = "???"  # OmegaConf's mark of a required value (omegaconf.MISSING), without importing it
 
@@ -317,12 +328,12 @@ class QualitySettings:
     # the bound. 0.86: the same-speaker threshold microsoft/wavlm-base-plus-sv's model card gives
     speaker: Optional[str] = None
     speaker_model: Optional[str] = None
-    min_speaker_similarity: float = 0.86
+    min_speaker_similarity: float = WAVLM_SAME_SPEAKER_THRESHOLD
     # predicted MOS (mos, mos_sig, mos_bak): DNSMOS P.835's ONNX file (null: none, nothing
     # imported); the flag below the bound. 3.0 OVRL: the Emilia corpus's filter (He et al., 2024)
     mos: Optional[str] = None
     mos_model: Optional[str] = None
-    min_mos: float = 3.0
+    min_mos: float = EMILIA_MIN_OVRL
     # regeneration for the checks on decoded audio (silence, clipping, loudness, wer, speaker,
     # mos) stops once the frames generated again for them would exceed this multiple of the
     # row's frames: a one-segment row at max_attempts=3 needs 2.0; a long row that fails early

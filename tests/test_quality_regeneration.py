@@ -17,9 +17,10 @@ import pytest
 import soundfile as sf
 
 from actors import schema as S
+from actors.quality.tiny import build_tiny_dnsmos, build_tiny_wavlm
 from actors.synth import SynthActor, Trace
 from actors.synth.chain import segment_seed
-from helpers import REPO, build_tiny_dnsmos, build_tiny_wavlm
+from helpers import REPO
 from pipeline.config import compose
 from pipeline.run.actor_settings import actor_arguments
 

@@ -16,10 +16,18 @@ CLIPPING = "clipping"
 LOUDNESS = "loudness"
 MOS = "mos"
 FLAGS = (NO_AUDIO, TRUNCATED, REPETITION, WER, SPEAKER, SPEECH_RATE, SILENCE, CLIPPING, LOUDNESS, MOS)
-# flags measured on decoded audio: a rejected one sends the row back to the engine from the
-# finisher (actors/synth/gate.py); the others are known from the codes, before any decode
-AUDIO_FLAGS = (WER, SPEAKER, SILENCE, CLIPPING, LOUDNESS, MOS)
 
 ASR_BACKENDS = ("whisper",)  # Whisper through transformers (actors/quality/asr.py)
 SPEAKER_BACKENDS = ("wavlm",)  # a WavLM x-vector model through transformers (actors/quality/speaker.py)
 MOS_BACKENDS = ("dnsmos",)  # DNSMOS P.835's ONNX file through onnxruntime (actors/quality/mos.py)
+
+# the thresholds the checks' defaults take (QualitySettings), each from its source
+# The model card of microsoft/wavlm-base-plus-sv (https://huggingface.co/microsoft/wavlm-base-plus-sv,
+# "Usage") compares the cosine of two of its x-vectors with `threshold = 0.86` ("the optimal threshold
+# is dataset-dependent"): below it, not the same speaker. It holds for that checkpoint only.
+WAVLM_SAME_SPEAKER_THRESHOLD = 0.86
+# Emilia keeps only utterances with DNSMOS P.835 OVRL >= 3.0, "the lowest 'fair' quality
+# anchor" of ITU-T P.835: He et al., "Emilia: A Large-Scale, Extensive, Multilingual, and
+# Diverse Dataset for Speech Generation", arXiv:2501.15907, Sec. III (Filtering). The
+# Emilia-YODAS increment used 2.4 instead (same paper, Sec. IV-B).
+EMILIA_MIN_OVRL = 3.0

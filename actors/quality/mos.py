@@ -51,9 +51,8 @@ from typing import Optional
 import numpy as np
 
 from actors.audio import resample
+from actors.quality.flags import EMILIA_MIN_OVRL, MOS_BACKENDS  # noqa: F401 (named here too)
 from actors.settings import ConfigError
-
-MOS_BACKENDS = ("dnsmos",)
 
 DNSMOS_RATE = 16000
 WINDOW_S = 9.01
@@ -61,11 +60,6 @@ WINDOW_SAMPLES = int(WINDOW_S * DNSMOS_RATE)  # 144160, the model's input width
 HOP_SAMPLES = DNSMOS_RATE  # 1 s
 INPUT_NAME = "input_1"
 
-# Emilia keeps only utterances with DNSMOS P.835 OVRL >= 3.0, "the lowest 'fair' quality
-# anchor" of ITU-T P.835: He et al., "Emilia: A Large-Scale, Extensive, Multilingual, and
-# Diverse Dataset for Speech Generation", arXiv:2501.15907, Sec. III (Filtering). The
-# Emilia-YODAS increment used 2.4 instead (same paper, Sec. IV-B).
-EMILIA_MIN_OVRL = 3.0
 
 # P.835 calibration of the raw outputs, highest power first (np.poly1d order): the
 # non-personalized set of get_polyfit_val in microsoft/DNS-Challenge DNSMOS/dnsmos_local.py

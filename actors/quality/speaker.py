@@ -19,13 +19,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from actors.audio import resample
+from actors.quality.flags import SPEAKER_BACKENDS, WAVLM_SAME_SPEAKER_THRESHOLD  # noqa: F401 (named here too)
 from actors.settings import ConfigError
-
-SPEAKER_BACKENDS = ("wavlm",)
-# The model card of microsoft/wavlm-base-plus-sv (https://huggingface.co/microsoft/wavlm-base-plus-sv,
-# "Usage") compares the cosine of two of its x-vectors with `threshold = 0.86` ("the optimal threshold
-# is dataset-dependent"): below it, not the same speaker. It holds for that checkpoint only.
-WAVLM_SAME_SPEAKER_THRESHOLD = 0.86
 
 XVECTOR_ARCHITECTURE = "WavLMForXVector"
 DOWNLOAD_HINT = "huggingface-cli download microsoft/wavlm-base-plus-sv --local-dir DIR"

@@ -16,14 +16,15 @@ import pytest
 import soxr
 
 from actors.quality.mos import DNSMOS, EMILIA_MIN_OVRL, MOS_BACKENDS, MOSScore, calibrate, window_starts
+from actors.quality.tiny import build_tiny_dnsmos
 from actors.settings import ConfigError
-from tests.helpers import DNSMOS_WIDTH, REPO, build_tiny_dnsmos
+from tests.helpers import REPO
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 RATE = 16000
-WIDTH = DNSMOS_WIDTH
+WIDTH = 144160  # int(9.01 s * 16 kHz), the published model's input width
 RAMP_STEP = 2.0**-20  # exact in float32 for every sample index used here
 
 

@@ -23,8 +23,9 @@ from actors.quality.speaker import (
     cosine,
     min_clip_samples,
 )
+from actors.quality.tiny import build_tiny_wavlm
 from actors.settings import ConfigError
-from tests.helpers import REPO, build_tiny_wavlm
+from tests.helpers import REPO
 
 MODEL_RATE = 16000
 # wavlm-base-plus-sv's conv stack (kernels 10,3,3,3,3,2,2; strides 5,2,2,2,2,2,2) and TDNN
