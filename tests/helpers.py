@@ -54,6 +54,39 @@ def decide_rows(
     return decided.to_table()
 
 
+def hashes(path, settings: str) -> dict:
+    """Each input row's content hash (id -> hash) under the settings digest `settings`."""
+    from actors import schema as S
+
+    decided = decide_rows(path, settings=settings)
+    return dict(zip(decided.column(S.ID).to_pylist(), decided.column(S.CONTENT_HASH).to_pylist()))
+
+
+def ok_row(row_id: str, seconds: float = 0.25, rate: int = 44100) -> dict:
+    """An ok output row of `seconds` of FLAC audio, as an actor writes it."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from actors import schema as S
+
+    wave = (0.2 * np.sin(np.arange(int(seconds * rate)) / 7.0)).astype(np.float32)
+    buffer = io.BytesIO()
+    sf.write(buffer, wave, rate, format="FLAC")
+    return {
+        S.ID: row_id,
+        S.STATUS: S.STATUS_OK,
+        S.AUDIO: {S.AUDIO_BYTES: buffer.getvalue(), S.AUDIO_PATH: None},
+        S.SAMPLE_RATE: rate,
+        S.AUDIO_SECONDS: seconds,
+        S.N_FRAMES: int(seconds * 21.5),
+        S.RUN: "r1",
+        S.ACTOR: "actor-1",
+        S.RTF: 0.5,
+    }
+
+
 def within_sketch_bound(values, q: float, got) -> bool:
     """Whether `got` is the q-th percentile of the finite `values` to pipeline/sketch.py's
     bound: within RELATIVE_ERROR of the larger of the two ranks it interpolates between."""
