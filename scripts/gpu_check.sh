@@ -28,11 +28,11 @@ DEVICE=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 
 echo "gpu_check: device $DEVICE, python $PY"
 if [ "$DEVICE" = cuda ]; then
   SIZE=s1-mini; SLOTS="1 32 64 128"; FRAMES=64; ROWS_PER_SLOT=2; DTYPES="float32 bfloat16"
-  TESTS="tests/test_engine.py tests/test_engine_streaming.py tests/test_model_vectors.py tests/test_sampling.py"
+  TESTS="tests/engine/test_engine.py tests/engine/test_engine_streaming.py tests/engine/test_model_vectors.py tests/engine/test_sampling.py"
   TEST_FILTER=""
 else  # the CPU fallback: every step, at tiny sizes (the full engine tests run in the suite anyway)
   SIZE=tiny; SLOTS="1 4"; FRAMES=8; ROWS_PER_SLOT=1; DTYPES="float32"
-  TESTS="tests/test_engine_streaming.py"
+  TESTS="tests/engine/test_engine_streaming.py"
   TEST_FILTER="not slow"
 fi
 

@@ -24,10 +24,9 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from helpers import TEST_DEVICE
+from helpers import DEMO_TABLE
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_TABLE = REPO / "data" / "demo" / "demo.parquet"
 RAY_CPUS = 2
 MAX_REFERENCE_BYTES = 1_000_000  # the tests' clip size cap (small_settings), so an oversized clip is cheap
 
@@ -251,7 +250,7 @@ def small_settings() -> list[str]:
         "output.progress_bar=off",
         f"data.max_reference_bytes={MAX_REFERENCE_BYTES}",
         # the codec in the actor's process: a child per test actor would cost a torch import
-        # each (tests/test_feed.py and the demo end to end run the child, the CPU default)
+        # each (tests/synth/test_feed.py and the demo end to end run the child, the CPU default)
         "engine.codec_process=false",
     ]
 
@@ -269,28 +268,3 @@ def read_rows():
 def driver_env(ray_cluster) -> dict:
     """Environment for a `python -m pipeline` subprocess: this checkout, this session's Ray."""
     return dict(os.environ, PYTHONPATH=str(REPO), RAY_ADDRESS=ray_cluster)
-
-
-# The engine tests' tiny S2 checkpoint (4 codebooks of 64), in float64 and float32, on the
-# device the engine tests run on (CHORUS_TEST_DEVICE; scripts/gpu_check.sh sets cuda).
-@pytest.fixture(scope="session")
-def ckpt(tmp_path_factory):
-    from actors.engine.tiny import make_tiny
-
-    return make_tiny(
-        tmp_path_factory.mktemp("engine") / "s2", fmt="s2", seed=11, num_codebooks=4, codebook_size=64, max_seq_len=512
-    )
-
-
-@pytest.fixture(scope="session")
-def lm64(ckpt):
-    from actors.engine import load_model
-
-    return load_model(ckpt, device=TEST_DEVICE, dtype="float64")
-
-
-@pytest.fixture(scope="session")
-def lm32(ckpt):
-    from actors.engine import load_model
-
-    return load_model(ckpt, device=TEST_DEVICE, dtype="float32")

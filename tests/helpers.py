@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+DEMO_TABLE = REPO / "data" / "demo" / "demo.parquet"
 VECTORS = Path(__file__).resolve().parent / "vectors"  # vendored: see tests/vectors/PROVENANCE.md
 DUALAR_SETS = ["dualar-s1-tiny", "dualar-s2-tiny"]
 
@@ -55,6 +56,39 @@ def decide_rows(
     hasher = RowHasher(settings, None, scan.root)
     decided = decide(scan, hasher, files, pafs.LocalFileSystem(), Retry(retry_errors, retry_rejected), distributed)
     return decided.to_table()
+
+
+def hashes(path, settings: str) -> dict:
+    """Each input row's content hash (id -> hash) under the settings digest `settings`."""
+    from actors import schema as S
+
+    decided = decide_rows(path, settings=settings)
+    return dict(zip(decided.column(S.ID).to_pylist(), decided.column(S.CONTENT_HASH).to_pylist()))
+
+
+def ok_row(row_id: str, seconds: float = 0.25, rate: int = 44100) -> dict:
+    """An ok output row of `seconds` of FLAC audio, as an actor writes it."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from actors import schema as S
+
+    wave = (0.2 * np.sin(np.arange(int(seconds * rate)) / 7.0)).astype(np.float32)
+    buffer = io.BytesIO()
+    sf.write(buffer, wave, rate, format="FLAC")
+    return {
+        S.ID: row_id,
+        S.STATUS: S.STATUS_OK,
+        S.AUDIO: {S.AUDIO_BYTES: buffer.getvalue(), S.AUDIO_PATH: None},
+        S.SAMPLE_RATE: rate,
+        S.AUDIO_SECONDS: seconds,
+        S.N_FRAMES: int(seconds * 21.5),
+        S.RUN: "r1",
+        S.ACTOR: "actor-1",
+        S.RTF: 0.5,
+    }
 
 
 def within_sketch_bound(values, q: float, got) -> bool:
@@ -198,3 +232,110 @@ def audio_check(page: Path, work: Path) -> tuple[list[dict], list[str]]:
     m = re.search(r'<pre id="chorus-audio-check">(.*?)</pre>', proc.stdout, re.S)
     assert m, "the probe did not finish: " + proc.stdout[-500:]
     return json.loads(html.unescape(m.group(1))), [ln for ln in lines if canary not in ln]
+
+
+# ---- a synthetic run's output (the report tests) ---------------------------------------
+SR = 24000
+EVIL_ID = '<script>alert("id")</script>&\'"'
+EVIL_TEXT = 'Hello </td></table><script>alert(1)</script><img src=x onerror=alert(2)> & "bye"'
+EVIL_ERROR = "RuntimeError: <b>bold</b> & broken"
+COMMON_ERROR = "ValueError: text is empty"
+
+
+def flac_tone(seconds: float, freq: float = 440.0) -> bytes:
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    t = np.arange(int(round(SR * seconds))) / SR
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), SR, format="FLAC")
+    return buf.getvalue()
+
+
+def make_rows(
+    n: int = 30, *, n_err: int = 4, audio_as: str = "bytes", finished_at: bool = True, out: Path | None = None
+) -> list[dict]:
+    """Rows shaped like chorus's output (docs/architecture.md §7). Row 0 is ok and has a hostile id and text; the
+    last n_err rows are errors (three share one message, one is hostile)."""
+    rows = []
+    t0 = 1_700_000_000.0
+    for i in range(n):
+        rid = EVIL_ID if i == 0 else f"row-{i:03d}"
+        row = {
+            "id": rid,
+            "text": EVIL_TEXT if i == 0 else f"Sentence number {i}.",
+            "sample_rate": SR,
+            "actor": f"actor-{i % 2}",
+            "node": "node-a",
+            "device": "cpu",
+            "model": "tiny-s2",
+            "seed": i,
+            "queue_ms": 5.0 + i,
+            "prefill_ms": 20.0 + i,
+            "decode_ms": 300.0 + 10 * i,
+            "codec_ms": 40.0,
+        }
+        if finished_at:
+            row["finished_at"] = t0 + 0.35 * i
+        if i >= n - n_err:
+            msg = EVIL_ERROR if i == n - 1 else COMMON_ERROR
+            row.update(
+                status="error",
+                error=msg,
+                stop_reason="error",
+                audio=None,
+                n_frames=None,
+                audio_seconds=None,
+                total_ms=12.0,
+                rtf=None,
+            )
+        else:
+            seconds = 0.5 + 0.25 * (i % 5)
+            data = flac_tone(seconds, 220.0 + 20 * i)
+            if audio_as == "bytes":
+                audio = {"bytes": data, "path": None}
+            else:
+                rel = f"audio/{i:03d} {rid[:1]}.flac"  # a space: the src must be URL-quoted
+                (out / "audio").mkdir(parents=True, exist_ok=True)
+                (out / rel).write_bytes(data)
+                audio = {"bytes": None, "path": rel}
+            total = row["queue_ms"] + row["prefill_ms"] + row["decode_ms"] + row["codec_ms"]
+            row.update(
+                status="ok",
+                error=None,
+                stop_reason="budget" if i % 7 == 3 else "eos",
+                audio=audio,
+                n_frames=int(seconds * 21.53),
+                audio_seconds=seconds,
+                total_ms=total,
+                rtf=total / 1000 / seconds,
+            )
+        rows.append(row)
+    return rows
+
+
+def write_run(out: Path, rows: list[dict], *, summary: dict | None = None, split: int = 2) -> Path:
+    """The rows as a run's output directory: `split` Parquet files with small row groups under
+    data/ (all but the first one folder down), and summary.json if given."""
+    import json
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    audio_type = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])
+    (out / "data" / "part-1").mkdir(parents=True, exist_ok=True)
+    chunks = np.array_split(np.arange(len(rows)), split) if rows else [np.arange(0)]
+    for k, idx in enumerate(chunks):
+        part = [rows[i] for i in idx]
+        table = pa.Table.from_pylist(part) if part else pa.table({"id": pa.array([], pa.string())})
+        if "audio" in table.column_names:
+            table = table.set_column(table.column_names.index("audio"), "audio", table.column("audio").cast(audio_type))
+        # the second file sits one folder down: the report globs everything below data/
+        sub = out / "data" / ("part-1" if k else "")
+        pq.write_table(table, sub / f"{k:05d}.parquet", row_group_size=4)
+    if summary is not None:
+        (out / "summary.json").write_text(json.dumps(summary))
+    return out

@@ -4,11 +4,14 @@ codec are plain torch (no Ray, Hydra, OmegaConf or pyarrow), so they run anywher
 the driver never names torch; no module of pipeline/ or actors/ is part of an import cycle; and
 the driver's rooms keep their one-way doors (pipeline/__init__.py draws them). That the
 driver's modules do not load torch when imported is checked by running them
-(tests/test_pipeline.py::test_driver_never_imports_torch)."""
+(test_driver_never_imports_torch, at the end)."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -194,3 +197,27 @@ def test_the_drivers_rooms_keep_their_doors():
         if bad:
             crossings[module] = bad
     assert crossings == {}
+
+
+# ---- the driver at run time ---------------------------------------------------------------
+
+
+def test_driver_never_imports_torch():
+    code = (
+        "import sys, importlib, pkgutil, pipeline;"
+        "[importlib.import_module(m.name) for m in pkgutil.walk_packages(pipeline.__path__, 'pipeline.')];"
+        # what the driver uses from the actors' side: the column contract, the actor's and the
+        # engine's settings, the engine's types, the actor class (it loads torch in its constructor)
+        "import actors, actors.schema, actors.settings, actors.synth, actors.engine.settings, actors.engine.types;"
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

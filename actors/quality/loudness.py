@@ -26,7 +26,7 @@ LOUDNESS_OFFSET = -0.691
 
 # The standard gives the two K-weighting biquads' coefficients at 48 kHz only. The analogue
 # parameters below (a high shelf near 1.68 kHz, +4 dB, and a 38 Hz high pass) put through the
-# bilinear transform reproduce that table (tests/test_quality_loudness.py checks it) and give
+# bilinear transform reproduce that table (tests/quality/test_quality_loudness.py checks it) and give
 # the filter at any other rate.
 _SHELF_HZ = 1681.974450955533
 _SHELF_GAIN_DB = 3.999843853973347

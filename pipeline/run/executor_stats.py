@@ -6,7 +6,7 @@ print the dataset's stats summary at its end): about 1 KB per block per operator
 per operator per million rows at 16 rows per block. The job clears those lists as it streams;
 what is lost is the per-block part of Ray's end-of-run stats log line, which chorus does not
 read (its own figures come from the output rows). Attributes Ray may rename are looked up
-softly: on another Ray version this does nothing and tests/test_executor_stats.py says so.
+softly: on another Ray version this does nothing and tests/pipeline/run/test_readahead.py says so.
 """
 
 from __future__ import annotations

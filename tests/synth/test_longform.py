@@ -11,11 +11,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import soundfile as sf
-from conftest import DEMO_TABLE
 
 from actors import schema as S
 from actors.engine.segment import utf8_len
 from actors.synth import SynthActor, Trace
+from helpers import DEMO_TABLE
 from pipeline.config import compose
 from pipeline.run.actor_settings import actor_arguments
 from pipeline.run.sequence import run

@@ -9,7 +9,6 @@ import math
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,9 +26,8 @@ from actors.codec import (
 )
 from actors.codec.model import _length_groups
 from actors.codec.tiny import make_tiny, random_codec, random_state_dict
-from helpers import VECTORS
+from helpers import REPO, VECTORS
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = VECTORS / "codec-tiny"
 
 needs_vectors = pytest.mark.skipif(not (TINY / "codec.pth").is_file(), reason=f"codec vectors not found at {TINY}")

@@ -31,11 +31,10 @@ from pipeline.output.layout import OutputLayout
 from pipeline.report.summary import summary_of
 from pipeline.report.summary_figures import SUMMARY_COLUMNS
 from pipeline.run.sequence import run
-from tests.helpers import REPO, assert_same_summary
+from tests.helpers import DEMO_TABLE, REPO, assert_same_summary
 
 pytestmark = pytest.mark.slow
 
-DEMO_TABLE = REPO / "data" / "demo" / "demo.parquet"
 DEMO_IDS = pq.read_table(DEMO_TABLE, columns=[S.ID]).column(S.ID).to_pylist()
 DEMO_ROWS = len(DEMO_IDS)
 

@@ -3,7 +3,7 @@
 The expected matrices were made by running upstream fish-speech's `generate_long` (with its
 generation stubbed to return fixed codes) on the tiny S2 checkpoint's tokenizer; see
 tests/vectors/upstream-segment-prompts/README.md. The inputs are those of
-test_segment_k_matches_upstream_conversation in tests/test_segment_prompt.py."""
+test_segment_k_matches_upstream_conversation in tests/engine/test_segment_prompt.py."""
 
 import hashlib
 import re

@@ -183,8 +183,7 @@ def test_codes_do_not_depend_on_how_blocks_interleave(actor):
 def test_ref_codes_give_the_codes_of_the_audio_they_encode(small_settings, tmp_path):
     """encode_refs turns the demo table's references into a ref_codes column; rows given those
     codes (and no audio) come out with exactly the codes of the same rows given the audio."""
-    from conftest import DEMO_TABLE
-
+    from helpers import DEMO_TABLE
     from pipeline.encode_refs import encode_refs
 
     out = tmp_path / "with_codes.parquet"
@@ -231,10 +230,10 @@ def test_engine_codes_do_not_depend_on_the_request_beside_them(small_settings):
     with references) diverged at frame 12 while the batch's attention key count followed its
     longest row (the CPU kernel's reduction blocking changes with it below 512 keys)."""
     import numpy as np
-    from conftest import DEMO_TABLE
 
     from actors.engine.types import Request
     from actors.synth.jobs import Block
+    from helpers import DEMO_TABLE
 
     settings = [*small_settings, "engine.stop_on_eos=true", f"data.path={DEMO_TABLE}"]
     actor = SynthActor(**actor_arguments(compose(settings), str(DEMO_TABLE.parent), run_id="pair"))
@@ -257,9 +256,8 @@ def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(sma
     process holding its own copy of the codec; the codes and audio are the in-process codec's,
     and a child that dies is started again (the rows of the call that found it dead are
     decoded one by one by the new one)."""
-    from conftest import DEMO_TABLE
-
     from actors.codec.worker import CodecProcess
+    from helpers import DEMO_TABLE
 
     settings = small_settings + ["engine.max_rows=4"]
     here = SynthActor(**actor_arguments(compose(settings), str(DEMO_TABLE.parent), run_id="codec-here"))

@@ -23,110 +23,15 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from helpers import REPO
+from helpers import COMMON_ERROR, EVIL_ERROR, EVIL_ID, EVIL_TEXT, REPO, make_rows, write_run
 from pipeline.report.page import write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
-SR = 24000
-EVIL_ID = '<script>alert("id")</script>&\'"'
-EVIL_TEXT = 'Hello </td></table><script>alert(1)</script><img src=x onerror=alert(2)> & "bye"'
-EVIL_ERROR = "RuntimeError: <b>bold</b> & broken"
-COMMON_ERROR = "ValueError: text is empty"
-
-AUDIO_TYPE = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])
-
-
-def flac_tone(seconds: float, freq: float = 440.0) -> bytes:
-    t = np.arange(int(round(SR * seconds))) / SR
-    buf = io.BytesIO()
-    sf.write(buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), SR, format="FLAC")
-    return buf.getvalue()
-
-
-def make_rows(
-    n: int = 30, *, n_err: int = 4, audio_as: str = "bytes", finished_at: bool = True, out: Path | None = None
-) -> list[dict]:
-    """Rows shaped like chorus's output (docs/architecture.md §7). Row 0 is ok and has a hostile id and text; the
-    last n_err rows are errors (three share one message, one is hostile)."""
-    rows = []
-    t0 = 1_700_000_000.0
-    for i in range(n):
-        rid = EVIL_ID if i == 0 else f"row-{i:03d}"
-        row = {
-            "id": rid,
-            "text": EVIL_TEXT if i == 0 else f"Sentence number {i}.",
-            "sample_rate": SR,
-            "actor": f"actor-{i % 2}",
-            "node": "node-a",
-            "device": "cpu",
-            "model": "tiny-s2",
-            "seed": i,
-            "queue_ms": 5.0 + i,
-            "prefill_ms": 20.0 + i,
-            "decode_ms": 300.0 + 10 * i,
-            "codec_ms": 40.0,
-        }
-        if finished_at:
-            row["finished_at"] = t0 + 0.35 * i
-        if i >= n - n_err:
-            msg = EVIL_ERROR if i == n - 1 else COMMON_ERROR
-            row.update(
-                status="error",
-                error=msg,
-                stop_reason="error",
-                audio=None,
-                n_frames=None,
-                audio_seconds=None,
-                total_ms=12.0,
-                rtf=None,
-            )
-        else:
-            seconds = 0.5 + 0.25 * (i % 5)
-            data = flac_tone(seconds, 220.0 + 20 * i)
-            if audio_as == "bytes":
-                audio = {"bytes": data, "path": None}
-            else:
-                rel = f"audio/{i:03d} {rid[:1]}.flac"  # a space: the src must be URL-quoted
-                (out / "audio").mkdir(parents=True, exist_ok=True)
-                (out / rel).write_bytes(data)
-                audio = {"bytes": None, "path": rel}
-            total = row["queue_ms"] + row["prefill_ms"] + row["decode_ms"] + row["codec_ms"]
-            row.update(
-                status="ok",
-                error=None,
-                stop_reason="budget" if i % 7 == 3 else "eos",
-                audio=audio,
-                n_frames=int(seconds * 21.53),
-                audio_seconds=seconds,
-                total_ms=total,
-                rtf=total / 1000 / seconds,
-            )
-        rows.append(row)
-    return rows
-
-
-def write_run(out: Path, rows: list[dict], *, summary: dict | None = None, split: int = 2) -> Path:
-    (out / "data" / "part-1").mkdir(parents=True, exist_ok=True)
-    chunks = np.array_split(np.arange(len(rows)), split) if rows else [np.arange(0)]
-    for k, idx in enumerate(chunks):
-        part = [rows[i] for i in idx]
-        table = pa.Table.from_pylist(part) if part else pa.table({"id": pa.array([], pa.string())})
-        if "audio" in table.column_names:
-            table = table.set_column(table.column_names.index("audio"), "audio", table.column("audio").cast(AUDIO_TYPE))
-        # the second file sits one folder down: the report globs everything below data/
-        sub = out / "data" / ("part-1" if k else "")
-        pq.write_table(table, sub / f"{k:05d}.parquet", row_group_size=4)
-    if summary is not None:
-        (out / "summary.json").write_text(json.dumps(summary))
-    return out
-
-
 SUMMARY = {
     "rows_ok": 26,
     "rows_error": 4,

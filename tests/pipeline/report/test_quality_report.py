@@ -71,7 +71,7 @@ def test_the_report_page_has_the_section_with_the_worst_rows_audio(tmp_path):
     import soundfile as sf
 
     from pipeline.report.page import write_report
-    from tests.test_report import make_rows, write_run
+    from tests.helpers import make_rows, write_run
 
     run = make_rows(n=6, n_err=1)
     for i, row in enumerate(run[:-1]):

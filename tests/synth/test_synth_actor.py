@@ -12,11 +12,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import soundfile as sf
-from conftest import DEMO_TABLE
 
 from actors import schema as S
 from actors.lru import LRU
 from actors.synth import SynthActor, escape_special_tokens, row_seed
+from helpers import DEMO_TABLE
 from pipeline.config import compose
 from pipeline.run.actor_settings import actor_arguments
 

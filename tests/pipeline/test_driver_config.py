@@ -1,0 +1,99 @@
+"""The driver's run config, without Ray: the defaults, typos and wrong types, checkpoints a
+real model needs, the engine groups, Hydra's run directory, and settings that cannot work
+refused before any work."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+import yaml
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf.errors import MissingMandatoryValue
+
+from actors.engine.settings import EngineConfig
+from pipeline.config import EngineSettings, compose, to_plain
+from pipeline.errors import ConfigError
+from pipeline.run.sequence import run
+from tests.helpers import REPO
+
+
+def test_defaults_run_the_demo():
+    plain = to_plain(compose())
+    assert plain["model"]["checkpoint"] is None and plain["model"]["name"] == "demo-s1-tiny"
+    assert plain["data"]["path"] == str(REPO / "data" / "demo" / "demo.parquet")
+    assert plain["output"]["dir"] == "outputs/demo"
+    assert 0 < plain["cluster"]["cpus_per_actor"] < 1  # never a whole CPU on the default local run
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "model.chekpoint=/x",
+        "cluster.num_actors=two",
+        "engine.max_rows=1.5",
+        "output.keep_codes=maybe",
+        "colour=blue",
+        "engine=warp",
+    ],
+)
+def test_typos_and_wrong_types_are_rejected(override):
+    with pytest.raises((ConfigCompositionException, MissingConfigException)) as info:
+        compose([override])
+    assert override.split("=")[0] in str(info.value)
+
+
+def test_real_models_need_a_checkpoint_path():
+    with pytest.raises(MissingMandatoryValue):
+        to_plain(compose(["model=s1_mini"]))
+    plain = to_plain(compose(["model=s2_pro", "model.checkpoint=/ckpt/s2-pro"]))
+    assert plain["model"]["checkpoint"] == "/ckpt/s2-pro" and plain["model"]["name"] == "s2-pro"
+
+
+def test_engine_groups_only_override_the_defaults():
+    # each engine default lives once, in the dataclasses; a group file states what differs
+    defaults = asdict(EngineSettings())
+    for group in sorted((REPO / "conf" / "engine").glob("*.yaml")):
+        values = yaml.safe_load(group.read_text())
+        assert values, group
+        for key, value in values.items():
+            assert key in defaults, f"{group.name}: {key} is not an engine setting"
+            assert value != defaults[key], f"{group.name}: {key}: {value} restates the default"
+    # every engine setting is a key of the run config (one object from Hydra to the engine)
+    assert set(asdict(EngineConfig())) <= set(to_plain(compose())["engine"])
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["engine.max_rows=0", "engine.prefill_chunk=0", "engine.codec_batch_rows=0", "engine.frames_per_char=-1"],
+)
+def test_out_of_range_engine_settings_are_named_before_any_work(tmp_path, override):
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        run(compose([override, f"output.dir={tmp_path}/out"]))
+    assert not (tmp_path / "out").exists()
+
+
+def test_hydra_run_dir_follows_the_output(tmp_path):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        local = hydra_compose("config", [f"output.dir={tmp_path}/out"], return_hydra_config=True)
+        remote = hydra_compose("config", ["output.dir=s3://bucket/out"], return_hydra_config=True)
+    assert local.hydra.run.dir.startswith(f"{tmp_path}/out/_runs/")
+    assert remote.hydra.run.dir.startswith("outputs/_runs/")
+
+
+def test_settings_that_cannot_work_fail_early(tmp_path):
+    for overrides, message in [
+        (["cluster.num_actors=0"], "num_actors"),
+        (["output.progress_bar=sometimes"], "progress_bar"),
+        (["cluster.crash_on_batch=2"], "crash_marker"),
+        (["sampling.temperature=1e39"], "temperature 1e\\+39 is outside"),
+        (["sampling.top_k=2147483648"], "top_k 2147483648 is outside"),
+        (["cluster.max_task_retries=2", "cluster.crash_quarantine_after=2"], "must exceed"),
+        (["output.on_change=ignore"], "on_change"),
+        (["model=s1_mini", f"model.checkpoint={tmp_path}"], "no config.json"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            run(compose(overrides + [f"output.dir={tmp_path}/out"]))
