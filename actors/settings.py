@@ -192,10 +192,10 @@ class EngineSettings(EngineConfig):
     # batched, oneDNN picks its convolution algorithm by the call's batch size and width, and
     # attention reduces over the padded length, so a row's samples moved by up to 1.4e-6 with
     # its batch-mates and a rerun or another block size did not reproduce its audio bit for bit.
-    # The price on a 2-vCPU Sapphire Rapids: the demo job's rows/s 0.6-0.8x of 8-row batches
-    # (its tiny codec gains from batching), while the real-size codec decoded a second of audio
-    # faster alone than in 8-row batches. engine=gpu batches 16: there a call for many rows costs
-    # about what one row's does (and bf16 is not batch-invariant anyway)
+    # The price, 400 demo rows on a 2-vCPU Sapphire Rapids, two interleaved rounds: rows/s 0.9x
+    # of 8-row batches at the median (runs spread 0.7-1.2x), slot occupancy 0.80 against 0.95;
+    # the real-size codec decoded a second of audio faster alone than in 8-row batches. engine=gpu
+    # batches 16: there a call for many rows costs about what one row's does
     codec_batch_rows: int = 1
     codec_wait_ms: float = 200.0
     # CPU: decode in a child process holding its own copy of the codec, so the codec does not

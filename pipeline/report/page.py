@@ -83,10 +83,7 @@ def _pick_spread(candidates: np.ndarray, k: int) -> list[int]:
 
 
 def _render(run: ReportRun, *, title: str, max_audio_rows: int, bench: Optional[dict]) -> str:
-    sections = [
-        f"<h1>{esc(title)}</h1>",
-        f'<p class="sub">{esc(run.output_dir)} — {len(run.files)} Parquet file(s), {run.n:,} row(s)</p>',
-        _notes_section(run),
+    body = [
         _summary_section(run),
         _provenance_section(run),
         _summary_file_section(run.summary),
@@ -99,6 +96,14 @@ def _render(run: ReportRun, *, title: str, max_audio_rows: int, bench: Optional[
         _bench(bench) if bench else "",
         f"<footer>chorus report — generated {esc(time.strftime('%Y-%m-%d %H:%M:%S %Z'))} "
         f"from {esc(run.output_dir)}</footer>",
+    ]
+    # the notes go on top but are rendered last: reading the samples' audio and the reference
+    # clips may add some
+    sections = [
+        f"<h1>{esc(title)}</h1>",
+        f'<p class="sub">{esc(run.output_dir)} — {len(run.files)} Parquet file(s), {run.n:,} row(s)</p>',
+        _notes_section(run),
+        *body,
     ]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -15,7 +15,8 @@ import pytest
 
 from actors import schema as S
 from helpers import REPO
-from pipeline.names import REJECTED_PART, is_shard, shard_name
+from pipeline.location import is_local
+from pipeline.names import CONFIG_FILE, IDENTITY_FILE, REJECTED_PART, REPORT_FILE, SUMMARY_FILE, is_shard, shard_name
 from pipeline.output import hf_features, shards, supersede
 from pipeline.output.layout import OutputLayout
 from pipeline.output.listing import ABSORBED_KEY, purge_absorbed
@@ -142,21 +143,33 @@ _KILLED = textwrap.dedent(
 )
 
 
-def _steps(tmp_path) -> list[str]:
+def _steps(tmp_path, location: str = "") -> list[str]:
     """The steps of one compaction of the job output, in order (recorded on a copy)."""
-    layout, steps = job_output(tmp_path / "dry"), []
+    layout, steps = job_output(tmp_path / "dry", location=location), []
     for group in shards.pending_groups(layout, 1 << 30, 20):
         shards.compact(layout.location, group, "dry", hook=steps.append)
     return steps
 
 
-def test_compaction_killed_at_any_step_loses_and_redoes_nothing(tmp_path):
-    steps = _steps(tmp_path)  # two shards: row group, written, committed, 5 parts deleted; each
-    assert steps == 2 * (["row_group", "written", "committed"] + ["deleted"] * 5)
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    """Where a test's output lives: a local folder, or a prefix in a bucket of the session's S3
+    server (tests/object_store.py), where a shard is committed by its upload completing."""
+    if request.param == "local":
+        return lambda name: str(tmp_path / name / "out")
+    bucket = request.getfixturevalue("s3_store").bucket()
+    return lambda name: f"{bucket}/{name}/out"
+
+
+def test_compaction_killed_at_any_step_loses_and_redoes_nothing(tmp_path, store):
+    steps = _steps(tmp_path, store("dry"))  # two shards: row group, written, committed, 5 parts deleted; each
+    # an object store has no "written" step: the upload completing is the commit
+    shard_steps = ["row_group", "written", "committed"] if is_local(store("dry")) else ["row_group", "committed"]
+    assert steps == 2 * (shard_steps + ["deleted"] * 5)
     # each step's first occurrence in each shard, and the very last one (steps count from 1)
     kills = [k for k in range(1, len(steps) + 1) if k == 1 or steps[k - 1] != steps[k - 2] or k == len(steps)]
     for k in kills:
-        layout = job_output(tmp_path / f"kill{k}")
+        layout = job_output(tmp_path, location=store(f"kill{k}"))
         before = rows_by_id(layout)
         killed = subprocess.run(
             [sys.executable, "-c", _KILLED, layout.location, str(k)], cwd=REPO, capture_output=True, text=True
@@ -286,3 +299,22 @@ def test_a_shard_rewritten_but_not_yet_deleted_is_read_once(tmp_path):
     ids = layout.read([S.ID], latest_only=False).column(S.ID).to_pylist()
     assert sorted(i for i in ids if i) == sorted(IDS[1:])
     assert purge_absorbed(layout.footers, layout.data_dir) == 1 and not os.path.exists(old)
+
+
+def test_overwrite_on_s3_deletes_only_chorus_objects(s3_store):
+    """output.overwrite=true in a bucket: chorus's shards, parts, marker, config, summary and
+    report go; a user's objects beside them, in the output and in its data/, stay."""
+    location = f"{s3_store.bucket()}/out"
+    layout = job_output(None, location=location)
+    shards.compact_all(layout, "r-end", 1 << 30, 20)
+    for name in (CONFIG_FILE, SUMMARY_FILE, REPORT_FILE):
+        s3_store.put(f"{location}/{name}", b"chorus wrote this")
+    foreign = ["notes.txt", "data/mine.parquet", "data/part-mine/x.bin", "listen/take1.flac"]
+    for key in foreign:
+        s3_store.put(f"{location}/{key}", b"the user's")
+    assert [k for k in s3_store.keys(location) if is_shard(k.removeprefix("data/"))]
+    layout.claim({"input": "y"}, overwrite=True)
+    left = s3_store.keys(location)
+    assert sorted(k for k in left if k != IDENTITY_FILE) == sorted(foreign), left
+    assert json.loads(s3_store.get(f"{location}/{IDENTITY_FILE}")) == {"input": "y"}  # claimed anew
+    assert all(s3_store.get(f"{location}/{key}") == b"the user's" for key in foreign)

@@ -96,3 +96,32 @@ def test_rejected_rows_are_neither_ok_nor_errors_in_the_counts():
     assert [k["error"] for k in metrics.error_kinds(table)] == ["text is empty"]
     stats = block_stats(rows(), "part")
     assert (stats["ok"], stats["errors"]) == (3, 1)
+
+
+def test_the_worst_rows_play_beside_their_reference_clip_with_the_model_scores(tmp_path):
+    """A row flagged `speaker` shows its similarity and MOS and, beside its own audio, the
+    reference clip its `reference` column names, embedded so the page plays it from anywhere;
+    a clip that cannot be read is noted on the page, not fatal."""
+    import base64
+    import re
+
+    from pipeline.report.page import write_report
+    from tests.helpers import REPO, make_rows, write_run
+
+    clip = REPO / "data" / "demo" / "refs" / "ada.flac"
+    run = make_rows(n=6, n_err=1)
+    for i, row in enumerate(run[:-1]):
+        row.update({S.ATTEMPTS: 1, S.QUALITY_FLAGS: [], S.DISCARDED_FRAMES: 0, S.MOS: 3.5 + 0.1 * i})
+        row.update({S.SPEAKER_SIMILARITY: 0.9, S.REFERENCE: None})
+    run[2].update(status=S.STATUS_REJECTED, **{S.QUALITY_FLAGS: ["speaker"], S.SPEAKER_SIMILARITY: 0.41})
+    run[2][S.REFERENCE] = str(clip)
+    run[3].update(**{S.QUALITY_FLAGS: ["mos"], S.MOS: 2.2, S.REFERENCE: str(tmp_path / "gone.flac")})
+    doc = open(write_report(str(write_run(tmp_path / "out", run)))).read()
+    section = doc[doc.index("<h2>Quality</h2>") :]
+    assert re.search(r"<th>speaker_similarity</th>.*<th>mos</th>", section)  # the distributions
+    worst = section[section.index("Worst rows") :]
+    assert "<th>reference</th>" in worst and '<td class="num">0.41</td>' in worst
+    row = worst[worst.index(run[2]["id"]) :].split("</tr>")[0]
+    players = re.findall(r'<audio controls preload="metadata" src="data:[^;]+;base64,([^"]+)"', row)
+    assert len(players) == 2 and base64.b64decode(players[1]) == clip.read_bytes()
+    assert "gone.flac could not be read" in doc  # the page's notes

@@ -14,11 +14,9 @@ import html
 import io
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import uuid
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote
@@ -28,10 +26,21 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from helpers import COMMON_ERROR, EVIL_ERROR, EVIL_ID, EVIL_TEXT, REPO, make_rows, write_run
+from helpers import (
+    CHROMIUM,
+    COMMON_ERROR,
+    EVIL_ERROR,
+    EVIL_ID,
+    EVIL_TEXT,
+    REPO,
+    audio_check,
+    chromium,
+    console_lines,
+    make_rows,
+    write_run,
+)
 from pipeline.report.page import write_report
 
-CHROMIUM = Path("/usr/bin/chromium")
 SUMMARY = {
     "rows_ok": 26,
     "rows_error": 4,
@@ -247,64 +256,6 @@ def test_cli_without_torch(run_dir, tmp_path):
 
 # ---- the real browser -------------------------------------------------------------------
 
-CHECK_SCRIPT = """
-<script>
-console.error("%(canary)s");
-(function () {
-  const audios = Array.from(document.querySelectorAll("audio"));
-  const results = [];
-  let pending = audios.length;
-  function publish() {
-    const pre = document.createElement("pre");
-    pre.id = "chorus-audio-check";
-    pre.textContent = JSON.stringify(results);
-    document.body.appendChild(pre);
-    document.title = "checked";
-  }
-  function settle(r) { results.push(r); if (--pending === 0) publish(); }
-  if (!pending) publish();
-  audios.forEach(function (a) {
-    const cell = a.closest("tr") && a.closest("tr").querySelector("td.id");
-    const r = {id: cell ? cell.textContent : null};
-    a.addEventListener("loadedmetadata", function () {
-      r.readyState = a.readyState; r.duration = a.duration; a.muted = true;
-      a.play().then(function () { r.played = true; a.pause(); settle(r); },
-                    function (e) { r.played = false; r.playError = String(e); settle(r); });
-    }, {once: true});
-    a.addEventListener("error", function () { r.error = a.error ? a.error.code : -1; settle(r); }, {once: true});
-    a.load();
-  });
-})();
-</script>
-"""
-
-
-def chromium(args: list[str], profile: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    cmd = [
-        str(CHROMIUM),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--mute-audio",
-        "--autoplay-policy=no-user-gesture-required",
-        f"--user-data-dir={profile}",
-        "--enable-logging=stderr",
-        "--v=0",
-        "--virtual-time-budget=5000",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-
-
-def console_lines(stderr: str) -> list[str]:
-    return [ln for ln in stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
-
 
 @pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -326,20 +277,10 @@ def test_report_in_chromium(report, tmp_path):
     artifacts.mkdir(exist_ok=True)
     shutil.copyfile(shot, artifacts / "report-screenshot.png")
 
-    # 2. a copy with a probe script: every <audio> loads its data URI and plays
-    canary = f"chorus-canary-{uuid.uuid4().hex}"
-    probe = tmp_path / "probe.html"
-    doc = Path(report).read_text(encoding="utf-8")
-    probe.write_text(doc.replace("</body>", CHECK_SCRIPT % {"canary": canary} + "</body>"), encoding="utf-8")
-    proc = chromium(["--dump-dom", probe.as_uri()], tmp_path / "profile-dom")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    # console capture works (the canary is seen) and nothing else was logged: no errors
-    lines = console_lines(proc.stderr)
-    assert any(canary in ln for ln in lines), proc.stderr[-2000:]
-    assert [ln for ln in lines if canary not in ln] == []
-    m = re.search(r'<pre id="chorus-audio-check">(.*?)</pre>', proc.stdout, re.S)
-    assert m, "the probe did not finish: " + proc.stdout[-500:]
-    results = json.loads(html.unescape(m.group(1)))
+    # 2. a copy with a probe script: every <audio> loads its data URI and plays, and nothing but
+    # the probe's canary is logged (no errors)
+    results, console = audio_check(Path(report), tmp_path)
+    assert console == []
     assert len(results) == 12
     for r in results:
         assert "error" not in r, r
