@@ -210,6 +210,7 @@ BATCH_PREP_MS = "prep_ms"  # parsing, reference decode + encode, prompt building
 BATCH_ENGINE_MS = "engine_ms"  # the batch's share of the engine's step time (see below)
 BATCH_CODEC_MS = "codec_ms"  # codes -> waveforms
 BATCH_ENCODE_MS = "encode_ms"  # FLAC encoding + building the output rows
+BATCH_CHECKS_MS = "checks_ms"  # the quality checks on decoded audio (the finisher thread's CPU time)
 BATCH_ACTOR_INIT_MS = "actor_init_ms"  # the actor's construction: imports, model + codec load
 BATCH_PEAK_RSS_MB = "peak_rss_mb"  # the actor process's peak resident memory so far
 BATCH_KV_BYTES = "kv_bytes"  # the actor engine's KV cache (slow + fast)
@@ -274,6 +275,7 @@ BATCH_TYPE = pa.struct(
         pa.field(BATCH_ENGINE_MS, pa.float64()),
         pa.field(BATCH_CODEC_MS, pa.float64()),
         pa.field(BATCH_ENCODE_MS, pa.float64()),
+        pa.field(BATCH_CHECKS_MS, pa.float64()),
         pa.field(BATCH_ACTOR_INIT_MS, pa.float64()),
         pa.field(BATCH_PEAK_RSS_MB, pa.float64()),
         pa.field(BATCH_KV_BYTES, pa.int64()),

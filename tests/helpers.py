@@ -339,3 +339,21 @@ def write_run(out: Path, rows: list[dict], *, summary: dict | None = None, split
     if summary is not None:
         (out / "summary.json").write_text(json.dumps(summary))
     return out
+
+
+# ---- an actor called directly (tests/synth, tests/quality) --------------------------------
+def tune(monkeypatch, actor, group: str, **changes) -> None:
+    """A variant of one of the actor's settings groups, for one test (every part reads it)."""
+    from dataclasses import replace
+
+    monkeypatch.setattr(actor.settings, group, replace(getattr(actor.settings, group), **changes))
+
+
+def text_rows(specs: list[dict]):
+    """Input rows of id, text, seed and max_frames (any may be missing) as the actor reads them."""
+    import pyarrow as pa
+
+    from actors import schema as S
+
+    schema = pa.schema([(S.ID, pa.string()), (S.TEXT, pa.string()), (S.SEED, pa.int64()), (S.MAX_FRAMES, pa.int64())])
+    return pa.Table.from_pylist(specs, schema=schema)

@@ -66,7 +66,7 @@ class Finisher:
                 # similar lengths decode together: a batch pads to its longest row
                 with self.clock.busy():
                     self.decode(sorted((j for j in jobs if j.ok and j.result.frames), key=lambda j: j.result.frames))
-                again = self.gate.audio(jobs)
+                again = self._checked(jobs)
             except Exception as e:  # a bug or a device failure: the rows still come back, as errors
                 log.error("decode failed in %s:\n%s", self.writer.actor, traceback.format_exc())
                 for job in jobs:
@@ -77,6 +77,18 @@ class Finisher:
                     self._send_back(job)  # waits while the engine's queue is full
                 else:
                     self._finish(job)
+
+    def _checked(self, jobs: list[Job]) -> list[Job]:
+        """The gate's checks on the decoded rows (those it sends back are returned); their CPU
+        time is shared among the rows by length (the checks' cost grows with the audio)."""
+        heard = [(job, len(job.wave)) for job in jobs if job.wave is not None]  # a row sent back loses its wave
+        began = time.thread_time()
+        again = self.gate.audio(jobs)
+        spent_ms = (time.thread_time() - began) * 1000.0
+        samples = sum(n for _, n in heard) or 1
+        for job, n in heard:
+            job.checks_ms += spent_ms * n / samples
+        return again
 
     def _finish(self, job: Job) -> None:
         began = time.perf_counter()

@@ -41,6 +41,7 @@ class Job:
         self.rounds: list = []  # the gate's AudioRounds: each decoded version of the row, until written
         self.codec_ms = 0.0  # reference encode share + decode share
         self.decode_ms = 0.0  # the row's share of its codec decode call
+        self.checks_ms = 0.0  # its share of the CPU time the checks on decoded audio took, every round
 
     @property
     def ok(self) -> bool:
@@ -65,7 +66,7 @@ class Block:
             self.done.set()
         self._lock = threading.Lock()
         self.busy_at_start = busy_s  # the actor's engine busy seconds when the block came in
-        self.prep_ms = self.codec_ms = self.encode_ms = 0.0
+        self.prep_ms = self.codec_ms = self.encode_ms = self.checks_ms = 0.0
         self.engine_ms = self.engine_steps = self.slot_rows = 0.0
         self.occupancy_sum, self.steps_seen = 0.0, 0
 
@@ -74,6 +75,7 @@ class Block:
             self.outputs[job.spec.index] = out
             self.codec_ms += job.decode_ms
             self.encode_ms += encode_ms
+            self.checks_ms += job.checks_ms
             self.remaining -= 1
             if self.remaining == 0:
                 self.done.set()

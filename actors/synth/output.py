@@ -199,6 +199,7 @@ def batch_columns(block: Block, batch_id: str, rows: int, slots: int, actor: dic
         S.BATCH_ENGINE_MS: block.engine_ms,
         S.BATCH_CODEC_MS: block.codec_ms,
         S.BATCH_ENCODE_MS: block.encode_ms,
+        S.BATCH_CHECKS_MS: block.checks_ms,
         S.BATCH_ACTOR_INIT_MS: actor["init_ms"],
         S.BATCH_PEAK_RSS_MB: _peak_rss_mb(),
         S.BATCH_KV_BYTES: actor["kv_bytes"],

@@ -64,6 +64,8 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
         "peak_rss_mb_per_actor": max((a["peak_rss_mb"] for a in per_actor.values()), default=None),
         "kv_bytes": pc.max(calls.column(S.BATCH_KV_BYTES)).as_py(),
         "split_s": _phase_split(actors, stream, wall_s),
+        # host seconds per audio second by stage; x a GPU actor's audio s / s = the cores it needs
+        "host_s_per_audio_s": host_cost(actors, stream, audio),
         "frames_per_s_serving": frames / serving_s,
         "model_busy_s": model_busy,
         # the wall time in which neither the engine nor the codec ran (the actor fed continuously
@@ -100,17 +102,40 @@ def _phase_split(actors: list[dict], stream: dict, wall_s: float) -> dict:
     def phase_s(key: str) -> float:
         return sum(a[f"{key}_sum"] for a in actors) / 1000.0 / n_actors
 
-    prep, engine, codec, encode = (
-        phase_s(k) for k in (S.BATCH_PREP_MS, S.BATCH_ENGINE_MS, S.BATCH_CODEC_MS, S.BATCH_ENCODE_MS)
+    prep, engine, codec, encode, checks = (
+        phase_s(k) for k in (S.BATCH_PREP_MS, S.BATCH_ENGINE_MS, S.BATCH_CODEC_MS, S.BATCH_ENCODE_MS, S.BATCH_CHECKS_MS)
     )
     write = encode + stream.get("write_s", 0.0) / n_actors
     return {
         "prep": prep,
         "engine": engine,
         "codec": codec,
+        "checks": checks,
         "write": write,
-        "other": max(0.0, wall_s - prep - engine - codec - write),
+        "other": max(0.0, wall_s - prep - engine - codec - checks - write),
     }
+
+
+def host_cost(actors: list[dict], stream: dict, audio_s: float) -> dict:
+    """Seconds of host work per second of audio, per stage, summed over the actors: preparing
+    rows (clips, prompts), the codec hand-off (decode calls, as the finisher waits on them),
+    the checks on decoded audio (CPU time), FLAC and the output rows, and the driver's Parquet
+    writes. Their sum times a rate (audio seconds per second) is the host cores that rate needs."""
+    if not audio_s:
+        return {}
+
+    def total_s(key: str) -> float:
+        return sum(a[f"{key}_sum"] or 0.0 for a in actors) / 1000.0
+
+    stages = {
+        "prep": total_s(S.BATCH_PREP_MS),
+        "codec": total_s(S.BATCH_CODEC_MS),
+        "checks": total_s(S.BATCH_CHECKS_MS),
+        "flac_and_rows": total_s(S.BATCH_ENCODE_MS),
+        "parquet_write": stream.get("write_s", 0.0),
+    }
+    per_audio_s = {stage: seconds / audio_s for stage, seconds in stages.items()}
+    return {**per_audio_s, "total": sum(per_audio_s.values())}
 
 
 def rows_saved(single_attempt_output: str, output: str) -> dict:

@@ -83,9 +83,9 @@ def markdown(report: dict) -> str:
     lines = [
         "| actors | slots | rows/s | frames/s | audio s / wall s | vs 1-row loop | vs engine only (whole run) "
         "| p50 / p95 / p99 latency ms | first row s | slot occupancy | engine busy | peak RSS MiB/actor | KV MiB "
-        "| prep / engine / codec / write / other s | overhead (after start-up) | Ray + Parquet + FLAC | report page s "
+        "| prep / engine / codec / checks / write / other s | host s per audio s | overhead (after start-up) | Ray + Parquet + FLAC | report page s "
         "| rejected rows | regenerated frames | rows saved (rejected with 1 attempt) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def share(value):
@@ -103,7 +103,8 @@ def markdown(report: dict) -> str:
             f"{m['latency_ms_p95']:.0f} / {m['latency_ms_p99']:.0f} | {m['time_to_first_row_s']:.1f} | "
             f"{share(m['slot_occupancy'])} | {share(m['engine_busy'])} | "
             f"{m['peak_rss_mb_per_actor']:.0f} | {m['kv_bytes'] / 2**20:.1f} | "
-            f"{s['prep']:.1f} / {s['engine']:.1f} / {s['codec']:.1f} / {s['write']:.1f} / {s['other']:.1f} | "
+            f"{s['prep']:.1f} / {s['engine']:.1f} / {s['codec']:.1f} / {s['checks']:.1f} / {s['write']:.1f} / "
+            f"{s['other']:.1f} | {m['host_s_per_audio_s'].get('total', 0.0):.3f} | "
             f"{m['overhead_fraction']:.1%} ({m['overhead_fraction_after_startup']:.1%}) | "
             f"{m['pipeline_overhead_fraction']:.1%} | {m['report_s']:.1f} | "
             f"{m['rows_rejected']} | {share(m['regenerated_frames_share'])} | {_saved(c.get('single_attempt'))} |"

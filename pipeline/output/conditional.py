@@ -18,6 +18,8 @@ from typing import Optional
 
 import pyarrow.fs as pafs
 
+from actors.files import TEMP_PREFIX
+
 log = logging.getLogger("chorus")
 
 # what a refused precondition looks like: 412 (the condition failed), 409 (S3: a concurrent
@@ -97,8 +99,12 @@ class ConditionalObject:
             return True
 
     def probe(self) -> bool:
-        """Whether the store refuses a second create of one key (a scratch key beside ours)."""
-        scratch = ConditionalObject(self.client, self.bucket, f"{self.key}.probe-{uuid.uuid4().hex}")
+        """Whether the store refuses a second create of one key (a scratch key beside ours,
+        named as a temporary file of ours, so a driver starting meanwhile and looking at the
+        folder does not take it for someone else's file)."""
+        folder, _, name = self.key.rpartition("/")
+        scratch_name = f"{TEMP_PREFIX}probe-{uuid.uuid4().hex}-{name}"
+        scratch = ConditionalObject(self.client, self.bucket, f"{folder}/{scratch_name}" if folder else scratch_name)
         try:
             first = scratch.create(b"probe")
             refused = first is not None and scratch.create(b"probe again") is None

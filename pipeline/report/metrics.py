@@ -255,7 +255,7 @@ def batches(meta: pa.Table) -> pa.Table:
 def actor_batches(calls: pa.Table) -> pa.Table:
     """Per actor (sorted by name), over its calls: seconds of each phase, rows, peak memory,
     when its first call began and its construction time."""
-    ms = (S.BATCH_PREP_MS, S.BATCH_ENGINE_MS, S.BATCH_CODEC_MS, S.BATCH_ENCODE_MS)
+    ms = (S.BATCH_PREP_MS, S.BATCH_ENGINE_MS, S.BATCH_CODEC_MS, S.BATCH_ENCODE_MS, S.BATCH_CHECKS_MS)
     grouped = calls.group_by("actor", use_threads=False).aggregate(
         [(c, "sum") for c in ms]
         + [

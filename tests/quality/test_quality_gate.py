@@ -6,10 +6,8 @@ a row failing every attempt is `rejected` with its flags; decoded rows carry the
 from __future__ import annotations
 
 import io
-from dataclasses import replace
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import soundfile as sf
 
@@ -17,6 +15,7 @@ from actors import schema as S
 from actors.quality import checks
 from actors.synth import SynthActor, Trace
 from actors.synth.chain import segment_seed
+from helpers import text_rows, tune
 from pipeline.config import compose
 from pipeline.run.actor_settings import actor_arguments
 
@@ -31,21 +30,12 @@ def actor(small_settings) -> SynthActor:
     return SynthActor(**actor_arguments(compose(settings), None, run_id="gate"), recorder=Trace())
 
 
-def tune(monkeypatch, actor: SynthActor, group: str, **changes) -> None:
-    monkeypatch.setattr(actor.settings, group, replace(getattr(actor.settings, group), **changes))
-
-
-def rows(specs: list[dict]) -> pa.Table:
-    schema = pa.schema([(S.ID, pa.string()), (S.TEXT, pa.string()), (S.SEED, pa.int64()), (S.MAX_FRAMES, pa.int64())])
-    return pa.Table.from_pylist(specs, schema=schema)
-
-
 def scan(actor, monkeypatch, text: str, seeds: range) -> dict:
     """One frame per segment and a single attempt: which seeds' rows stop on <|im_end|> before
     a frame, in which segment (the first draw of a segment does not depend on its budget)."""
     quality = actor.settings.quality
     tune(monkeypatch, actor, "quality", max_attempts=1)
-    out = actor(rows([{S.ID: f"s{s}", S.TEXT: text, S.SEED: s, S.MAX_FRAMES: 1} for s in seeds]))
+    out = actor(text_rows([{S.ID: f"s{s}", S.TEXT: text, S.SEED: s, S.MAX_FRAMES: 1} for s in seeds]))
     monkeypatch.setattr(actor.settings, "quality", quality)
     found = {}
     for row in out.to_pylist():
@@ -74,23 +64,25 @@ def test_attempt_zero_keeps_the_row_seed_and_later_ones_are_derived():
 
 def test_a_row_without_audio_is_generated_again_and_ends_ok(actor, eos_first):
     seed = eos_first[0]
-    first = actor(rows([{S.ID: "row", S.TEXT: TEXT, S.SEED: seed}])).to_pylist()[0]
+    first = actor(text_rows([{S.ID: "row", S.TEXT: TEXT, S.SEED: seed}])).to_pylist()[0]
     assert first[S.STATUS] == S.STATUS_OK, first[S.ERROR]
     assert first[S.ATTEMPTS] == 2 and first[S.N_FRAMES] > 0 and first[S.SEED] == seed
     assert first[S.DISCARDED_FRAMES] == 0  # the failed attempt made no frames
     # the same codes every run, and in any batch composition and position
-    again = actor(rows([{S.ID: "row", S.TEXT: TEXT, S.SEED: seed}])).to_pylist()[0]
+    again = actor(text_rows([{S.ID: "row", S.TEXT: TEXT, S.SEED: seed}])).to_pylist()[0]
     mates = [{S.ID: f"mate-{i}", S.TEXT: f"Another sentence, number {i}.", S.SEED: 100 + i} for i in range(5)]
-    batched = actor(rows(mates[:3] + [{S.ID: "row", S.TEXT: TEXT, S.SEED: seed}] + mates[3:])).to_pylist()[3]
+    batched = actor(text_rows(mates[:3] + [{S.ID: "row", S.TEXT: TEXT, S.SEED: seed}] + mates[3:])).to_pylist()[3]
     assert first[S.CODES] == again[S.CODES] == batched[S.CODES]
     # the second attempt is the derived seed's own stream: a plain row with that seed, one attempt
-    derived = actor(rows([{S.ID: "derived", S.TEXT: TEXT, S.SEED: segment_seed(seed, 0, 1)}])).to_pylist()[0]
+    derived = actor(text_rows([{S.ID: "derived", S.TEXT: TEXT, S.SEED: segment_seed(seed, 0, 1)}])).to_pylist()[0]
     assert derived[S.ATTEMPTS] == 1 and derived[S.CODES] == first[S.CODES]
 
 
 def test_a_row_failing_every_attempt_is_rejected_with_its_flags(actor, eos_first, monkeypatch):
     tune(monkeypatch, actor, "quality", max_attempts=1)
-    out = actor(rows([{S.ID: "bad", S.TEXT: TEXT, S.SEED: eos_first[0]}, {S.ID: "good", S.TEXT: TEXT, S.SEED: 500}]))
+    out = actor(
+        text_rows([{S.ID: "bad", S.TEXT: TEXT, S.SEED: eos_first[0]}, {S.ID: "good", S.TEXT: TEXT, S.SEED: 500}])
+    )
     bad, good = out.to_pylist()
     assert (bad[S.STATUS], bad[S.QUALITY_FLAGS], bad[S.ATTEMPTS], bad[S.N_FRAMES]) == ("rejected", ["no_audio"], 1, 0)
     assert bad[S.ERROR] is None and bad[S.RETRYABLE] is None
@@ -98,14 +90,14 @@ def test_a_row_failing_every_attempt_is_rejected_with_its_flags(actor, eos_first
     # a gate rejecting truncation keeps the best audio of every attempt, as rejected, with flags
     tune(monkeypatch, actor, "quality", reject=["no_audio", "truncated"], max_attempts=2)
     tune(monkeypatch, actor, "engine", stop_on_eos=False)  # every attempt runs to its budget
-    cut = actor(rows([{S.ID: "cut", S.TEXT: TEXT, S.SEED: 500}])).to_pylist()[0]
+    cut = actor(text_rows([{S.ID: "cut", S.TEXT: TEXT, S.SEED: 500}])).to_pylist()[0]
     assert cut[S.STATUS] == S.STATUS_REJECTED and "truncated" in cut[S.QUALITY_FLAGS]
     assert cut[S.ATTEMPTS] == 2 and cut[S.N_FRAMES] > 0 and cut[S.AUDIO][S.AUDIO_BYTES]
     assert cut[S.DISCARDED_FRAMES] == cut[S.N_FRAMES]  # the second attempt, same budget, not kept
 
 
 def test_decoded_rows_carry_their_metrics(actor):
-    row = actor(rows([{S.ID: "m", S.TEXT: TEXT, S.SEED: 500}])).to_pylist()[0]
+    row = actor(text_rows([{S.ID: "m", S.TEXT: TEXT, S.SEED: 500}])).to_pylist()[0]
     audio, sr = sf.read(io.BytesIO(row[S.AUDIO][S.AUDIO_BYTES]), dtype="float32")
     metrics = checks.audio_metrics(audio, sr, TEXT, actor.settings.quality)
     assert row[S.SILENCE_RATIO] == pytest.approx(metrics.silence_ratio, abs=0.02)
@@ -123,7 +115,7 @@ def test_a_long_row_whose_first_segment_stops_at_eos_first_completes(actor, monk
     found = scan(actor, monkeypatch, LONG_TEXT, range(120))
     assert found and set(found.values()) == {0}, found  # later segments of this text never did
     row = {S.ID: "long", S.TEXT: LONG_TEXT, S.SEED: min(found), S.MAX_FRAMES: 1}
-    out = actor(rows([row])).to_pylist()[0]
+    out = actor(text_rows([row])).to_pylist()[0]
     assert out[S.STATUS] == S.STATUS_OK and out[S.ATTEMPTS] == 2 and out[S.SEGMENTS] >= 3
     assert out[S.SEGMENT_FRAMES] == [1] * out[S.SEGMENTS]
 
@@ -139,12 +131,12 @@ def test_a_long_row_regenerates_only_its_failed_segment(actor, monkeypatch):
     tune(monkeypatch, actor, "quality", max_attempts=1)
     for seed in range(20):  # one whose segments all speak at the first attempt
         row = {S.ID: "four", S.TEXT: FOUR, S.SEED: seed, S.MAX_FRAMES: 1}
-        once = actor(rows([row])).to_pylist()[0]
+        once = actor(text_rows([row])).to_pylist()[0]
         if once[S.SEGMENT_FRAMES] == [1, 1, 1, 1]:
             break
     before, history = actor.recorder.segments["four"], actor.recorder.history["four"]
     tune(monkeypatch, actor, "quality", max_attempts=3)
-    gated = actor(rows([row])).to_pylist()[0]
+    gated = actor(text_rows([row])).to_pylist()[0]
     after = actor.recorder.segments["four"]
     assert gated[S.SEGMENTS] == 4 and gated[S.SEGMENT_FRAMES] == [1, 1, 1, 1]
     # (one frame each: every segment hits its budget, truncated, which this gate does not reject)
@@ -170,7 +162,7 @@ def test_rejected_rows_are_done_on_rerun_unless_retry_rejected(ray_cluster, eos_
 
     source, out = tmp_path / "in.parquet", tmp_path / "out"
     specs = [{S.ID: "bad", S.TEXT: TEXT, S.SEED: eos_first[0]}, {S.ID: "good", S.TEXT: TEXT, S.SEED: 500}]
-    pq.write_table(rows(specs), source)
+    pq.write_table(text_rows(specs), source)
     args = [*small_settings, "engine.stop_on_eos=true", f"data.path={source}", f"output.dir={out}"]
 
     def written() -> dict:

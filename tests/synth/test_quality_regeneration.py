@@ -12,7 +12,6 @@ import io
 from dataclasses import replace
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import soundfile as sf
 
@@ -20,7 +19,7 @@ from actors import schema as S
 from actors.quality.tiny import build_tiny_dnsmos, build_tiny_wavlm
 from actors.synth import SynthActor, Trace
 from actors.synth.chain import segment_seed
-from helpers import REPO
+from helpers import REPO, text_rows, tune
 from pipeline.config import compose
 from pipeline.run.actor_settings import actor_arguments
 
@@ -34,15 +33,6 @@ SEED = 500
 def actor(small_settings) -> SynthActor:
     settings = small_settings + ["engine.max_tokens=512", "quality.reject=[no_audio,silence,clipping]"]
     return SynthActor(**actor_arguments(compose(settings), None, run_id="regen"), recorder=Trace())
-
-
-def tune(monkeypatch, actor: SynthActor, group: str, **changes) -> None:
-    monkeypatch.setattr(actor.settings, group, replace(getattr(actor.settings, group), **changes))
-
-
-def rows(specs: list[dict]) -> pa.Table:
-    schema = pa.schema([(S.ID, pa.string()), (S.TEXT, pa.string()), (S.SEED, pa.int64()), (S.MAX_FRAMES, pa.int64())])
-    return pa.Table.from_pylist(specs, schema=schema)
 
 
 def audio(row: dict) -> np.ndarray:
@@ -71,21 +61,21 @@ def silence_first_round(job, round_: int) -> None:
 
 
 def test_a_row_silent_on_its_first_round_comes_out_ok_from_its_second(actor, monkeypatch):
-    plain = actor(rows([{S.ID: "row", S.TEXT: TEXT, S.SEED: SEED}])).to_pylist()[0]
+    plain = actor(text_rows([{S.ID: "row", S.TEXT: TEXT, S.SEED: SEED}])).to_pylist()[0]
     assert plain[S.STATUS] == S.STATUS_OK and plain[S.ATTEMPTS] == 1, plain[S.QUALITY_FLAGS]
     seen = plant(monkeypatch, actor, silence_first_round)
-    first = actor(rows([{S.ID: "row", S.TEXT: TEXT, S.SEED: SEED}])).to_pylist()[0]
+    first = actor(text_rows([{S.ID: "row", S.TEXT: TEXT, S.SEED: SEED}])).to_pylist()[0]
     assert seen == [("row", 0), ("row", 1)]  # decoded twice: sent back once
     assert first[S.STATUS] == S.STATUS_OK and first[S.ATTEMPTS] == 2 and first[S.QUALITY_FLAGS] == ["truncated"]
     assert first[S.DISCARDED_FRAMES] == plain[S.N_FRAMES]  # the silenced round's frames
     # the second round is the derived seed's own stream: a plain row with that seed
-    derived = actor(rows([{S.ID: "d", S.TEXT: TEXT, S.SEED: segment_seed(SEED, 0, 1)}])).to_pylist()[0]
+    derived = actor(text_rows([{S.ID: "d", S.TEXT: TEXT, S.SEED: segment_seed(SEED, 0, 1)}])).to_pylist()[0]
     assert first[S.CODES] == derived[S.CODES] and first[S.CODES] != plain[S.CODES]
     np.testing.assert_array_equal(audio(first), audio(derived))
     # the same audio on rerun and in any batch composition and position
-    again = actor(rows([{S.ID: "row", S.TEXT: TEXT, S.SEED: SEED}])).to_pylist()[0]
+    again = actor(text_rows([{S.ID: "row", S.TEXT: TEXT, S.SEED: SEED}])).to_pylist()[0]
     mates = [{S.ID: f"mate-{i}", S.TEXT: f"Another sentence, number {i}.", S.SEED: 100 + i} for i in range(5)]
-    batched = actor(rows(mates[:3] + [{S.ID: "row", S.TEXT: TEXT, S.SEED: SEED}] + mates[3:])).to_pylist()
+    batched = actor(text_rows(mates[:3] + [{S.ID: "row", S.TEXT: TEXT, S.SEED: SEED}] + mates[3:])).to_pylist()
     assert batched[3][S.ID] == "row" and batched[3][S.ATTEMPTS] == 2
     for other in (again, batched[3]):
         assert other[S.CODES] == first[S.CODES]
@@ -103,12 +93,12 @@ def test_a_row_failing_every_round_is_rejected_with_its_best_round(actor, monkey
         job.wave = wave
 
     seen = plant(monkeypatch, actor, fault)
-    row = actor(rows([{S.ID: "bad", S.TEXT: TEXT, S.SEED: SEED}])).to_pylist()[0]
+    row = actor(text_rows([{S.ID: "bad", S.TEXT: TEXT, S.SEED: SEED}])).to_pylist()[0]
     assert seen == [("bad", 0), ("bad", 1), ("bad", 2)]  # max_attempts rounds
     assert row[S.STATUS] == S.STATUS_REJECTED and row[S.ATTEMPTS] == 3
     assert row[S.QUALITY_FLAGS] == ["truncated", "silence", "loudness"]  # round 1's: no clipping
     assert row[S.CLIPPED_RATIO] == 0.0 and row[S.SILENCE_RATIO] == 1.0
-    derived = actor(rows([{S.ID: "d1", S.TEXT: TEXT, S.SEED: segment_seed(SEED, 0, 1)}])).to_pylist()[0]
+    derived = actor(text_rows([{S.ID: "d1", S.TEXT: TEXT, S.SEED: segment_seed(SEED, 0, 1)}])).to_pylist()[0]
     assert row[S.CODES] == derived[S.CODES]  # the best round, the earliest of the equally flawed
     assert row[S.N_FRAMES] == derived[S.N_FRAMES] and row[S.DISCARDED_FRAMES] == 2 * row[S.N_FRAMES]
     assert not audio(row).any()  # what was measured is what is written
@@ -132,12 +122,12 @@ def test_a_long_row_is_regenerated_from_its_silent_segment_on(actor, monkeypatch
     tune(monkeypatch, actor, "long_form", segment_bytes=24)
     tune(monkeypatch, actor, "quality", max_silence_ratio=0.9)  # one segment's stretch of four: not the row
     spec = {S.ID: "four", S.TEXT: FOUR, S.SEED: SEED, S.MAX_FRAMES: 20}
-    plain = actor(rows([spec])).to_pylist()[0]
+    plain = actor(text_rows([spec])).to_pylist()[0]
     before = actor.recorder.segments["four"]
     assert plain[S.SEGMENTS] == 4 and plain[S.ATTEMPTS] == 1
     tune(monkeypatch, actor, "quality", max_silence_ratio=0.2)  # now a silent segment fails the row
     seen = plant(monkeypatch, actor, segment_stretch_silencer(2))
-    out = actor(rows([spec])).to_pylist()[0]
+    out = actor(text_rows([spec])).to_pylist()[0]
     after = actor.recorder.segments["four"]
     assert seen == [("four", 0), ("four", 1)]
     assert out[S.STATUS] == S.STATUS_OK and out[S.ATTEMPTS] == 2
@@ -153,12 +143,12 @@ def test_regeneration_stops_at_the_share_of_frames_it_may_take(actor, monkeypatc
     tune(monkeypatch, actor, "quality", max_silence_ratio=0.2, max_regenerated_share=0.5)
     spec = {S.ID: "four", S.TEXT: FOUR, S.SEED: SEED, S.MAX_FRAMES: 20}
     seen = plant(monkeypatch, actor, segment_stretch_silencer(0))  # the whole row would go again
-    out = actor(rows([spec])).to_pylist()[0]
+    out = actor(text_rows([spec])).to_pylist()[0]
     assert seen == [("four", 0)]  # not sent back: 4 segments of frames > 0.5 x the row's
     assert out[S.STATUS] == S.STATUS_REJECTED and "silence" in out[S.QUALITY_FLAGS] and out[S.ATTEMPTS] == 1
     tune(monkeypatch, actor, "quality", max_regenerated_share=1.0)
     seen.clear()
-    out = actor(rows([spec])).to_pylist()[0]
+    out = actor(text_rows([spec])).to_pylist()[0]
     assert seen == [("four", 0), ("four", 1)] and out[S.STATUS] == S.STATUS_OK
 
 
@@ -204,6 +194,11 @@ def test_speaker_and_mos_columns_and_one_embedding_per_reference(checked_actor, 
             reference = speaker.references.get(_ref_key(checked_actor, given), lambda: None)
             mine = speaker.embedder.embed([wave], row[S.SAMPLE_RATE])[0]
             assert row[S.SPEAKER_SIMILARITY] == pytest.approx(cosine(mine, reference), abs=1e-3)
+    # summary.json's quality object and the report describe both (their distributions)
+    from pipeline.report import quality_figures
+
+    described = quality_figures.figures(S.output_table(out))["metrics"]
+    assert {S.SPEAKER_SIMILARITY, S.MOS, S.MOS_SIG, S.MOS_BAK} <= described.keys()
     # each distinct clip embedded once, however many rows used it
     clips = {_ref_key(checked_actor, g) for g in batch.to_pylist() if g[S.REF_AUDIO_PATH] or g[S.REF_AUDIO]}
     assert speaker.references.misses == len(clips) < len(with_clip)

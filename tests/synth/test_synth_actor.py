@@ -5,7 +5,6 @@ row, results that do not depend on batching, and the per-actor reference cache."
 from __future__ import annotations
 
 import io
-from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +15,7 @@ import soundfile as sf
 from actors import schema as S
 from actors.lru import LRU
 from actors.synth import SynthActor, escape_special_tokens, row_seed
-from helpers import DEMO_TABLE
+from helpers import DEMO_TABLE, tune
 from pipeline.config import compose
 from pipeline.run.actor_settings import actor_arguments
 
@@ -25,11 +24,6 @@ from pipeline.run.actor_settings import actor_arguments
 def actor(bad_table, small_settings) -> SynthActor:
     cfg = compose(small_settings + ["engine.max_tokens=512"])
     return SynthActor(**actor_arguments(cfg, str(bad_table.path.parent), run_id="unit"))
-
-
-def tune(monkeypatch, actor: SynthActor, group: str, **changes) -> None:
-    """A variant of one of the actor's settings groups, for one test (every part reads it)."""
-    monkeypatch.setattr(actor.settings, group, replace(getattr(actor.settings, group), **changes))
 
 
 @pytest.fixture

@@ -55,8 +55,12 @@ def test_bench_smoke_end_to_end(tmp_path):
     for c in configs:
         for name in FIGURES:
             assert c[name] is not None and not (isinstance(c[name], float) and math.isnan(c[name])), name
-        assert set(c["split_s"]) == {"prep", "engine", "codec", "write", "other"}
+        assert set(c["split_s"]) == {"prep", "engine", "codec", "checks", "write", "other"}
         assert all(v >= 0 for v in c["split_s"].values())
+        host = c["host_s_per_audio_s"]  # host seconds per audio second, by stage, and their sum
+        assert set(host) == {"prep", "codec", "checks", "flac_and_rows", "parquet_write", "total"}
+        assert all(v >= 0 for v in host.values()) and host["total"] == pytest.approx(sum(host.values()) - host["total"])
+        assert host["checks"] > 0 and host["codec"] > 0  # every row is measured and decoded
         # internal consistency with the rows on disk
         rows = pq.read_table(
             f"{c['output']}/data", columns=[S.STATUS, S.N_FRAMES, S.AUDIO_SECONDS, S.TOTAL_MS, S.BATCH]
