@@ -79,12 +79,7 @@ class SynthActor:
         self.planner = ChainPlanner(settings, loaded.builder, positions, frozenset(self.lm.tokenizer.special))
         self.preparer = Preparer(settings, base_sampling, self.references, self.planner)
         self._codec_runner = loaded.codec_runner
-        # each None (nothing imported) unless quality.asr / .speaker / .mos is set
-        asr = load_asr(settings.quality, str(self.lm.device))
-        speaker = load_speaker_check(settings.quality, str(self.lm.device), self._reference_wave)
-        mos = load_mos(settings.quality, settings.run.threads)
-        fps = self.codec.sample_rate / self.codec.frame_length
-        self.gate = QualityGate(settings, fps, self.codec.sample_rate, asr, speaker, mos)
+        self.gate = self._quality_gate(settings)
         self.finisher = Finisher(
             settings,
             loaded.codec_runner,
@@ -115,6 +110,16 @@ class SynthActor:
             loaded.codec_path,
             self.engine.kv_bytes(),
         )
+
+    def _quality_gate(self, settings: ActorSettings) -> QualityGate:
+        """The gate with the optional checks quality.asr / .speaker / .mos name (each None,
+        nothing of it imported, when unset)."""
+        quality, device = settings.quality, str(self.lm.device)
+        asr = load_asr(quality, device)
+        speaker = load_speaker_check(quality, device, self._reference_wave)
+        mos = load_mos(quality, settings.run.threads)
+        fps = self.codec.sample_rate / self.codec.frame_length
+        return QualityGate(settings, fps, self.codec.sample_rate, asr, speaker, mos)
 
     def _reference_wave(self, ref: RefSpec) -> tuple[np.ndarray, int]:
         """A reference's audio for the speaker check: its clip read as the run reads it, or,

@@ -27,8 +27,7 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
     audio = metrics.total(ok, S.AUDIO_SECONDS)
     p50, p95, p99 = metrics.percentiles(ok.column(S.TOTAL_MS), [50, 95, 99])
     calls = metrics.batches(meta)
-    call_rows = calls.to_pylist()
-    actors = metrics.actor_batches(calls).to_pylist()
+    call_rows, actors = calls.to_pylist(), metrics.actor_batches(calls).to_pylist()
     finished = pc.min(table.column(S.FINISHED_AT)).as_py()
     # actor start-up (process, torch import, model + codec load): run start to its first call
     startup = float(np.mean([a[f"{S.BATCH_STARTED_AT}_min"] - started_unix for a in actors])) if actors else 0.0
@@ -64,7 +63,6 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
         "peak_rss_mb_per_actor": max((a["peak_rss_mb"] for a in per_actor.values()), default=None),
         "kv_bytes": pc.max(calls.column(S.BATCH_KV_BYTES)).as_py(),
         "split_s": _phase_split(actors, stream, wall_s),
-        # host seconds per audio second by stage; x a GPU actor's audio s / s = the cores it needs
         "host_s_per_audio_s": host_cost(actors, stream, audio),
         "frames_per_s_serving": frames / serving_s,
         "model_busy_s": model_busy,

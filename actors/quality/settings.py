@@ -1,0 +1,112 @@
+"""The quality group of the actor's settings (re-exported by actors/settings.py, where the
+other groups live): which flags reject an attempt, the bound each check raises its flag at,
+and the optional model-based checks. Free of torch, Hydra and OmegaConf, like its siblings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from actors.errors import ConfigError
+from actors.quality.flags import (
+    ASR_BACKENDS,
+    EMILIA_MIN_OVRL,
+    FLAGS,
+    MOS,
+    MOS_BACKENDS,
+    NO_AUDIO,
+    SPEAKER,
+    SPEAKER_BACKENDS,
+    WAVLM_SAME_SPEAKER_THRESHOLD,
+    WER,
+)
+
+
+@dataclass
+class QualitySettings:
+    """The quality gate (actors/synth/gate.py; the checks in actors/quality/): which flags reject
+    an attempt, how many attempts a row gets, the bound each flag is raised at, optional ASR."""
+
+    # flags that reject an attempt and have the row (or the failed segment) generated again.
+    # Default: no audio only, so a random demo model is not regenerated endlessly; quality=strict
+    # adds truncated, repetition, speech_rate and silence for real checkpoints
+    reject: list[str] = field(default_factory=lambda: [NO_AUDIO])
+    # attempts per row (or per segment of a long row) before it is kept as `rejected`
+    max_attempts: int = 3
+    # repetition: share of codebook-0 n-grams of repeat_ngram frames repeating an earlier one
+    repeat_ngram: int = 4
+    max_repeat_ratio: float = 0.5
+    # speech_rate: seconds of audio per non-space character (English ~0.06-0.08, Chinese ~0.2-0.3)
+    min_s_per_char: float = 0.02
+    max_s_per_char: float = 0.4
+    # silence: share of 20 ms frames quieter than silence_dbfs (RMS, full scale 1.0)
+    silence_dbfs: float = -45.0
+    max_silence_ratio: float = 0.5
+    # clipping: share of samples with |x| >= clip_level
+    clip_level: float = 0.999
+    max_clipped_ratio: float = 0.001
+    # loudness: BS.1770-4 integrated loudness outside [min_lufs, max_lufs], or all below -70 LUFS
+    min_lufs: float = -45.0
+    max_lufs: float = -5.0
+    # ASR (asr_text, wer, cer): a backend and a local model directory (nothing downloaded; null:
+    # none, nothing of it imported), the language (null: detected), rows per batch, the wer bound
+    asr: Optional[str] = None
+    asr_model: Optional[str] = None
+    asr_language: Optional[str] = None
+    asr_batch_rows: int = 8
+    max_wer: float = 0.5
+    # speaker similarity (speaker_similarity): a WavLM x-vector model from a local directory
+    # (null: none, nothing imported), the row's audio against its reference clip; the flag below
+    # the bound. 0.86: the same-speaker threshold microsoft/wavlm-base-plus-sv's model card gives
+    speaker: Optional[str] = None
+    speaker_model: Optional[str] = None
+    min_speaker_similarity: float = WAVLM_SAME_SPEAKER_THRESHOLD
+    # predicted MOS (mos, mos_sig, mos_bak): DNSMOS P.835's ONNX file (null: none, nothing
+    # imported); the flag below the bound. 3.0 OVRL: the Emilia corpus's filter (He et al., 2024)
+    mos: Optional[str] = None
+    mos_model: Optional[str] = None
+    min_mos: float = EMILIA_MIN_OVRL
+    # regeneration for the checks on decoded audio (silence, clipping, loudness, wer, speaker,
+    # mos) stops once the frames generated again for them would exceed this multiple of the
+    # row's frames: a one-segment row at max_attempts=3 needs 2.0; a long row that fails early
+    # would otherwise regenerate most of itself max_attempts times per segment
+    max_regenerated_share: float = 2.0
+
+    def validate(self) -> None:
+        for flag in self.reject:
+            if flag not in FLAGS:
+                raise ConfigError(f"quality.reject: unknown flag {flag!r} (known: {', '.join(FLAGS)})")
+        for flag, backend, example in ((WER, "asr", "whisper"), (SPEAKER, "speaker", "wavlm"), (MOS, "mos", "dnsmos")):
+            if flag in self.reject and getattr(self, backend) is None:
+                raise ConfigError(
+                    f"quality.reject lists {flag!r} but quality.{backend} is null (set quality.{backend}={example})"
+                )
+        for key in ("max_attempts", "repeat_ngram", "asr_batch_rows"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"quality.{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("max_repeat_ratio", "max_silence_ratio", "max_clipped_ratio"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(f"quality.{key} must be in [0, 1], got {getattr(self, key)}")
+        for low, high in (("min_s_per_char", "max_s_per_char"), ("min_lufs", "max_lufs")):
+            if not getattr(self, low) <= getattr(self, high):
+                raise ConfigError(
+                    f"quality.{low} ({getattr(self, low)}) must be <= quality.{high} ({getattr(self, high)})"
+                )
+        if not 0.0 < self.clip_level <= 1.0:
+            raise ConfigError(f"quality.clip_level must be in (0, 1], got {self.clip_level}")
+        if self.max_wer < 0:
+            raise ConfigError(f"quality.max_wer must be >= 0, got {self.max_wer}")
+        if self.max_regenerated_share < 0:
+            raise ConfigError(f"quality.max_regenerated_share must be >= 0, got {self.max_regenerated_share}")
+        for backend, known, where in (
+            ("asr", ASR_BACKENDS, "a local model directory"),
+            ("speaker", SPEAKER_BACKENDS, "a local model directory"),
+            ("mos", MOS_BACKENDS, "the local sig_bak_ovr.onnx file"),
+        ):
+            chosen = getattr(self, backend)
+            if chosen is None:
+                continue
+            if chosen not in known:
+                raise ConfigError(f"quality.{backend} must be null or one of {', '.join(known)}, got {chosen!r}")
+            if not getattr(self, f"{backend}_model"):
+                raise ConfigError(f"quality.{backend} is set but quality.{backend}_model is null: name {where}")
