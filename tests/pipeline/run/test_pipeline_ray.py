@@ -118,16 +118,45 @@ def test_same_seed_same_output_across_actors_and_block_sizes(demo_output, tmp_pa
         "cluster.num_actors=1",
         "cluster.rows_per_block=4",
     )
-    first = {r[S.ID]: r for r in read_rows(demo_output)}
-    second = {r[S.ID]: r for r in read_rows(tmp_path / "again")}
+    assert_same_rows(read_rows(demo_output), read_rows(tmp_path / "again"))
+
+
+def assert_same_rows(first_rows: list[dict], second_rows: list[dict]) -> None:
+    """The same rows with the same codes and, bit for bit, the same audio (each row's clip is
+    encoded and its codes decoded alone: engine.codec_batch_rows=1)."""
+    first, second = {r[S.ID]: r for r in first_rows}, {r[S.ID]: r for r in second_rows}
     assert first.keys() == second.keys()
     for row_id, row in first.items():
         other = second[row_id]
         assert (row[S.STATUS], row[S.SEED], row[S.N_FRAMES]) == (other[S.STATUS], other[S.SEED], other[S.N_FRAMES])
         if row[S.STATUS] == S.STATUS_OK:
             assert row[S.CODES] == other[S.CODES], row_id
-            # each row decoded alone (engine.codec_batch_rows=1): the same samples, bit for bit
             np.testing.assert_array_equal(decode(row)[0], decode(other)[0], err_msg=row_id)
+
+
+def test_bfloat16_same_output_across_actors_and_block_sizes(
+    ray_cluster, demo_table, tmp_path, small_settings, read_rows
+):
+    """The same in bfloat16 whatever the CPU (auto picks float32 where it has no bf16 units):
+    12 demo rows, with and without clips, as 2 actors x 6-row blocks and 1 actor x 4-row blocks.
+    With 8-row codec batches a row's clip encoded beside others gave it other codes."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(demo_table.slice(0, 12), source)
+    bf16 = [
+        f"data.path={source}",
+        f"data.audio_root={DEMO_TABLE.parent}",
+        "model.dtype=bfloat16",
+        "model.codec_dtype=bfloat16",
+    ]
+    for actors, block in ((2, 6), (1, 4)):
+        synthesize(
+            small_settings,
+            *bf16,
+            f"output.dir={tmp_path}/a{actors}",
+            f"cluster.num_actors={actors}",
+            f"cluster.rows_per_block={block}",
+        )
+    assert_same_rows(read_rows(tmp_path / "a2"), read_rows(tmp_path / "a1"))
 
 
 def test_rerun_resumes_instead_of_repeating(demo_output, small_settings, read_rows):
