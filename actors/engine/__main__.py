@@ -12,7 +12,7 @@ import numpy as np
 from actors.cli import dispatch, error
 
 
-def _dtype_arg(p: argparse.ArgumentParser, default: str = "float32") -> None:
+def _dtype_arg(p: argparse.ArgumentParser, default: str = "auto") -> None:
     p.add_argument(
         "--dtype",
         default=default,
@@ -220,12 +220,12 @@ def _add_check_commands(sub) -> None:
     p = sub.add_parser("parity", help="logits and greedy codes vs the upstream vectors, in any dtype/device")
     p.add_argument("--vectors", help="folder of the vector sets (default: the ones shipped in tests/vectors)")
     p.add_argument("--json", help="write the report here")
-    _dtype_arg(p)
+    _dtype_arg(p, default="float32")  # the vectors' exact guarantees are float32's
     p.set_defaults(func=cmd_parity)
 
     p = sub.add_parser("frame-check", help="the compiled decode frame against the eager one")
     p.add_argument("--json", help="write the report here")
-    _dtype_arg(p)
+    _dtype_arg(p, default="float32")
     p.set_defaults(func=cmd_frame_check)
 
     p = sub.add_parser("make-tiny", help="write a deterministic random checkpoint in the real format")

@@ -51,7 +51,7 @@ def test_make_tiny_round_trips_through_cli(fmt, tmp_path):
     out = tmp_path / fmt
     proc = run_module("actors.engine", "make-tiny", "--format", fmt, "--out", str(out), "--seed", "5")
     assert proc.returncode == 0, proc.stderr
-    proc = run_module("actors.engine", "info", "--checkpoint", str(out), "--json")
+    proc = run_module("actors.engine", "info", "--checkpoint", str(out), "--json", "--dtype", "float32")
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["family"] == fmt and info["unexpected_tensors"] == []
@@ -69,6 +69,8 @@ def test_make_tiny_round_trips_through_cli(fmt, tmp_path):
         str(tmp_path / "t.npy"),
         "--out",
         str(tmp_path / "s.npz"),
+        "--dtype",
+        "float32",  # compared bit for bit with the float32 model loaded here
     )
     assert proc.returncode == 0, proc.stderr
     slow, fast = lm.model.score(torch.from_numpy(tokens))

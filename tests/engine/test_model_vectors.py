@@ -26,6 +26,8 @@ def test_score_cli_reproduces_upstream_logits(name, tmp_path):
         str(v / "vectors/score_tokens.npy"),
         "--out",
         str(out),
+        "--dtype",
+        "float32",  # the vectors' guarantee is float32's (the CLI's default is auto)
     )
     assert proc.returncode == 0, proc.stderr
     got = np.load(out)
@@ -51,6 +53,8 @@ def test_greedy_codes_reproduce_through_engine_and_cli(name, tmp_path):
     proc = run_module(
         "actors.engine",
         "generate",
+        "--dtype",
+        "float32",
         "--checkpoint",
         str(v / "checkpoint"),
         "--prompt-tokens",

@@ -26,7 +26,9 @@ LONG_TEXT = "One two three four. Five six seven eight. Nine ten eleven. Twelve t
 
 @pytest.fixture(scope="module")
 def actor(small_settings) -> SynthActor:
-    settings = small_settings + ["engine.stop_on_eos=true", "engine.max_tokens=512"]
+    # float32 on every CPU: the seeds whose first draw is <|im_end|> are float32 sampling's
+    float32 = ["model.dtype=float32", "model.codec_dtype=float32"]
+    settings = small_settings + ["engine.stop_on_eos=true", "engine.max_tokens=512", *float32]
     return SynthActor(**actor_arguments(compose(settings), None, run_id="gate"), recorder=Trace())
 
 
@@ -163,7 +165,8 @@ def test_rejected_rows_are_done_on_rerun_unless_retry_rejected(ray_cluster, eos_
     source, out = tmp_path / "in.parquet", tmp_path / "out"
     specs = [{S.ID: "bad", S.TEXT: TEXT, S.SEED: eos_first[0]}, {S.ID: "good", S.TEXT: TEXT, S.SEED: 500}]
     pq.write_table(text_rows(specs), source)
-    args = [*small_settings, "engine.stop_on_eos=true", f"data.path={source}", f"output.dir={out}"]
+    float32 = ["model.dtype=float32", "model.codec_dtype=float32"]  # as the seed scan's actor
+    args = [*small_settings, "engine.stop_on_eos=true", f"data.path={source}", f"output.dir={out}", *float32]
 
     def written() -> dict:
         return {r[S.ID]: r for r in OutputLayout(str(out)).read().to_pylist()}
