@@ -114,14 +114,15 @@ class QualityGate:
     def _again(self, job: Job) -> bool:
         """Whether the row goes back to the engine; if not, the round to write is in place."""
         quality, chain = job.quality, job.chain
+        failing = quality.audio_rejections()
+        if not failing:  # written as it is: no round needs keeping (most rows)
+            return False
+        # a failing round is kept: when no round passes, the best of them is written
         job.rounds.append(
             AudioRound(
                 quality.snapshot(), job.result, job.wave, list(chain.results), list(chain.steps), list(chain.history)
             )
         )
-        failing = quality.audio_rejections()
-        if not failing:
-            return False
         start = self._first_failing_segment(job, failing)
         redo = sum(kept.frames for kept in quality.segments[start:])
         limit = self.settings.quality.max_regenerated_share * quality.kept_frames

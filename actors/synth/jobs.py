@@ -38,7 +38,7 @@ class Job:
         self.quality: Any = None  # the quality gate's RowQuality (actors/quality/gate.py)
         self.tries: Any = None  # the current segment's attempts (SegmentAttempts), while it runs
         self.wave: Optional[np.ndarray] = None
-        self.rounds: list = []  # the gate's AudioRounds: each decoded version of the row, until written
+        self.rounds: list = []  # the gate's AudioRounds: each rejected decoded version, until written
         self.codec_ms = 0.0  # reference encode share + decode share
         self.decode_ms = 0.0  # the row's share of its codec decode call
         self.checks_ms = 0.0  # its share of the CPU time the checks on decoded audio took, every round
