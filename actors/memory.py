@@ -38,16 +38,25 @@ TRIM_EVERY_S = 5.0
 # 64, not 256: in 20-minute soaks of the demo the actor held ~100 MB less at 64 (618 against
 # 716 MB at minute 6) and ran as fast (595 against 529 rows/min; prefill shapes miss either way)
 ONEDNN_CACHE_ENTRIES = 64
+# the codec child's: one decode call alone runs more than 64 distinct convolutions and matmuls
+# (time chunks, their remainders, each layer's own shape), so at 64 every call rebuilt them all
+# (demo codec, 1 thread, rows of 10-110 frames, SPR: 1.24 ms per frame at 64, 0.83-0.87 at
+# 128-512, 0.57 with every shape cached; peak RSS 321 MB at 128, 335 at 256, 376 at 512)
+CODEC_ONEDNN_CACHE_ENTRIES = 256
 # the two caches that hold them: oneDNN's own, and torch's ideep layer's (which keeps its
 # primitives alive after oneDNN's cache drops them, so both need the bound)
 CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
-def bound_native_caches(environ=os.environ) -> dict:
+def bound_native_caches(environ=os.environ, entries: Optional[int] = None) -> dict:
     """Bound the primitive caches (each read once, at the process's first oneDNN call: call this
-    before loading a model). Returns the capacities in force."""
+    before loading a model). `entries` replaces what the environment holds; without it a value
+    already there wins over ONEDNN_CACHE_ENTRIES. Returns the capacities in force."""
     for name in CACHE_VARIABLES:
-        environ.setdefault(name, str(ONEDNN_CACHE_ENTRIES))
+        if entries is not None:
+            environ[name] = str(entries)
+        else:
+            environ.setdefault(name, str(ONEDNN_CACHE_ENTRIES))
     return {name: int(environ[name]) for name in CACHE_VARIABLES}
 
 

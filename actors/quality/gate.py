@@ -89,9 +89,10 @@ class RowQuality:
         self.generated_frames += sum(a.frames for a in segment.attempts)
         return kept
 
-    def add_audio(self, audio: np.ndarray, sample_rate: int, text: Optional[str]) -> None:
-        self.metrics = checks.audio_metrics(audio, sample_rate, text, self.settings)
-        self._flag(*checks.audio_flags(self.metrics, self.settings))
+    def add_audio(self, metrics: checks.AudioMetrics) -> None:
+        """The decoded audio's measurements (checks.audio_metrics, made where it was decoded)."""
+        self.metrics = metrics
+        self._flag(*checks.audio_flags(metrics, self.settings))
 
     def add_transcript(self, transcript: Any) -> None:
         self.asr = transcript

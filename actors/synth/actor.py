@@ -6,7 +6,8 @@ parts, each with one job (docs/architecture.md §2):
     engine feeder (one thread; feeder.py): every block's rows through the engine's slots
     quality gate (gate.py): each segment attempt checked, a rejected one generated again at
         once; each decoded row measured (actors/quality/)
-    finisher (one thread; finisher.py): codec decode, FLAC, output rows (output.py)
+    finisher (one thread; finisher.py): hearing (decode, the checks' measurements, FLAC:
+        actors/quality/hearing.py, in the codec's child process on CPU), output rows (output.py)
     crash guard (guard.py): attempts ledger, quarantine, watchdog around each call
 
 Each call turns an Arrow batch of input rows into an Arrow batch of output rows, exactly one

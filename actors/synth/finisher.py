@@ -1,10 +1,12 @@
-"""The finisher, one thread per actor: rows the engine feeder is done with are decoded to audio
-in codec batches of similar length, encoded to FLAC and turned into output rows; a block's call
-returns when its last row is here. On CUDA its codec work runs on a stream of its own, so it
-overlaps the engine's kernels instead of queueing behind them (CPU: threads are enough).
+"""The finisher, one thread per actor: rows the engine feeder is done with are heard in codec
+batches of similar length (actors/quality/hearing.py: decoded, measured, encoded to FLAC; in the
+codec's child process on CPU, so none of that work runs in the engine loop's process) and turned
+into output rows; a block's call returns when its last row is here. On CUDA its codec work runs
+on a stream of its own, so it overlaps the engine's kernels instead of queueing behind them.
 
-Each decoded batch is measured by the quality gate (gate.py: loudness, silence, clipping,
-speech rate; ASR, speaker similarity and MOS when set) before its output rows are built; a row
+Each heard batch goes through the quality gate (gate.py: loudness, silence, clipping, speech
+rate from the measurements; ASR, speaker similarity and MOS when set) before its output rows
+are built; a row
 whose audio fails a check quality.reject lists goes back to the engine feeder for another
 round instead (gate.py says from where), and a row the gate kept without frames has nothing to
 decode and is written as `rejected`.
@@ -18,11 +20,9 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
-import numpy as np
-
-from actors.alone import each_alone
+from actors.quality import hearing
 from actors.settings import ActorSettings
 from actors.synth.clock import BusyClock
 from actors.synth.gate import QualityGate
@@ -65,12 +65,12 @@ class Finisher:
             try:
                 # similar lengths decode together: a batch pads to its longest row
                 with self.clock.busy():
-                    self.decode(sorted((j for j in jobs if j.ok and j.result.frames), key=lambda j: j.result.frames))
+                    self.hear(sorted((j for j in jobs if j.ok and j.result.frames), key=lambda j: j.result.frames))
                 again = self._checked(jobs)
             except Exception as e:  # a bug or a device failure: the rows still come back, as errors
                 log.error("decode failed in %s:\n%s", self.writer.actor, traceback.format_exc())
                 for job in jobs:
-                    if job.wave is None:
+                    if job.heard is None:
                         job.fail(f"internal error in actor {self.writer.actor}: {e!r}", retryable=True)
             for job in jobs:
                 if any(job is back for back in again):
@@ -79,9 +79,10 @@ class Finisher:
                     self._finish(job)
 
     def _checked(self, jobs: list[Job]) -> list[Job]:
-        """The gate's checks on the decoded rows (those it sends back are returned); their CPU
-        time is shared among the rows by length (the checks' cost grows with the audio)."""
-        heard = [(job, len(job.wave)) for job in jobs if job.wave is not None]  # a row sent back loses its wave
+        """The gate on the heard rows (those it sends back are returned); the CPU time of what
+        it runs here (the checks on models: ASR, speaker, MOS) is shared among the rows by
+        length (their cost grows with the audio)."""
+        heard = [(job, job.heard.samples) for job in jobs if job.heard is not None]  # a row sent back loses it
         began = time.thread_time()
         again = self.gate.audio(jobs)
         spent_ms = (time.thread_time() - began) * 1000.0
@@ -92,20 +93,11 @@ class Finisher:
 
     def _finish(self, job: Job) -> None:
         began = time.perf_counter()
-        out = self.writer.row(job, self._flac(job))
-        job.wave, job.rounds = None, []  # the FLAC holds it now; an actor keeps no decoded audio longer
-        job.block.finish(job, out, (time.perf_counter() - began) * 1000.0)
-
-    def _flac(self, job: Job) -> Optional[bytes]:
-        if not job.ok or job.wave is None:
-            return None
-        from actors import audio
-
-        try:
-            return audio.encode_audio(job.wave, self.writer.sample_rate, "flac")
-        except Exception as e:
-            job.fail(f"FLAC encoding: {e!r}")
-            return None
+        heard = job.heard
+        out = self.writer.row(job, heard.flac if job.ok and heard is not None else None)
+        flac_ms = heard.flac_ms if heard is not None else 0.0
+        job.heard, job.rounds = None, []  # the row holds the FLAC now; an actor keeps no audio longer
+        job.block.finish(job, out, flac_ms + (time.perf_counter() - began) * 1000.0)
 
     def _next_batch(self) -> list[Job]:
         """Up to codec_batch_rows finished rows. Rows leave the engine one or two at a time, and
@@ -132,26 +124,32 @@ class Finisher:
                 pass
         return jobs
 
-    def decode(self, jobs: list[Job]) -> None:
-        """The rows' codes to waves, codec_batch_rows at a time; one row whose codes break a
-        batch fails alone (retryable), after its batch is decoded row by row."""
-        rows = self.settings.engine.codec_batch_rows
-        for start in range(0, len(jobs), rows):
-            group = jobs[start : start + rows]
-            began = time.perf_counter()
-            waves = each_alone(
-                group,
-                lambda batch: self.codec_runner.decode_batch([j.result.codes for j in batch], max_batch_rows=rows),
-                lambda job, e: job.fail(f"codec decode: {e!r}", retryable=True),
+    def hear(self, jobs: list[Job]) -> None:
+        """The rows decoded, measured and FLAC-encoded, codec_batch_rows per decode call: by the
+        codec's child process when there is one, else here. A row whose codes break a batch
+        fails alone (retryable), after its batch is decoded row by row."""
+        settings = self.settings
+        tasks = [
+            hearing.HearTask(
+                job.result.codes,
+                job.spec.text,
+                tuple(kept.frames for kept in job.quality.segments) if job.quality is not None else (),
+                keep_wave=self.gate.needs_wave,
             )
-            elapsed_ms = (time.perf_counter() - began) * 1000.0
-            frames = sum(j.result.frames for j in group) or 1
-            for job, wave in zip(group, waves):
-                if wave is None:
-                    continue
-                job.decode_ms = elapsed_ms * job.result.frames / frames
-                job.codec_ms += job.decode_ms
-                if not np.all(np.isfinite(wave)):
-                    job.fail("codec decode produced non-finite samples")
-                    continue
-                job.wave = wave
+            for job in jobs
+        ]
+        engine, runner = settings.engine, self.codec_runner
+        rows, bucket = engine.codec_batch_rows, engine.codec_frame_bucket
+        if hasattr(runner, "hear"):  # the child process (actors/codec/worker.py)
+            heard = runner.hear(tasks, settings.quality, max_batch_rows=rows, frame_bucket=bucket)
+        else:
+            sample_rate, frame_length = self.writer.sample_rate, runner.frame_length
+            heard = hearing.hear(runner.decode_batch, tasks, settings.quality, sample_rate, frame_length, rows, bucket)
+        for job, row in zip(jobs, heard):
+            job.decode_ms = row.decode_ms
+            job.codec_ms += row.decode_ms
+            job.checks_ms += row.checks_ms
+            if row.failure is not None:
+                job.fail(row.failure, retryable=row.retryable)
+            else:
+                job.heard = row

@@ -25,17 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
-
 from actors.engine.types import STOP_ERROR
 from actors.quality import attempts, checks
-from actors.quality.flags import CLIPPING, LOUDNESS, SILENCE
 from actors.quality.gate import RowQuality, SegmentAttempts
+from actors.quality.hearing import LOCAL_FLAGS, Heard
 from actors.settings import ActorSettings
 from actors.synth.jobs import Job
-
-# the flags a segment's own stretch of audio can show (the others need the whole row)
-_LOCAL_FLAGS = (SILENCE, CLIPPING, LOUDNESS)
 
 
 @dataclass
@@ -44,7 +39,7 @@ class AudioRound:
 
     quality: RowQuality
     result: Any
-    wave: np.ndarray
+    heard: Heard  # its FLAC and measurements
     results: list
     steps: list
     history: list
@@ -61,7 +56,6 @@ class QualityGate:
         mos: Any = None,
     ):
         self.settings, self.frames_per_second, self.sample_rate = settings, frames_per_second, sample_rate
-        self.frame_length = round(sample_rate / frames_per_second)
         self.asr = asr  # an actors.quality.asr backend, or None
         self.speaker = speaker  # an actors.synth.listening.SpeakerCheck, or None
         self.mos = mos  # an actors.quality.mos predictor, or None
@@ -86,10 +80,16 @@ class QualityGate:
         job.tries = None
         return kept.payload
 
+    @property
+    def needs_wave(self) -> bool:
+        """Whether the decoded waves must come to the actor: for the checks on models it holds."""
+        return any(check is not None for check in (self.asr, self.speaker, self.mos))
+
     def audio(self, jobs: list[Job]) -> list[Job]:
-        """Measure the decoded rows; returns those sent back to the engine (the caller hands
-        them to the engine feeder instead of finishing them)."""
-        heard = [j for j in jobs if j.ok and j.wave is not None and j.quality is not None]
+        """Judge the heard rows (their measurements made where they were decoded; the checks on
+        models run here); returns those sent back to the engine (the caller hands them to the
+        engine feeder instead of finishing them)."""
+        heard = [j for j in jobs if j.ok and j.heard is not None and j.quality is not None]
         if not heard:
             return []
         self._measure(heard)
@@ -97,8 +97,10 @@ class QualityGate:
 
     def _measure(self, heard: list[Job]) -> None:
         for job in heard:
-            job.quality.add_audio(job.wave, self.sample_rate, job.spec.text)
-        waves = [j.wave for j in heard]
+            job.quality.add_audio(job.heard.metrics)
+        if not self.needs_wave:
+            return
+        waves = [j.heard.wave for j in heard]
         if self.asr is not None:
             scored = self.asr.score(waves, self.sample_rate, [j.spec.text or "" for j in heard])
             for job, transcript in zip(heard, scored):
@@ -110,6 +112,8 @@ class QualityGate:
         if self.mos is not None:
             for job, score in zip(heard, self.mos.score(waves, self.sample_rate)):
                 job.quality.add_mos(score)
+        for job in heard:
+            job.heard.wave = None  # measured: the FLAC is what is kept
 
     def _again(self, job: Job) -> bool:
         """Whether the row goes back to the engine; if not, the round to write is in place."""
@@ -120,7 +124,7 @@ class QualityGate:
         # a failing round is kept: when no round passes, the best of them is written
         job.rounds.append(
             AudioRound(
-                quality.snapshot(), job.result, job.wave, list(chain.results), list(chain.steps), list(chain.history)
+                quality.snapshot(), job.result, job.heard, list(chain.results), list(chain.steps), list(chain.history)
             )
         )
         start = self._first_failing_segment(job, failing)
@@ -133,21 +137,18 @@ class QualityGate:
             return False
         quality.rewind(start)
         chain.rewind(start, {k: n for k, n in quality.tries.items() if k >= start})
-        job.result = job.wave = None
+        job.result = job.heard = None
         return True
 
     def _first_failing_segment(self, job: Job, failing: list[str]) -> int:
-        """The first segment whose own stretch of audio shows a rejected local flag; 0 when the
-        row has one segment or only whole-row checks failed."""
-        local = [flag for flag in failing if flag in _LOCAL_FLAGS]
-        segments = job.quality.segments
-        if len(segments) < 2 or not local:
+        """The first segment whose own stretch of audio shows a rejected local flag (measured
+        where the row was heard); 0 when the row has one segment or only whole-row checks failed."""
+        local = [flag for flag in failing if flag in LOCAL_FLAGS]
+        stretches = job.heard.segment_metrics
+        if not local or not stretches:
             return 0
-        settings, start = self.settings.quality, 0
-        for k, kept in enumerate(segments):
-            stretch = job.wave[start * self.frame_length : (start + kept.frames) * self.frame_length]
-            start += kept.frames
-            shown = checks.audio_flags(checks.audio_metrics(stretch, self.sample_rate, None, settings), settings)
+        for k, metrics in enumerate(stretches):
+            shown = checks.audio_flags(metrics, self.settings.quality)
             if any(flag in shown for flag in local):
                 return k
         return 0
@@ -160,5 +161,5 @@ class QualityGate:
         best.quality.tries = dict(job.quality.tries)
         best.quality.generated_frames = job.quality.generated_frames
         best.quality.regenerated_frames = job.quality.regenerated_frames
-        job.quality, job.result, job.wave = best.quality, best.result, best.wave
+        job.quality, job.result, job.heard = best.quality, best.result, best.heard
         job.chain.results[:], job.chain.steps[:], job.chain.history[:] = best.results, best.steps, best.history

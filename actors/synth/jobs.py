@@ -26,7 +26,8 @@ class Failure:
 class Job:
     """One row on its way through the actor. Each part writes its own fields: the caller the
     reference codes and the chain, the engine feeder the chain's results and `result`, the
-    quality gate `quality` and `tries`, the finisher `wave` and `flac`. `fail` keeps the first failure only: later ones are consequences."""
+    quality gate `quality` and `tries`, the finisher `heard` (actors/quality/hearing.py: the
+    FLAC, the audio's measurements). `fail` keeps the first failure only: later ones are consequences."""
 
     def __init__(self, spec: RowSpec, block: Optional[Block] = None):
         self.spec = spec
@@ -37,7 +38,7 @@ class Job:
         self.result: Any = None  # the engine's result for the whole row (or its failing segment)
         self.quality: Any = None  # the quality gate's RowQuality (actors/quality/gate.py)
         self.tries: Any = None  # the current segment's attempts (SegmentAttempts), while it runs
-        self.wave: Optional[np.ndarray] = None
+        self.heard: Any = None  # a hearing.Heard, from the row's decode until it is written
         self.rounds: list = []  # the gate's AudioRounds: each rejected decoded version, until written
         self.codec_ms = 0.0  # reference encode share + decode share
         self.decode_ms = 0.0  # the row's share of its codec decode call

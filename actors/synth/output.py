@@ -130,7 +130,7 @@ class RowWriter:
         return {**out, **audio}
 
     def _audio_columns(self, job: Job, flac: bytes) -> dict:
-        result, seconds = job.result, len(job.wave) / self.sample_rate
+        result, seconds = job.result, job.heard.samples / self.sample_rate
         total_ms = result.total_ms + job.codec_ms
         audio = {
             S.STATUS: S.STATUS_OK,

@@ -186,7 +186,7 @@ def test_a_segment_failing_every_attempt_keeps_its_best_and_rejects_the_row():
     row = RowQuality(strict)
     row.add_segment(segment)
     assert row.rejected and row.attempts == 3 and row.discarded_frames == 90
-    row.add_audio(np.zeros(SR, dtype=np.float32), SR, "a" * 20)
+    row.add_audio(checks.audio_metrics(np.zeros(SR, dtype=np.float32), SR, "a" * 20, strict))
     columns = row.columns()
     assert columns["quality_flags"] == ["truncated", "silence", "loudness"]
     assert columns["attempts"] == 3 and columns["silence_ratio"] == 1.0 and columns["loudness_lufs"] is None

@@ -33,11 +33,6 @@ def rows(prefix: str, n: int, frames: int = 6) -> list[dict]:
     ]
 
 
-def read_flac(data: bytes) -> np.ndarray:
-    samples, _ = sf.read(io.BytesIO(data), dtype="int16")
-    return samples.astype(np.int32)
-
-
 def by_id(out: pa.Table) -> dict:
     return {r[S.ID]: r for r in out.to_pylist()}
 
@@ -252,8 +247,9 @@ def test_engine_codes_do_not_depend_on_the_request_beside_them(small_settings):
 
 
 def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(small_settings, demo_table):
-    """engine.codec_process=true: finished rows decode, and reference clips encode, in a child
-    process holding its own copy of the codec; the codes and audio are the in-process codec's,
+    """engine.codec_process=true: finished rows are heard (decoded, measured, FLAC-encoded), and
+    reference clips encode, in a child process holding its own copy of the codec; the codes,
+    audio bytes and measurements are the in-process codec's,
     and a child that dies is started again (the rows of the call that found it dead are
     decoded one by one by the new one)."""
     from actors.codec.worker import CodecProcess
@@ -275,10 +271,17 @@ def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(sma
         for row_id, row in got.items():
             assert row[S.STATUS] == expected[row_id][S.STATUS] == S.STATUS_OK, (row[S.ERROR], expected[row_id][S.ERROR])
             assert row[S.CODES] == expected[row_id][S.CODES]
-            # the same audio: samples within a 16-bit step or two (how rows share a codec batch
-            # depends on timing, and a batch's kernels may round a float differently)
-            mine, theirs = (read_flac(r[S.AUDIO][S.AUDIO_BYTES]) for r in (row, expected[row_id]))
-            assert mine.shape == theirs.shape and np.abs(mine - theirs).max() <= 2, np.abs(mine - theirs).max()
+            # heard in the child (decode, checks, FLAC) as in the actor: each row decoded alone,
+            # so the same FLAC bytes and the same measurements
+            assert row[S.AUDIO][S.AUDIO_BYTES] == expected[row_id][S.AUDIO][S.AUDIO_BYTES]
+            for column in (
+                S.SILENCE_RATIO,
+                S.CLIPPED_RATIO,
+                S.LOUDNESS_LUFS,
+                S.SPEECH_RATE_S_PER_CHAR,
+                S.QUALITY_FLAGS,
+            ):
+                assert row[column] == expected[row_id][column], column
         first = separate.finisher.codec_runner._process
         first.kill()
         first.wait()

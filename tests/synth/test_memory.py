@@ -58,3 +58,6 @@ def test_the_onednn_cache_bound_is_set_once_and_a_users_value_wins():
     assert env == {k: str(v) for k, v in expected.items()}
     mine = bound_native_caches({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"})
     assert mine == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": 64, "LRU_CACHE_CAPACITY": ONEDNN_CACHE_ENTRIES}
+    # the codec child's own size replaces what the actor's environment holds
+    child = bound_native_caches({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}, 256)
+    assert child == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": 256, "LRU_CACHE_CAPACITY": 256}

@@ -16,6 +16,7 @@ import pytest
 import soundfile as sf
 
 from actors import schema as S
+from actors.quality import hearing
 from actors.quality.tiny import build_tiny_dnsmos, build_tiny_wavlm
 from actors.synth import SynthActor, Trace
 from actors.synth.chain import segment_seed
@@ -40,24 +41,29 @@ def audio(row: dict) -> np.ndarray:
 
 
 def plant(monkeypatch, actor: SynthActor, fault) -> list:
-    """Before the gate measures a decoded batch, `fault(job, round)` may rewrite a row's wave
-    (round: how many decoded rounds the row had before this one). Returns the rounds seen."""
-    measure, seen = actor.gate.audio, []
+    """Before a decoded row is measured, `fault(job, round, wave)` may give another wave in its
+    place (round: how many decoded rounds the row had before this one). The actor decodes in
+    its own process here (engine.codec_process=false), so the planted `hearing.listen` is the
+    one the finisher's hearing calls. Returns the rounds seen."""
+    hear, listen, seen, in_hand = actor.finisher.hear, hearing.listen, [], {}
 
-    def planted(jobs):
-        for job in jobs:
-            if job.wave is not None:
-                seen.append((job.spec.id, len(job.rounds)))
-                fault(job, len(job.rounds))
-        return measure(jobs)
+    def planted_hear(jobs):
+        in_hand.clear()
+        in_hand.update({id(job.result.codes): job for job in jobs})
+        return hear(jobs)
 
-    monkeypatch.setattr(actor.gate, "audio", planted)
+    def planted_listen(task, wave, *args):
+        job = in_hand[id(task.codes)]
+        seen.append((job.spec.id, len(job.rounds)))
+        return listen(task, fault(job, len(job.rounds), wave), *args)
+
+    monkeypatch.setattr(actor.finisher, "hear", planted_hear)
+    monkeypatch.setattr(hearing, "listen", planted_listen)
     return seen
 
 
-def silence_first_round(job, round_: int) -> None:
-    if job.spec.id == "row" and round_ == 0:
-        job.wave = np.zeros_like(job.wave)
+def silence_first_round(job, round_: int, wave: np.ndarray) -> np.ndarray:
+    return np.zeros_like(wave) if job.spec.id == "row" and round_ == 0 else wave
 
 
 def test_a_row_silent_on_its_first_round_comes_out_ok_from_its_second(actor, monkeypatch):
@@ -84,13 +90,13 @@ def test_a_row_silent_on_its_first_round_comes_out_ok_from_its_second(actor, mon
 
 
 def test_a_row_failing_every_round_is_rejected_with_its_best_round(actor, monkeypatch):
-    def fault(job, round_: int) -> None:
+    def fault(job, round_: int, wave: np.ndarray) -> np.ndarray:
         if job.spec.id != "bad":
-            return
-        wave = np.zeros_like(job.wave)
+            return wave
+        planted = np.zeros_like(wave)
         if round_ == 0:  # silent and clipped: worse than silent alone
-            wave[: len(wave) // 50] = 1.0
-        job.wave = wave
+            planted[: len(wave) // 50] = 1.0
+        return planted
 
     seen = plant(monkeypatch, actor, fault)
     row = actor(text_rows([{S.ID: "bad", S.TEXT: TEXT, S.SEED: SEED}])).to_pylist()[0]
@@ -107,13 +113,15 @@ def test_a_row_failing_every_round_is_rejected_with_its_best_round(actor, monkey
 def segment_stretch_silencer(segment: int):
     """Silence one segment's stretch of the row's first round."""
 
-    def fault(job, round_: int) -> None:
-        if job.spec.id == "four" and round_ == 0:
-            frames = [r.frames for r in job.chain.results]
-            per_frame = len(job.wave) // sum(frames)
-            begin, end = sum(frames[:segment]) * per_frame, sum(frames[: segment + 1]) * per_frame
-            job.wave = job.wave.copy()
-            job.wave[begin:end] = 0.0
+    def fault(job, round_: int, wave: np.ndarray) -> np.ndarray:
+        if job.spec.id != "four" or round_ != 0:
+            return wave
+        frames = [r.frames for r in job.chain.results]
+        per_frame = len(wave) // sum(frames)
+        begin, end = sum(frames[:segment]) * per_frame, sum(frames[: segment + 1]) * per_frame
+        planted = wave.copy()
+        planted[begin:end] = 0.0
+        return planted
 
     return fault
 

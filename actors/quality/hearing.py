@@ -1,0 +1,165 @@
+"""The work on a finished row's audio, done where the audio is: its codes decoded, the checks on
+the decoded wave measured, the wave encoded as FLAC. On a CPU node that is the codec's child
+process (actors/codec/worker.py), so none of it runs in the engine loop's process (neither its
+CPU time nor its hold on the GIL); on a GPU, or with engine.codec_process off, the finisher
+thread calls `hear` itself. Either way the same function makes the same bytes.
+
+What comes back per row is small (`Heard`: the FLAC bytes, the metrics, timings); the wave only
+when the actor needs it for checks on models it holds (ASR, speaker, MOS). No torch here: the
+decode is the caller's function (the codec's `decode_batch`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from actors.alone import each_alone
+from actors.quality import checks
+from actors.quality.flags import CLIPPING, LOUDNESS, SILENCE
+from actors.settings import QualitySettings
+
+# the flags a segment's own stretch of audio can show (the others need the whole row)
+LOCAL_FLAGS = (SILENCE, CLIPPING, LOUDNESS)
+
+
+@dataclass(frozen=True)
+class HearTask:
+    """One finished row to hear: its codes [C, frames], its text (for the speech rate), the
+    frames of each of its segments (for a stretch's own checks), and whether the wave itself
+    must come back."""
+
+    codes: np.ndarray
+    text: Optional[str]
+    segment_frames: tuple[int, ...]
+    keep_wave: bool = False
+
+
+@dataclass
+class Heard:
+    """What hearing one row made. `failure` (with `retryable`): why it has no audio; then the
+    other fields are empty. `segment_metrics`: each segment's stretch measured alone, only when
+    the row has several and its audio shows a local flag `quality.reject` lists (the gate then
+    needs the first segment that shows it). Times in ms: the row's share of its decode call,
+    the checks' CPU time, the FLAC encoding's."""
+
+    samples: int = 0
+    flac: Optional[bytes] = None
+    metrics: Optional[checks.AudioMetrics] = None
+    segment_metrics: Optional[list] = None
+    wave: Optional[np.ndarray] = None
+    failure: Optional[str] = None
+    retryable: bool = False
+    decode_ms: float = 0.0
+    checks_ms: float = 0.0
+    flac_ms: float = 0.0
+
+
+def hear(
+    decode_batch: Callable[..., list],
+    tasks: Sequence[HearTask],
+    quality: QualitySettings,
+    sample_rate: int,
+    frame_length: int,
+    max_batch_rows: int,
+    frame_bucket: int = 1,
+) -> list[Heard]:
+    """Decode `tasks`' codes (`max_batch_rows` per decode call, each row padded to a multiple of
+    `frame_bucket` frames and cut back; a call that raises is run again a row at a time, so a
+    row whose codes break it fails alone, retryable) and listen to each decoded row."""
+    out: list[Heard] = []
+    step = max(1, max_batch_rows)
+
+    def decode(codes: list) -> list:
+        waves = decode_batch([padded(c, frame_bucket) for c in codes], max_batch_rows=len(codes))
+        return [wave[: c.shape[-1] * frame_length] for c, wave in zip(codes, waves)]
+
+    for start in range(0, len(tasks), step):
+        out.extend(_hear_group(decode, list(tasks[start : start + step]), quality, sample_rate, frame_length))
+    return out
+
+
+def padded(codes: np.ndarray, bucket: int) -> np.ndarray:
+    """`codes` [C, frames] with code-0 frames appended up to a multiple of `bucket` frames."""
+    frames = codes.shape[-1]
+    extra = -frames % max(1, bucket)
+    if extra == 0:
+        return codes
+    return np.concatenate([codes, np.zeros((codes.shape[0], extra), dtype=codes.dtype)], axis=1)
+
+
+def _hear_group(
+    decode: Callable[[list], list],
+    group: list[HearTask],
+    quality: QualitySettings,
+    sample_rate: int,
+    frame_length: int,
+) -> list[Heard]:
+    began = time.perf_counter()
+    waves = each_alone(
+        group,
+        lambda batch: decode([t.codes for t in batch]),
+        lambda task, e: Heard(failure=f"codec decode: {e!r}", retryable=True),
+    )
+    elapsed_ms = (time.perf_counter() - began) * 1000.0
+    frames = sum(t.codes.shape[-1] for t in group) or 1
+    out = []
+    for task, wave in zip(group, waves):
+        if isinstance(wave, Heard):  # its decode failed
+            out.append(wave)
+            continue
+        heard = listen(task, wave, quality, sample_rate, frame_length)
+        heard.decode_ms = elapsed_ms * task.codes.shape[-1] / frames
+        out.append(heard)
+    return out
+
+
+def listen(task: HearTask, wave: np.ndarray, quality: QualitySettings, sample_rate: int, frame_length: int) -> Heard:
+    """One decoded row: its checks measured and its FLAC made."""
+    if not np.all(np.isfinite(wave)):
+        return Heard(failure="codec decode produced non-finite samples")
+    began = time.thread_time()
+    metrics = checks.audio_metrics(wave, sample_rate, task.text, quality)
+    segment_metrics = _segment_metrics(task, wave, metrics, quality, sample_rate, frame_length)
+    checks_ms = (time.thread_time() - began) * 1000.0
+    began = time.perf_counter()
+    from actors import audio
+
+    try:
+        flac = audio.encode_audio(wave, sample_rate, "flac")
+    except Exception as e:
+        return Heard(failure=f"FLAC encoding: {e!r}")
+    return Heard(
+        samples=len(wave),
+        flac=flac,
+        metrics=metrics,
+        segment_metrics=segment_metrics,
+        wave=wave if task.keep_wave else None,
+        checks_ms=checks_ms,
+        flac_ms=(time.perf_counter() - began) * 1000.0,
+    )
+
+
+def _segment_metrics(
+    task: HearTask,
+    wave: np.ndarray,
+    metrics: checks.AudioMetrics,
+    quality: QualitySettings,
+    sample_rate: int,
+    frame_length: int,
+) -> Optional[list]:
+    """Each segment's stretch measured alone, when the row has several and shows a local flag
+    that rejects it; else None (most rows: nothing more is measured)."""
+    shown = checks.audio_flags(metrics, quality)
+    if len(task.segment_frames) < 2 or not any(f in quality.reject for f in shown if f in LOCAL_FLAGS):
+        return None
+    stretches, start = [], 0
+    for frames in task.segment_frames:
+        stretch = wave[start * frame_length : (start + frames) * frame_length]
+        start += frames
+        stretches.append(checks.audio_metrics(stretch, sample_rate, None, quality))
+    return stretches
