@@ -71,7 +71,7 @@ def demo_output(ray_cluster, tmp_path_factory, small_settings) -> Path:
     return out
 
 
-def test_demo_end_to_end(demo_output, read_rows):
+def test_demo_end_to_end(demo_output, read_rows, small_settings):
     import torch
 
     from actors.codec import load_codec
@@ -84,7 +84,7 @@ def test_demo_end_to_end(demo_output, read_rows):
     ok = [r for r in rows if r[S.STATUS] == S.STATUS_OK]
     assert all(stopped_before_audio(r) for r in rows if r[S.STATUS] != S.STATUS_OK)
     assert len(ok) >= DEMO_ROWS - 3
-    codec = load_codec(demo_assets()[1], dtype="auto")  # as the demo's model.codec_dtype picks
+    codec = load_codec(demo_assets()[1], dtype=compose(small_settings).model.codec_dtype)  # the demo's
     decoded = [codec.decode_batch([np.asarray(r[S.CODES])])[0] for r in ok]  # each alone, as the actors decode
     for row, from_codes in zip(ok, decoded):
         wave, rate = decode(row)
