@@ -15,6 +15,7 @@ retryable."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -41,6 +42,8 @@ NICENESS = 10
 def _serve(fd: int, path: str, dtype: str, threads: int) -> None:
     import torch
 
+    from actors.quality import hearing
+
     from ..memory import HeapTrimmer
     from .loader import load_codec
 
@@ -48,7 +51,11 @@ def _serve(fd: int, path: str, dtype: str, threads: int) -> None:
     os.nice(NICENESS)
     torch.set_num_threads(threads)
     codec = load_codec(path, device="cpu", dtype=getattr(torch, dtype))
-    methods = {"decode_batch": codec.decode_batch, "encode_batch": codec.encode_batch, "hear": _hearing(codec)}
+    methods = {
+        "decode_batch": codec.decode_batch,
+        "encode_batch": codec.encode_batch,
+        "hear": functools.partial(hearing.hear_with, codec),
+    }
     conn.send(("ready", None))
     # after every call: a decode's waveforms are the child's whole working set, so what it holds
     # between calls is the model; a trim (~2 ms, measured at ~700 MB) is <1% of a decode call
@@ -65,17 +72,6 @@ def _serve(fd: int, path: str, dtype: str, threads: int) -> None:
         except Exception as e:  # the caller decides what fails: report, keep serving
             conn.send(("error", f"{type(e).__name__}: {e}"))
         heap.maybe_trim()
-
-
-def _hearing(codec):
-    """The child's `hear`: actors/quality/hearing.py over this codec's decode."""
-    from actors.quality import hearing
-
-    def hear(tasks, quality, *, max_batch_rows: int, frame_bucket: int = 1):
-        sample_rate, frame_length = codec.sample_rate, codec.frame_length
-        return hearing.hear(codec.decode_batch, tasks, quality, sample_rate, frame_length, max_batch_rows, frame_bucket)
-
-    return hear
 
 
 class CodecProcess:

@@ -83,6 +83,15 @@ def hear(
     return out
 
 
+def hear_with(
+    codec, tasks: Sequence[HearTask], quality: QualitySettings, *, max_batch_rows: int, frame_bucket: int = 1
+):
+    """`hear` over a codec's own decode, sample rate and frame length: what the codec's child
+    process serves and what the finisher calls when the codec is in its own process."""
+    sample_rate, frame_length = codec.sample_rate, codec.frame_length
+    return hear(codec.decode_batch, tasks, quality, sample_rate, frame_length, max_batch_rows, frame_bucket)
+
+
 def padded(codes: np.ndarray, bucket: int) -> np.ndarray:
     """`codes` [C, frames] with code-0 frames appended up to a multiple of `bucket` frames."""
     frames = codes.shape[-1]

@@ -14,6 +14,7 @@ decode and is written as `rejected`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -138,13 +139,13 @@ class Finisher:
             )
             for job in jobs
         ]
-        engine, runner = settings.engine, self.codec_runner
-        rows, bucket = engine.codec_batch_rows, engine.codec_frame_bucket
-        if hasattr(runner, "hear"):  # the child process (actors/codec/worker.py)
-            heard = runner.hear(tasks, settings.quality, max_batch_rows=rows, frame_bucket=bucket)
-        else:
-            sample_rate, frame_length = self.writer.sample_rate, runner.frame_length
-            heard = hearing.hear(runner.decode_batch, tasks, settings.quality, sample_rate, frame_length, rows, bucket)
+        runner, engine = self.codec_runner, settings.engine
+        # the codec's child process hears in the child (actors/codec/worker.py); a codec in
+        # this process, here
+        hear = runner.hear if hasattr(runner, "hear") else functools.partial(hearing.hear_with, runner)
+        heard = hear(
+            tasks, settings.quality, max_batch_rows=engine.codec_batch_rows, frame_bucket=engine.codec_frame_bucket
+        )
         for job, row in zip(jobs, heard):
             job.decode_ms = row.decode_ms
             job.codec_ms += row.decode_ms
