@@ -74,7 +74,7 @@ def install(clock: PartClock, rows: int, steps: list, warm_steps: int = 2) -> No
 
     model_module._packed_linear = linear_recorded
     # the fast stack's decode attends without a mask; the slow stack's always has one
-    clock.wrap(model_module, "_attend", lambda q, k, v, mask: "fast attention" if mask is None else "slow attention")
+    clock.wrap(model_module, "attend", lambda q, k, v, mask: "fast attention" if mask is None else "slow attention")
     clock.wrap(model_module.RMSNorm, "forward", "norms")
     clock.wrap(model_module.HeadRMSNorm, "forward", "norms")
     clock.wrap(model_module, "apply_rope", "rope")

@@ -104,8 +104,6 @@ def _run_engine(loaded, requests, max_rows, args, use_prefix=True, label="") -> 
         prefix_cache_entries=max(8, args.references),
         compile=args.compile,
         cuda_graphs=args.compile and loaded.device.type == "cuda",
-        # a CPU compile of the frame takes minutes: one graph, all slots (the warm-up builds it)
-        decode_buckets=[max_rows] if args.compile and loaded.device.type == "cpu" else None,
     )
     engine = Engine(loaded, config)
     if not use_prefix:

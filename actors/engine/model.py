@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..modules import FeedForward, RMSNorm, apply_rope, rope_rotation, uninitialised_embedding
+from .attention import attend
 from .config import ModelConfig
 
 
@@ -55,33 +56,6 @@ class CacheView:
     # set when every row writes one column at the same position and `rows` is a slice (the
     # fast stack's decode): the write is then a plain strided copy instead of a scatter
     same_position: Optional[int] = None
-
-
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
-    """Grouped-query attention without materialising repeated K/V.
-
-    q [B, H, T, D]; k, v [B, Hkv, L, D]; mask [B, T, L] bool (True = may attend), or None when
-    every query sees every key. Query head h uses kv head h // (H / Hkv) (repeat_interleave
-    semantics), so fold each group of query heads into the query length of its kv head."""
-    b, h, t, d = q.shape
-    hkv = k.shape[1]
-    group = h // hkv
-    qg = q.reshape(b, hkv, group * t, d)
-    if mask is None and q.device.type == "cpu":
-        # The fast stack's decode step on CPU (one query column, every key of the frame
-        # visible, the same key count for every row): plain matmul-softmax-matmul is ~3.5x
-        # faster than the fused kernel, whose per-(row, head) set-up dominates at these sizes
-        # (32 rows x 10 keys: 0.13 vs 0.44 ms). No mask, so a row's numbers cannot depend on
-        # its batch. Masked (slow) attention stays on the fused kernel: there a batch's key
-        # count follows its longest row, and the fused kernel's result does not change with it.
-        scores = torch.matmul(qg, k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
-        y = torch.matmul(torch.softmax(scores, dim=-1), v)
-    else:
-        m = None if mask is None else mask.unsqueeze(1)
-        if m is not None and group > 1:
-            m = m.repeat(1, 1, group, 1)
-        y = F.scaled_dot_product_attention(qg, k, v, attn_mask=m)
-    return y.reshape(b, h, t, d)
 
 
 class Attention(nn.Module):
@@ -128,7 +102,7 @@ class Attention(nn.Module):
             values = cache.v[rows, :, : view.attend_len]
         else:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)
-        y = _attend(q.transpose(1, 2), keys, values, mask)
+        y = attend(q.transpose(1, 2), keys, values, mask)
         return self.wo(y.transpose(1, 2).reshape(b, t, q_size))
 
 

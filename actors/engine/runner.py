@@ -18,7 +18,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .attention import attend_length
 from .cache import PrefixCache, SlotKVCache
+from .compiling import compiled_frame, compiles, use_cache_dir
 from .decoding import BatchSampling, Candidates, SlotSampling, first_code, pick_code, pick_main
 from .loader import LoadedModel
 from .model import pack_cpu_linears, unpack_cpu_linears
@@ -58,18 +60,6 @@ class FrameOutput:
     fast_logits: Optional[Tensor] = None  # [n, C-1, codebook_size], when asked for
 
 
-# The CPU flash-attention kernel reduces keys in blocks whose size follows the key count below
-# 512 and is 512 from there on, so a row's float32 result changes with the batch's key count
-# unless that count is a multiple of 512 (trailing, fully masked blocks then add exactly 0).
-ATTEND_BLOCK = 512
-
-
-def attend_length(needed: int, capacity: int) -> int:
-    """Keys a batched attention call reads: `needed` rounded up to the block, within the
-    slot's capacity, so a row's numbers never depend on how long its batch-mates are."""
-    return min(capacity, -(-needed // ATTEND_BLOCK) * ATTEND_BLOCK)
-
-
 def bucket_size(n: int, max_rows: int, buckets=None) -> int:
     """The captured batch size that serves n live rows: the smallest configured bucket that
     holds them (default: the next power of two), capped at max_rows."""
@@ -98,8 +88,12 @@ class ModelRunner:
         self.prefixes = PrefixCache(config.prefix_cache_entries)
         self.steps: list[StepRecord] = []
         self.logit_head = self.model.candidate_head(self.candidates.ids)
-        captured = config.compile or (config.cuda_graphs and self.device.type == "cuda")
+        self.compiled = compiles(config, self.device)
+        captured = self.compiled or (config.cuda_graphs and self.device.type == "cuda")
         self.static = config.static_shapes or captured
+        self.buckets = config.decode_buckets
+        if self.buckets is None and self.compiled and self.device.type == "cpu":
+            self.buckets = [config.max_rows]  # one graph: a CPU compile takes minutes
         # oneDNN packing replaces Linear.forward with an op torch.compile cannot trace; a
         # compiled CPU frame lets inductor pack the weights instead
         if captured:
@@ -110,8 +104,10 @@ class ModelRunner:
         self.model._slow_rope(config.max_tokens, self.device)  # build once, before any captured frame
         self.model._fast_rope(self.device)
         self._frame = self._decode_frame
+        self.compile_cache = None
         if captured:
-            self._frame = _compiled(self._decode_frame, self.device, config.cuda_graphs)
+            self.compile_cache = use_cache_dir(config.compile_cache_dir)
+            self._frame = compiled_frame(self._decode_frame, self.device, config.cuda_graphs)
 
     # -- slots -------------------------------------------------------------------------
     def admit(self, slot: int, prompt: np.ndarray, sampling, stop_on_eos: bool) -> None:
@@ -166,7 +162,7 @@ class ModelRunner:
         positions = (starts.unsqueeze(1) + torch.arange(width, device=self.device)).clamp_(
             max=self.config.max_tokens - 1
         )
-        attend_len = attend_length(max(s for s, _ in chunks) + width, self.config.max_tokens)
+        attend_len = attend_length(max(s for s, _ in chunks) + width, self.config.max_tokens, self.device.type)
         self.model.forward_slow(
             tokens, positions, cache=self.cache.slow, rows=self._slot_rows([w.slot for w in group]),
             attend_len=attend_len, last_only=True, want_logits=False,
@@ -195,11 +191,13 @@ class ModelRunner:
         them there). Static mode pads the batch to its bucket with free slots (their junk
         lands in positions nobody reads) and attends over the full capacity."""
         lengths = self.cache.lengths
-        b = bucket_size(n_live, self.config.max_rows, self.config.decode_buckets) if self.static else n_live
+        b = bucket_size(n_live, self.config.max_rows, self.buckets) if self.static else n_live
         rows = slice(0, b)
         positions = torch.tensor(lengths[:b], dtype=torch.int64).to(self.device, non_blocking=True).unsqueeze(1)
         attend_len = (
-            self.config.max_tokens if self.static else attend_length(max(lengths[:n_live]) + 1, self.config.max_tokens)
+            self.config.max_tokens
+            if self.static
+            else attend_length(max(lengths[:n_live]) + 1, self.config.max_tokens, self.device.type)
         )
         state = self.sampling.batch(rows, list(range(n_live)))
         tokens = self.next_tokens[rows].unsqueeze(-1)  # [b, 1+C, 1]
@@ -260,15 +258,3 @@ def _similar_widths(work: list[PrefillWork], chunks: list[tuple[int, int]], slac
             first_width = width
         groups[-1].append(i)
     return [([work[i] for i in g], [chunks[i] for i in g]) for g in groups]
-
-
-def _compiled(frame, device: torch.device, cuda_graphs: bool):
-    """The decode frame as one graph. CUDA: replayed as CUDA graphs. CPU: inductor's freezing,
-    which folds the weights into the graph as constants and packs them for oneDNN itself (the
-    eager frame's pack_cpu_linears, which a trace cannot follow), and fuses the element-wise
-    work between the products (small model, 32 rows, bf16, 2 threads, Sapphire Rapids: 146 ms
-    per frame against 176 eager; without freezing the compiled frame was slower than eager)."""
-    if device.type == "cuda":
-        mode = "reduce-overhead" if cuda_graphs else None
-        return torch.compile(frame, fullgraph=True, dynamic=False, mode=mode)
-    return torch.compile(frame, fullgraph=True, dynamic=False, options={"freezing": True})

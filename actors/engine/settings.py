@@ -18,6 +18,19 @@ DTYPE_NAMES = {
     "fp16": "float16",
 }
 
+# what engine.compile may say (actors/engine/compiling.py acts on it); true/false, which is what
+# YAML and Hydra's command line make of a bare on/off, are read as on/off
+COMPILE_MODES = ("off", "on", "auto")
+_COMPILE_SPELLINGS = {"true": "on", "false": "off", "on": "on", "off": "off", "auto": "auto"}
+
+
+def compile_mode(value) -> str:
+    """engine.compile as one of COMPILE_MODES (bools and any case accepted); ValueError otherwise."""
+    mode = _COMPILE_SPELLINGS.get(str(value).strip().lower())
+    if mode is None:
+        raise ValueError(f"engine.compile must be one of {', '.join(COMPILE_MODES)} (or true/false), got {value!r}")
+    return mode
+
 
 @dataclass
 class EngineConfig:
@@ -25,8 +38,11 @@ class EngineConfig:
     frames); size it to the work, not the model's context. prefill_chunk: prompt columns per
     prefill call. static_shapes: decode a batch padded to a size bucket, attending over the
     slot's full capacity, so each bucket has one shape (implied by compile and CUDA graphs).
-    compile: wrap the whole decode frame (slow step, fast stack, sampling) in
-    torch.compile(fullgraph=True); a graph break is an error. cuda_graphs: on CUDA, capture
+    compile: off | on | auto (true/false read as on/off): on wraps the whole decode frame (slow
+    step, fast stack, sampling) in torch.compile(fullgraph=True), a graph break being an error;
+    auto: on CUDA, not on CPU (actors/engine/compiling.py: auto_compiles says why).
+    compile_cache_dir: inductor's cache (None: TORCHINDUCTOR_CACHE_DIR when set, else
+    ~/.cache/chorus/compile), kept across starts. cuda_graphs: on CUDA, capture
     each bucket's decode frame as a CUDA graph. codebook_limits: optional per-codebook upper
     bounds for sampled codes (e.g. the codec's sizes); None samples all codebook_size ids, as
     current upstream. prefix_cache_entries: how many shared prompt prefixes keep their K/V."""
@@ -35,11 +51,12 @@ class EngineConfig:
     max_tokens: int = 1024
     prefill_chunk: int = 512
     static_shapes: bool = False
-    compile: bool = False
+    compile: str = "off"
+    compile_cache_dir: Optional[str] = None
     cuda_graphs: bool = False
     # batch sizes a static/compiled decode frame is built for (live rows are padded up to the
-    # next one); None = powers of two up to max_rows. Each is one compiled graph: a CPU compile
-    # of the frame takes minutes, so CPU runs of compile use few (e.g. [max_rows])
+    # next one); None = powers of two up to max_rows, but one bucket (max_rows) for a frame
+    # compiled on CPU: each bucket is one compiled graph, and a CPU compile takes minutes
     decode_buckets: Optional[list[int]] = None
     codebook_limits: Optional[tuple[int, ...]] = None
     prefix_cache_entries: int = 8
@@ -53,6 +70,7 @@ class EngineConfig:
 
     def validate(self) -> None:
         """Range checks a config schema cannot express; raises ValueError naming the key."""
+        compile_mode(self.compile)
         if self.max_rows < 1:
             raise ValueError(f"engine.max_rows must be >= 1, got {self.max_rows}")
         if self.max_tokens < 2:

@@ -4,11 +4,14 @@ inside the actor's constructor, so importing the actor's package stays light for
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from actors.settings import ActorSettings, ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -73,5 +76,11 @@ def load(settings: ActorSettings) -> Loaded:
         )
     # the engine group extends EngineConfig; the engine gets those fields alone
     engine = Engine(lm, settings.engine.engine_config())
+    compile_s = engine.warm_up()  # a compiled frame is built here, before the first block arrives
+    if engine.runner.compiled:
+        log.info(
+            "decode frame compiled in %.1f s (engine.compile=%s; cache %s)",
+            compile_s, settings.engine.compile, engine.runner.compile_cache,
+        )  # fmt: skip
     stream = torch.cuda.Stream(device=lm.device) if lm.device.type == "cuda" else None
     return Loaded(lm, codec, codec_runner, engine, PromptBuilder.for_model(lm), stream, checkpoint, codec_path)

@@ -1,0 +1,69 @@
+"""CPU attention in fixed key chunks merged by log-sum-exp (actors/engine/attention.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from actors.engine.attention import ATTEND_BLOCK, ATTEND_CHUNK, attend, attend_in_chunks, attend_length
+
+
+def _batch(lengths, keys, dtype, queries=1, heads=2, dim=16, seed=0):
+    """q/k/v for rows whose last `queries` columns sit at the end of their `lengths`, and the
+    causal mask over `keys` cached keys [B, 1, Q, L]."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(lengths)
+    q = torch.randn(b, heads, queries, dim, generator=g, dtype=torch.float64).to(dtype)
+    k = torch.randn(b, heads, keys, dim, generator=g, dtype=torch.float64).to(dtype)
+    v = torch.randn(b, heads, keys, dim, generator=g, dtype=torch.float64).to(dtype)
+    positions = torch.tensor(lengths)[:, None] - queries + torch.arange(queries)[None, :]
+    allowed = (torch.arange(keys)[None, None, :] <= positions[:, :, None]).unsqueeze(1)
+    return q, k, v, allowed
+
+
+@pytest.mark.parametrize("queries", [1, 5])
+def test_chunks_merged_equal_one_softmax_over_every_key(queries):
+    """float64: the merged chunks are plain masked attention, rows ending inside the first
+    chunk, on a boundary and in the last one (whose other chunks carry no key for them)."""
+    q, k, v, allowed = _batch([40, ATTEND_CHUNK, 2 * ATTEND_CHUNK + 7], 3 * ATTEND_CHUNK, torch.float64, queries)
+    reference = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    assert (attend_in_chunks(q, k, v, allowed) - reference).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_result_is_the_same_bit_for_bit_whatever_its_batch_reads(dtype):
+    """A short row alone (one chunk read) and beside a long row (three chunks read): identical
+    output, because the chunks it does not reach merge with weight exactly 0."""
+    q, k, v, allowed = _batch([70, 3 * ATTEND_CHUNK - 1], 3 * ATTEND_CHUNK, dtype)
+    together = attend_in_chunks(q, k, v, allowed)
+    alone = attend_in_chunks(q[:1], k[:1, :, :ATTEND_CHUNK], v[:1, :, :ATTEND_CHUNK], allowed[:1, ..., :ATTEND_CHUNK])
+    assert torch.equal(together[:1], alone)
+    two_chunks = attend_in_chunks(
+        q[:1], k[:1, :, : 2 * ATTEND_CHUNK], v[:1, :, : 2 * ATTEND_CHUNK], allowed[:1, ..., : 2 * ATTEND_CHUNK]
+    )
+    assert torch.equal(two_chunks, alone)
+
+
+def test_grouped_query_heads_fold_onto_their_kv_head():
+    """attend(): 4 query heads on 2 kv heads, masked (chunked path) and unmasked (matmul path),
+    against attention over K/V repeated per query head."""
+    q, k, v, allowed = _batch([90, 200], 2 * ATTEND_CHUNK, torch.float64, queries=3, heads=2)
+    q4 = torch.cat([q, q.flip(-1)], dim=1)[:, [0, 2, 1, 3]]  # heads 0,1 -> kv 0; 2,3 -> kv 1
+    repeated_k, repeated_v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    mask = allowed[:, 0]  # [B, T, L], as the model hands it over
+    reference = F.scaled_dot_product_attention(q4, repeated_k, repeated_v, attn_mask=allowed)
+    assert (attend(q4, k, v, mask) - reference).abs().max() < 1e-12
+    unmasked = F.scaled_dot_product_attention(q4, repeated_k, repeated_v)
+    assert (attend(q4, k, v, None) - unmasked).abs().max() < 1e-12
+
+
+def test_a_batch_reads_whole_chunks_on_cpu_and_whole_blocks_elsewhere():
+    assert [attend_length(n, 1024, "cpu") for n in (1, ATTEND_CHUNK, ATTEND_CHUNK + 1, 1000)] == [
+        ATTEND_CHUNK,
+        ATTEND_CHUNK,
+        2 * ATTEND_CHUNK,
+        1024,
+    ]
+    assert attend_length(100, 1024, "cuda") == ATTEND_BLOCK
+    assert attend_length(100, 90, "cpu") == 90  # never past the slot's capacity

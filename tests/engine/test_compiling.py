@@ -1,0 +1,89 @@
+"""engine.compile (off | on | auto) and the compile cache kept across starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from actors.engine import EngineConfig
+from actors.engine.compiling import (
+    INDUCTOR_CACHE_ENV,
+    auto_compiles,
+    compiles,
+    default_cache_dir,
+    use_cache_dir,
+)
+from actors.engine.settings import compile_mode
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
+
+
+def test_compile_reads_on_off_auto_and_the_bools_yaml_and_hydra_make():
+    assert [compile_mode(v) for v in (True, "True", "on", "ON")] == ["on"] * 4
+    assert [compile_mode(v) for v in (False, "False", "off", " Off ")] == ["off"] * 4
+    assert compile_mode("Auto") == "auto"
+    with pytest.raises(ValueError, match=r"engine.compile must be one of off, on, auto .* got 'yes'"):
+        compile_mode("yes")
+    with pytest.raises(ValueError, match="engine.compile"):
+        EngineConfig(compile="sometimes").validate()
+
+
+def test_auto_compiles_on_cuda_and_not_on_cpu_where_it_was_measured_no_faster():
+    assert auto_compiles(torch.device("cuda")) and not auto_compiles(CPU)
+    assert compiles(EngineConfig(compile="auto"), torch.device("cuda:0"))
+    assert not compiles(EngineConfig(compile="auto"), CPU)
+    assert compiles(EngineConfig(compile="on"), CPU) and compiles(EngineConfig(compile=True), CPU)
+    assert not compiles(EngineConfig(), torch.device("cuda"))  # the engine's own default is off
+
+
+def test_the_compile_cache_is_the_configured_dir_else_the_users_variable_else_chorus_own(tmp_path, monkeypatch):
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "chorus" / "compile"
+    assert use_cache_dir(None) == default_cache_dir() and default_cache_dir().is_dir()
+    assert os.environ[INDUCTOR_CACHE_ENV] == str(default_cache_dir())  # what inductor reads
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, str(tmp_path / "users"))
+    assert use_cache_dir(None) == tmp_path / "users"
+    assert use_cache_dir(str(tmp_path / "configured")) == tmp_path / "configured"
+    assert os.environ[INDUCTOR_CACHE_ENV] == str(tmp_path / "configured")
+
+
+# run twice in fresh processes against one cache dir: the second start finds the first's graph
+_START = """
+import json, sys, time
+import torch
+from torch._dynamo.utils import counters
+from actors.engine import Engine, EngineConfig, load_model
+lm = load_model(sys.argv[1], device="cpu", dtype="bfloat16")
+engine = Engine(lm, EngineConfig(max_rows=4, max_tokens=64, compile="on", compile_cache_dir=sys.argv[2]))
+seconds = engine.warm_up()
+print(json.dumps({"compiled": engine.runner.compiled, "seconds": seconds, "cache": str(engine.runner.compile_cache),
+                  "hits": counters["inductor"]["fxgraph_cache_hit"]}))
+"""
+
+
+@pytest.mark.slow
+def test_a_compiled_frame_is_built_at_start_and_the_next_start_reuses_the_cached_graph(ckpt, tmp_path):
+    """compile=on: the frame is compiled at warm_up (before any real row) into the configured
+    cache; a second process starting the same engine hits inductor's FX graph cache there."""
+    cache = tmp_path / "compile-cache"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop(INDUCTOR_CACHE_ENV, None)
+    starts = []
+    for _ in range(2):
+        out = subprocess.run(
+            [sys.executable, "-c", _START, str(ckpt), str(cache)], env=env, capture_output=True, text=True, check=True
+        )
+        starts.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first, second = starts
+    assert first["compiled"] and second["compiled"]
+    assert first["cache"] == second["cache"] == str(cache)
+    assert first["seconds"] > 0 and any(cache.iterdir())
+    assert first["hits"] == 0 and second["hits"] >= 1
