@@ -72,8 +72,7 @@ def attend_in_chunks(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor
     bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     chunks = [slice(s, s + ATTEND_CHUNK) for s in range(0, k.shape[2], ATTEND_CHUNK)]
-    # the kernel reads a mask as if it were contiguous: each chunk gets its own copy
-    parts = [flash(q, k[:, :, c], v[:, :, c], attn_mask=bias[..., c].contiguous()) for c in chunks]
+    parts = [flash(q, k[:, :, c], v[:, :, c], attn_mask=bias[..., c]) for c in chunks]
     if len(parts) == 1:
         return parts[0][0]  # the merge below would give it back unchanged
     # for a query with no key in a chunk the kernel gives lse 0 (and output 0): weigh it 0
