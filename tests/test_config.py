@@ -10,6 +10,7 @@ from dataclasses import fields
 
 import pytest
 
+from actors.engine.settings import compile_mode
 from actors.settings import (
     ActorSettings,
     ConfigError,
@@ -44,6 +45,7 @@ def test_the_actor_receives_its_groups_as_dataclasses(tmp_path):
             "long_form.segment_bytes=64",
             "sampling.temperature=0.5",
             "engine.codec_batch_rows=3",
+            "engine.compile=true",  # Hydra makes a bool of it; the engine reads it as on
             f"data.audio_root=file://{tmp_path}",
         ]
     )
@@ -54,6 +56,7 @@ def test_the_actor_receives_its_groups_as_dataclasses(tmp_path):
         assert type(getattr(actor, group)) is kind, group
     assert actor.data.max_text_chars == 100 and actor.long_form.segment_bytes == 64
     assert actor.sampling.temperature == 0.5 and actor.engine.codec_batch_rows == 3
+    assert compile_mode(actor.engine.compile) == "on" and actor.engine.engine_config().compile == actor.engine.compile
     # resolved: interpolations and URIs are values by now, the input's directory its own setting
     assert actor.data.name == "demo" and actor.data.audio_root == str(tmp_path)
     assert actor.run.input_dir == "/input/dir" and "input_dir" not in {f.name for f in fields(DataConfig)}
@@ -138,6 +141,7 @@ def test_the_text_byte_cap_admits_every_text_within_max_text_chars():
         ("model.codec_dtype=half", "model.codec_dtype must be auto or one of .* got 'half'"),
         ("engine.max_concurrent_blocks=0", "engine.max_concurrent_blocks must be >= 1, got 0"),
         ("engine.feed_queue_rows=-1", "engine.feed_queue_rows must be >= 0, got -1"),
+        ("engine.compile=sometimes", "engine.compile must be one of off, on, auto .* got 'sometimes'"),
     ],
 )
 def test_bad_settings_are_refused_before_ray_starts(tmp_path, monkeypatch, override, message):
