@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors.engine import Engine, EngineConfig, Request, SamplingParams  # noqa: E402
+from actors.engine import Engine, EngineConfig, Request, SamplingParams, packing  # noqa: E402
 from actors.engine import model as model_module  # noqa: E402
 from actors.engine import runner as runner_module  # noqa: E402
 from actors.engine.precision import CpuUnits  # noqa: E402
@@ -64,15 +64,15 @@ class PartClock:
 
 def install(clock: PartClock, rows: int, steps: list, warm_steps: int = 2) -> None:
     # before any engine packs its linears (the packed forward binds the function then)
-    clock.wrap(model_module, "_packed_linear", "linears")
-    timed_linear = model_module._packed_linear
+    clock.wrap(packing, "packed_linear", "linears")
+    timed_linear = packing.packed_linear
 
     def linear_recorded(x, weight, bias):
         if clock.on and clock.record is not None:
             clock.record.append((tuple(x.shape), weight, bias))
         return timed_linear(x, weight, bias)
 
-    model_module._packed_linear = linear_recorded
+    packing.packed_linear = linear_recorded
     # the fast stack's decode attends without a mask; the slow stack's always has one
     clock.wrap(model_module, "attend", lambda q, k, v, mask: "fast attention" if mask is None else "slow attention")
     clock.wrap(model_module.RMSNorm, "forward", "norms")
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     clock, steps = PartClock(), []
-    linear = model_module._packed_linear
+    linear = packing.packed_linear
     install(clock, args.rows, steps)
     dtypes = args.dtypes.split(",")
     models = {d: random_model(args.size, seed=0, device="cpu", dtype=d, max_seq_len=4096) for d in dtypes}

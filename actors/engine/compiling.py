@@ -3,11 +3,11 @@ and how.
 
 A compiled frame is one `torch.compile(fullgraph=True)` graph per batch-size bucket, with static
 shapes (a batch padded to its bucket, attention over the slot's full capacity). On CUDA it is
-replayed as CUDA graphs; on CPU inductor freezes it (weights folded in as constants and packed
-for oneDNN, element-wise work fused). Compiling costs start-up time (the `small` frame on 2
-vCPUs: ~110 s cold, ~40 s with the cache warm), so inductor's cache lives in a directory of
-chorus's own that outlives the actor: the next actor on the node (a restart, the next job)
-reuses the compiled graph.
+replayed as CUDA graphs; on CPU it calls the eager frame's pre-packed oneDNN linears through a
+traceable op (packing.py) and inductor fuses the element-wise work between them. Compiling
+costs start-up time (the `small` frame on 2 vCPUs: ~2.5 min cold, ~13 s with the cache warm),
+so inductor's cache lives in a directory of chorus's own that outlives the actor: the next
+actor on the node (a restart, the next job) reuses the compiled graph.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ def auto_compiles(device: torch.device) -> bool:
     """engine.compile=auto's choice: compile on CUDA, where a decode frame of many small kernels
     is launch-bound and a CUDA graph replays it in one launch (upstream fish-speech's own
     --compile is for CUDA; not yet measured by chorus: `python -m actors.engine frame-check` and
-    `bench --compile` on the GPU are the checks). Eager on CPU, where a compiled frame was
-    measured no faster (`small` model, 32 bf16 rows, Sapphire Rapids, 2 threads, inductor
-    freezing: 0.77x the eager step at the pipeline's 512-position slots, whose keys a static
-    frame attends to in full while the eager frame reads only the chunks its rows reach; 1.02x
-    with slots sized to the rows) and costs ~110 s of a start cold, ~40 s with its cache warm."""
+    `bench --compile` on the GPU are the checks). Eager on CPU: the compiled frame's decode step
+    is 1.19-1.35x the eager one with slots sized to the rows (`small` model, 32 bf16 rows,
+    Sapphire Rapids, 2 threads), but its static shapes attend to every position of a slot, and
+    the pipeline's CPU slots (512 positions) are several times longer than its rows, whose
+    eager attention reads only the 128-key chunks they reach; a cold compile also takes minutes
+    per batch size there (seconds with the cache warm)."""
     return device.type == "cuda"
 
 
@@ -65,13 +66,15 @@ def use_cache_dir(configured: Optional[str]) -> Path:
 
 
 def compiled_frame(frame, device: torch.device, cuda_graphs: bool):
-    """The decode frame as one graph. CUDA: replayed as CUDA graphs when asked. CPU: inductor's
-    freezing, which folds the weights into the graph as constants and packs them for oneDNN
-    itself (the eager frame's pack_cpu_linears, which a trace cannot follow), and fuses the
-    element-wise work between the products; without freezing the compiled frame was slower than
-    eager, with it 1.10x faster when the eager frame's attention still read whole 512-key blocks,
-    and 1.01-1.02x since it reads 128-key chunks (auto_compiles has the figures)."""
+    """The decode frame as one graph with static shapes. CUDA: replayed as CUDA graphs when
+    asked. CPU: the linears stay the eager frame's pre-packed oneDNN calls, traced as one custom
+    op each (packing.py), and inductor fuses the element-wise work between them (norms, RoPE,
+    residuals, SwiGLU, sampling): that graph has no oneDNN tensors in it, so inductor's cache
+    keeps it for the next start. (Inductor's `freezing`, which packs the weights itself, makes
+    graphs the cache refuses; and passed as compile(options=...) it never took effect: dynamo
+    reads the global flag while tracing, before the options reach inductor.) A C++ wrapper
+    calls the kernels on CPU: ~5% of a `small` 32-row step less than the Python one, for ~30 s
+    more of a cold compile."""
     if device.type == "cuda":
-        mode = "reduce-overhead" if cuda_graphs else None
-        return torch.compile(frame, fullgraph=True, dynamic=False, mode=mode)
-    return torch.compile(frame, fullgraph=True, dynamic=False, options={"freezing": True})
+        return torch.compile(frame, fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda_graphs else None)
+    return torch.compile(frame, fullgraph=True, dynamic=False, options={"cpp_wrapper": True})

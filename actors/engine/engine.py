@@ -27,10 +27,10 @@ import torch
 from .allocator import tune_malloc
 from .cache import SlotKVCache
 from .loader import LoadedModel
-from .runner import ModelRunner
+from .runner import ModelRunner, bucket_sizes
 from .scheduler import LogitObserver, Scheduler
 from .settings import EngineConfig
-from .types import Request, Result
+from .types import Request, Result, SamplingParams, upstream_sampling
 
 # the largest value a float32 holds: a setting above it would become inf on the device
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -87,15 +87,24 @@ class Engine:
             self.scheduler.observe = None
         return results
 
-    def warm_up(self) -> float:
-        """Compile the decode frame now, when it is compiled, instead of in the first real
-        frame (minutes on CPU; with the compile cache warm, much less): one throw-away request
-        of two frames. Seconds spent (0.0 for an eager frame)."""
+    def warm_up(self, sampling: Optional[SamplingParams] = None) -> float:
+        """Compile the decode frame now, when it is compiled, instead of in a real frame
+        (minutes on CPU; with the compile cache warm, much less): throw-away requests of two
+        frames, as many at once as each batch-size bucket holds, so every bucket's graph is
+        built before the first real row. A frame specialises on its rows' sampling (top-k
+        widths, whether penalties run), so the throw-away rows sample as the real ones will:
+        `sampling` (default: upstream's for the model family). Seconds spent (0.0 for an eager
+        frame)."""
         if not self.runner.compiled:
             return 0.0
         began = time.perf_counter()
+        sampling = sampling or upstream_sampling(self.mc.family)
         prompt = np.zeros((1 + self.mc.num_codebooks, 2), dtype=np.int64)
-        self.generate([Request("chorus-warm-up", prompt, max_frames=2, stop_on_eos=False)])
+        for size in bucket_sizes(self.config.max_rows, self.runner.buckets):
+            rows = [
+                Request(f"chorus-warm-up-{i}", prompt, 2, sampling.with_seed(i), stop_on_eos=False) for i in range(size)
+            ]
+            self.generate(rows)
         return time.perf_counter() - began
 
     # -- facts -------------------------------------------------------------------------

@@ -6,7 +6,6 @@ Shapes: B rows, T new columns, C = num_codebooks, S = cache capacity per slot.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -117,56 +116,6 @@ class Block(nn.Module):
     def forward(self, x, rotation, mask, cache=None, view=None):
         h = x + self.attention(self.attention_norm(x), rotation, mask, cache, view)
         return h + self.feed_forward(self.ffn_norm(h))
-
-
-def pack_cpu_linears(model: nn.Module, batch_hint: int) -> int:
-    """Route every nn.Linear of a CPU float32/bfloat16 model through oneDNN with its weight
-    pre-packed once (what torch.compile's CPU freezing does). Measured here on the `small`
-    shapes: about 2x faster matmuls at 1 and at 32 rows than the default path, and each row's
-    result no longer depends on how many rows share the call. Keeps the dense weights (the
-    state dict and the reference path stay plain); returns how many layers were packed.
-    Idempotent; a no-op where oneDNN or the op is unavailable, or for float64."""
-    ops = getattr(torch.ops, "mkldnn", None)
-    if ops is None or not torch.backends.mkldnn.is_available() or not hasattr(ops, "_linear_pointwise"):
-        return 0
-    packed = 0
-    for module in model.modules():
-        if not isinstance(module, nn.Linear) or "forward" in module.__dict__:
-            continue
-        w = module.weight
-        if w.device.type != "cpu" or w.dtype not in (torch.float32, torch.bfloat16):
-            continue
-        try:
-            weight = torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)
-        except RuntimeError:
-            return packed
-        bias = None if module.bias is None else module.bias.detach()
-        module.forward = functools.partial(_packed_linear, weight=weight, bias=bias)
-        packed += 1
-    return packed
-
-
-def _packed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """A pre-packed oneDNN linear whose rows never depend on how many rows share the call.
-    oneDNN runs a single row through another kernel whose sums differ in the last bit from the
-    same row among others (measured on AMD Zen 4, AVX-512, float32 and bfloat16, for the
-    2048- and 3072-wide inputs of wo and w2; 2..512 rows all agree): one row goes in as two."""
-    if x.numel() != x.shape[-1]:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    pair = x.reshape(1, -1).expand(2, -1).contiguous()
-    y = torch.ops.mkldnn._linear_pointwise(pair, weight, bias, "none", [], "")
-    return y[:1].reshape(*x.shape[:-1], y.shape[-1])
-
-
-def unpack_cpu_linears(model: nn.Module) -> int:
-    """Undo `pack_cpu_linears` (the dense weights were kept): for a model that a compiled
-    frame will trace, since inductor cannot lower the pre-packed op. Returns how many."""
-    unpacked = 0
-    for module in model.modules():
-        if isinstance(module, nn.Linear) and "forward" in module.__dict__:
-            del module.forward
-            unpacked += 1
-    return unpacked
 
 
 @dataclass

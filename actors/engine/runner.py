@@ -23,7 +23,7 @@ from .cache import PrefixCache, SlotKVCache
 from .compiling import compiled_frame, compiles, use_cache_dir
 from .decoding import BatchSampling, Candidates, SlotSampling, first_code, pick_code, pick_main
 from .loader import LoadedModel
-from .model import pack_cpu_linears, unpack_cpu_linears
+from .packing import pack_cpu_linears, unpack_cpu_linears
 from .settings import EngineConfig
 
 
@@ -68,6 +68,11 @@ def bucket_size(n: int, max_rows: int, buckets=None) -> int:
     return min(max_rows, 1 << max(0, n - 1).bit_length())
 
 
+def bucket_sizes(max_rows: int, buckets=None) -> list[int]:
+    """Every batch size `bucket_size` can return: the sizes a captured frame is compiled at."""
+    return sorted({bucket_size(n, max_rows, buckets) for n in range(1, max_rows + 1)})
+
+
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, cache: SlotKVCache):
         self.loaded, self.config, self.cache = loaded, config, cache
@@ -94,13 +99,13 @@ class ModelRunner:
         self.buckets = config.decode_buckets
         if self.buckets is None and self.compiled and self.device.type == "cpu":
             self.buckets = [config.max_rows]  # one graph: a CPU compile takes minutes
-        # oneDNN packing replaces Linear.forward with an op torch.compile cannot trace; a
-        # compiled CPU frame lets inductor pack the weights instead
-        if captured:
+        if config.cpu_packed_linears and self.device.type == "cpu":
+            # a compiled frame calls them through an op it can trace (packing.py); an eager
+            # engine sharing this model then calls them that way too (same numbers)
+            pack_cpu_linears(self.model, config.max_rows, traceable=self.compiled)
+            pack_cpu_linears(self.logit_head, config.max_rows, traceable=self.compiled)
+        else:
             unpack_cpu_linears(self.model)  # another engine on this model may have packed it
-        elif config.cpu_packed_linears and self.device.type == "cpu":
-            pack_cpu_linears(self.model, config.max_rows)
-            pack_cpu_linears(self.logit_head, config.max_rows)
         self.model._slow_rope(config.max_tokens, self.device)  # build once, before any captured frame
         self.model._fast_rope(self.device)
         self._frame = self._decode_frame

@@ -60,13 +60,10 @@ class SynthActor:
             raise TypeError(f"SynthActor takes an ActorSettings (actors/settings.py), got {type(settings).__name__}")
         settings.validate()
         bound_native_caches()  # before the model's first oneDNN call (actors/memory.py)
-        from actors.engine import upstream_sampling
-
         self.settings, self.recorder = settings, recorder or Recorder()
         loaded = loading.load(settings)
         self.lm, self.codec, self.engine = loaded.lm, loaded.codec, loaded.engine
-        base_sampling = upstream_sampling(self.lm.config.family, **settings.sampling.overrides())
-        base_sampling.validate()
+        base_sampling = loaded.sampling
         self.clock = BusyClock()  # engine steps and codec calls, overlap counted once
         self.writer = RowWriter(
             settings, settings.model.name or self.lm.name, str(self.lm.device), self.codec.sample_rate

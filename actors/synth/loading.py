@@ -22,6 +22,7 @@ class Loaded:
     engine: Any
     builder: Any
     codec_stream: Any  # CUDA: the finisher's own stream; None on CPU
+    sampling: Any  # the job's sampling (upstream's for the family, with the run's overrides)
     checkpoint: Path
     codec_path: Path
 
@@ -44,7 +45,7 @@ def load(settings: ActorSettings) -> Loaded:
     import torch
 
     from actors.codec import load_codec
-    from actors.engine import Engine, PromptBuilder, load_model
+    from actors.engine import Engine, PromptBuilder, load_model, upstream_sampling
     from actors.engine.loader import resolve_dtype
 
     model, threads = settings.model, settings.run.threads
@@ -76,11 +77,17 @@ def load(settings: ActorSettings) -> Loaded:
         )
     # the engine group extends EngineConfig; the engine gets those fields alone
     engine = Engine(lm, settings.engine.engine_config())
-    compile_s = engine.warm_up()  # a compiled frame is built here, before the first block arrives
+    sampling = upstream_sampling(lm.config.family, **settings.sampling.overrides())
+    sampling.validate()
+    # a compiled frame is built here, before the first block arrives, for the job's sampling
+    # (a frame specialises on it: top-k widths, which penalties run)
+    compile_s = engine.warm_up(sampling)
     if engine.runner.compiled:
         log.info(
             "decode frame compiled in %.1f s (engine.compile=%s; cache %s)",
             compile_s, settings.engine.compile, engine.runner.compile_cache,
         )  # fmt: skip
     stream = torch.cuda.Stream(device=lm.device) if lm.device.type == "cuda" else None
-    return Loaded(lm, codec, codec_runner, engine, PromptBuilder.for_model(lm), stream, checkpoint, codec_path)
+    return Loaded(
+        lm, codec, codec_runner, engine, PromptBuilder.for_model(lm), stream, sampling, checkpoint, codec_path
+    )

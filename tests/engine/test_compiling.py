@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,7 +36,7 @@ def test_compile_reads_on_off_auto_and_the_bools_yaml_and_hydra_make():
         EngineConfig(compile="sometimes").validate()
 
 
-def test_auto_compiles_on_cuda_and_not_on_cpu_where_it_was_measured_no_faster():
+def test_auto_compiles_on_cuda_and_not_on_cpu_where_static_frames_read_whole_slots():
     assert auto_compiles(torch.device("cuda")) and not auto_compiles(CPU)
     assert compiles(EngineConfig(compile="auto"), torch.device("cuda:0"))
     assert not compiles(EngineConfig(compile="auto"), CPU)
@@ -87,3 +88,23 @@ def test_a_compiled_frame_is_built_at_start_and_the_next_start_reuses_the_cached
     assert first["cache"] == second["cache"] == str(cache)
     assert first["seconds"] > 0 and any(cache.iterdir())
     assert first["hits"] == 0 and second["hits"] >= 1
+
+
+@pytest.mark.slow
+def test_warm_up_builds_every_buckets_graph_before_the_first_real_row(lm32):
+    """Rows of every batch size, sampling as upstream does (warm_up's default), compile nothing
+    more after warm_up: no real block waits for a compile mid-job (before, only the one-row
+    bucket was built at start, with sampling the real rows did not use)."""
+    from torch._dynamo.utils import counters
+
+    from actors.engine import Engine, Request, upstream_sampling
+
+    engine = Engine(lm32, EngineConfig(max_rows=3, max_tokens=32, compile="on", decode_buckets=[1, 3]))
+    before = counters["stats"]["unique_graphs"]
+    assert engine.warm_up() > 0
+    built = counters["stats"]["unique_graphs"] - before
+    prompt = np.zeros((1 + lm32.config.num_codebooks, 3), dtype=np.int64)
+    sampling = upstream_sampling(lm32.config.family)
+    rows = [Request(f"r{i}", prompt, 3, sampling.with_seed(7 + i), stop_on_eos=False) for i in range(3)]
+    assert all(r.frames == 3 for r in engine.generate(rows) + engine.generate(rows[:1]))
+    assert built == 2 and counters["stats"]["unique_graphs"] - before == built

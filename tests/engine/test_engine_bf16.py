@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from actors.engine import Engine, EngineConfig, PromptBuilder, Request, SamplingParams, load_model
-from actors.engine.model import pack_cpu_linears
+from actors.engine.packing import pack_cpu_linears
 from actors.engine.tiny import make_tiny
 from helpers import TEST_DEVICE
 
