@@ -29,7 +29,7 @@ def auto_compiles(device: torch.device) -> bool:
     is launch-bound and a CUDA graph replays it in one launch (upstream fish-speech's own
     --compile is for CUDA; not yet measured by chorus: `python -m actors.engine frame-check` and
     `bench --compile` on the GPU are the checks). Eager on CPU: the compiled frame's decode step
-    is 1.19-1.35x the eager one with slots sized to the rows (`small` model, 32 bf16 rows,
+    is ~1.3x the eager one with slots sized to the rows (`small` model, 32 bf16 rows,
     Sapphire Rapids, 2 threads), but its static shapes attend to every position of a slot, and
     the pipeline's CPU slots (512 positions) are several times longer than its rows, whose
     eager attention reads only the 128-key chunks they reach; a cold compile also takes minutes
