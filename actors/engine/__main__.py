@@ -11,6 +11,8 @@ import numpy as np
 
 from actors.cli import dispatch, error
 
+from .settings import compile_mode
+
 
 def _dtype_arg(p: argparse.ArgumentParser, default: str = "auto") -> None:
     p.add_argument(
@@ -271,11 +273,20 @@ def _add_bench_command(sub) -> None:
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     p.add_argument("--no-single", action="store_true", help="skip the one-row-at-a-time mode")
-    p.add_argument("--compile", action="store_true", help="compile the whole decode frame (fullgraph)")
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="on",
+        default="auto",
+        type=compile_mode,
+        help="off | on | auto (default, as engine.compile=auto: CUDA, and CPU with packed linears); "
+        "a bare --compile is on",
+    )
     p.add_argument(
         "--decode-buckets",
         type=lambda text: [int(x) for x in text.split(",")],
-        help="batch sizes a compiled frame is built at, e.g. 8,16,32 (default: powers of two; on CPU --max-rows)",
+        help="batch sizes a compiled frame is built at, e.g. 8,16,32 (default: powers of two; on CPU "
+        "--max-rows, its half and its quarter)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the table as JSON here")

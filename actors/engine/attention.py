@@ -10,6 +10,13 @@ exactly 0, so it changes nothing of that row, and a batch reads only the chunks 
 instead of a whole 512-key block (the `small` model, 32 bf16 rows of ~190 keys: 2.4-2.8 ms per
 layer against 7.2 ms for one 512-key call). Other devices round the key count up to
 ATTEND_BLOCK, the CPU kernel's block, as before.
+
+On CPU both attentions are ops opaque to the compiler, so a compiled frame runs them exactly
+as an eager one does. `chorus::attend_reached` (the slow stack's decode step) takes the slot's
+whole cache and the key count to read as a tensor: a frame with static shapes cannot slice its
+keys by the rows' lengths without a graph per length, and this keeps one graph whatever the
+lengths, reading only the chunks its rows reach. `chorus::attend_visible` (the fast stack's)
+keeps inductor from rewriting it differently at different batch sizes.
 """
 
 from __future__ import annotations
@@ -40,19 +47,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
     q [B, H, T, D]; k, v [B, Hkv, L, D]; mask [B, T, L] bool (True = may attend), or None when
     every query sees every key. Query head h uses kv head h // (H / Hkv) (repeat_interleave
     semantics), so fold each group of query heads into the query length of its kv head."""
+    if mask is None and q.device.type == "cpu":
+        return attend_visible_op(q, k, v)
     b, h, t, d = q.shape
     hkv = k.shape[1]
     group = h // hkv
     qg = q.reshape(b, hkv, group * t, d)
-    if mask is None and q.device.type == "cpu":
-        # The fast stack's decode step on CPU (one query column, every key of the frame
-        # visible, the same key count for every row): plain matmul-softmax-matmul is ~3.5x
-        # faster than the fused kernel, whose per-(row, head) set-up dominates at these sizes
-        # (32 rows x 10 keys: 0.13 vs 0.44 ms). No mask, so a row's numbers cannot depend on
-        # its batch.
-        scores = torch.matmul(qg, k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
-        y = torch.matmul(torch.softmax(scores, dim=-1), v)
-        return y.reshape(b, h, t, d)
     m = None if mask is None else mask.unsqueeze(1)
     if m is not None and group > 1:
         m = m.repeat(1, 1, group, 1)
@@ -61,6 +61,46 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
     else:
         y = F.scaled_dot_product_attention(qg, k, v, attn_mask=m)
     return y.reshape(b, h, t, d)
+
+
+def attend_visible(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Attention of q [B, H, T, D] over every key of k, v [B, Hkv, L, D] (CPU): the fast stack's
+    decode step (one query column, every key of the frame visible, the same key count for every
+    row). Plain matmul-softmax-matmul is ~3.5x faster than the fused kernel there, whose
+    per-(row, head) set-up dominates at these sizes (32 rows x 10 keys: 0.13 vs 0.44 ms). As an
+    op (`attend_visible_op`) a compiled frame cannot rewrite it: inductor turns this pattern into
+    the fused kernel at some batch sizes and not at others (seen at 1 row against 3, bf16),
+    which made a row's bfloat16 codes depend on its batch."""
+    b, h, t, d = q.shape
+    hkv = k.shape[1]
+    qg = q.reshape(b, hkv, (h // hkv) * t, d)
+    scores = torch.matmul(qg, k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+    return torch.matmul(torch.softmax(scores, dim=-1), v).reshape(b, h, t, d)
+
+
+def attend_reached(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, reach: Tensor) -> Tensor:
+    """Attention of q [B, H, T, D] at `positions` [B, T] over keys 0..reach-1 of the slots' whole
+    caches k, v [B, Hkv, S, D], masked to key position <= query position, as an eager frame
+    attending to `reach` keys computes it. `reach` is a 0-d int64 tensor so that a compiled graph
+    reads it at run time instead of specialising on it. Returns a new contiguous tensor."""
+    n = int(reach)
+    allowed = torch.arange(n, device=q.device).expand(q.shape[0], n).unsqueeze(1) <= positions.unsqueeze(2)
+    return attend(q, k[:, :, :n], v[:, :, :n], allowed).contiguous()
+
+
+def _like_queries(q: Tensor, *_) -> Tensor:
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+# ops a compiled frame calls as they are, opaque to inductor (packing.py defines another)
+_LIBRARY = torch.library.Library("chorus", "FRAGMENT")
+_LIBRARY.define("attend_visible(Tensor q, Tensor k, Tensor v) -> Tensor")
+_LIBRARY.define("attend_reached(Tensor q, Tensor k, Tensor v, Tensor positions, Tensor reach) -> Tensor")
+for _name, _kernel in (("attend_visible", attend_visible), ("attend_reached", attend_reached)):
+    _LIBRARY.impl(_name, _kernel, "CPU")
+    torch.library.register_fake(f"chorus::{_name}", _like_queries, lib=_LIBRARY)
+attend_visible_op = torch.ops.chorus.attend_visible.default
+attend_reached_op = torch.ops.chorus.attend_reached.default
 
 
 def attend_in_chunks(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:

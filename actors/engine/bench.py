@@ -103,11 +103,11 @@ def _run_engine(loaded, requests, max_rows, args, use_prefix=True, label="") -> 
         max_tokens=args.max_tokens or longest,
         prefix_cache_entries=max(8, args.references),
         compile=args.compile,
-        cuda_graphs=args.compile and loaded.device.type == "cuda",
+        cuda_graphs=args.compile != "off" and loaded.device.type == "cuda",
         decode_buckets=args.decode_buckets,
     )
     engine = Engine(loaded, config)
-    engine.warm_up(requests[0].sampling)  # a compiled frame: every bucket's graph now, not in the timed run
+    warm_up_s = engine.warm_up(requests[0].sampling)  # a compiled frame: every bucket's graph now, not timed
     if not use_prefix:
         requests = [replace(r, prefix_key=None, prefix_len=0) for r in requests]
     engine.generate(requests[:1])  # warm-up (allocator, kernels); not timed
@@ -119,6 +119,7 @@ def _run_engine(loaded, requests, max_rows, args, use_prefix=True, label="") -> 
     mode = f"engine max_rows={max_rows}" + ("" if use_prefix or not args.references else " no-prefix-reuse") + label
     row = _row(mode, results, wall, engine.kv_bytes()["total"])
     row["prefix_hits"] = engine.prefixes.hits
+    row["compiled"], row["warm_up_s"] = engine.runner.compiled, warm_up_s
     del engine
     return row, results
 
@@ -254,6 +255,12 @@ def _print_report(report: dict, args) -> None:
         f"{report['device']}, {report['threads']} threads), {args.rows} rows, prompt ~{args.prompt_len}, "
         f"frames ~{args.frames}, references {args.references}, median of {report['repeats']} run(s) per mode"
     )
+    compiled = [r for r in report["modes"] if r.get("compiled")]
+    if compiled:  # the frame built before the timed runs; with the compile cache cold, minutes on CPU
+        print(
+            f"decode frame compiled (--compile {args.compile}); warm-up before timing: "
+            + ", ".join(f"{r['mode']} {r['warm_up_s']:.1f} s" for r in compiled)
+        )
     header = f"{'mode':<44}{'frames/s':>10}{'rows/s':>9}{'x realtime':>11}{'TTFF p50 ms':>13}{'step ms':>9}{'peak RSS MiB':>14}{'KV MiB':>9}"
     print(header)
     print("-" * len(header))

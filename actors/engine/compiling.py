@@ -2,9 +2,10 @@
 and how.
 
 A compiled frame is one `torch.compile(fullgraph=True)` graph per batch-size bucket, with static
-shapes (a batch padded to its bucket, attention over the slot's full capacity). On CUDA it is
-replayed as CUDA graphs; on CPU it calls the eager frame's pre-packed oneDNN linears through a
-traceable op (packing.py) and inductor fuses the element-wise work between them. Compiling
+shapes (a batch padded to its bucket). On CUDA it is replayed as CUDA graphs, attending over
+the slot's full capacity; on CPU it calls the eager frame's pre-packed oneDNN linears and its
+attention as ops inductor leaves alone (packing.py, attention.py: the attention reads only the
+keys the rows reach) and inductor fuses the element-wise work between them. Compiling
 costs start-up time (the `small` frame on 2 vCPUs: ~2.5 min cold, ~13 s with the cache warm),
 so inductor's cache lives in a directory of chorus's own that outlives the actor: the next
 actor on the node (a restart, the next job) reuses the compiled graph.
@@ -24,23 +25,26 @@ from .settings import compile_mode
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def auto_compiles(device: torch.device) -> bool:
-    """engine.compile=auto's choice: compile on CUDA, where a decode frame of many small kernels
+def auto_compiles(device: torch.device, packed_linears: bool) -> bool:
+    """engine.compile=auto's choice. CUDA: compile, where a decode frame of many small kernels
     is launch-bound and a CUDA graph replays it in one launch (upstream fish-speech's own
     --compile is for CUDA; not yet measured by chorus: `python -m actors.engine frame-check` and
-    `bench --compile` on the GPU are the checks). Eager on CPU: the compiled frame's decode step
-    is ~1.3x the eager one with slots sized to the rows (`small` model, 32 bf16 rows,
-    Sapphire Rapids, 2 threads), but its static shapes attend to every position of a slot, and
-    the pipeline's CPU slots (512 positions) are several times longer than its rows, whose
-    eager attention reads only the 128-key chunks they reach; a cold compile also takes minutes
-    per batch size there (seconds with the cache warm)."""
-    return device.type == "cuda"
+    `bench --compile` on the GPU are the checks). CPU: compile where the linears are pre-packed
+    for oneDNN (packing.py: float32/bfloat16 with engine.cpu_packed_linears on): the compiled
+    frame fuses the element-wise work between them and attends to the keys its rows reach
+    (attention.py), and was faster than the eager frame at every shape measured (`small` model,
+    bf16, Sapphire Rapids, 2 threads: 32 rows 1.19-1.26x per decode step with slots of 112 and
+    512 positions; 1 row ~1.7x). Unpacked linears (float64, or packing off) stay eager: not
+    measured compiled. The price is start-up: a cold compile takes minutes per batch size on
+    CPU, seconds with the cache warm."""
+    return device.type == "cuda" or (device.type == "cpu" and packed_linears)
 
 
-def compiles(config, device: torch.device) -> bool:
-    """Whether an engine with `config` compiles its decode frame on `device`."""
+def compiles(config, device: torch.device, packed_linears: bool = False) -> bool:
+    """Whether an engine with `config` compiles its decode frame on `device`; `packed_linears`:
+    whether that frame's CPU linears are pre-packed."""
     mode = compile_mode(config.compile)
-    return auto_compiles(device) if mode == "auto" else mode == "on"
+    return auto_compiles(device, packed_linears) if mode == "auto" else mode == "on"
 
 
 def default_cache_dir() -> Path:
@@ -68,7 +72,8 @@ def use_cache_dir(configured: Optional[str]) -> Path:
 def compiled_frame(frame, device: torch.device, cuda_graphs: bool):
     """The decode frame as one graph with static shapes. CUDA: replayed as CUDA graphs when
     asked. CPU: the linears stay the eager frame's pre-packed oneDNN calls, traced as one custom
-    op each (packing.py), and inductor fuses the element-wise work between them (norms, RoPE,
+    op each (packing.py), as do the attentions (attention.py), and inductor fuses the
+    element-wise work between them (norms, RoPE,
     residuals, SwiGLU, sampling): that graph has no oneDNN tensors in it, so inductor's cache
     keeps it for the next start. (Inductor's `freezing`, which packs the weights itself, makes
     graphs the cache refuses; and passed as compile(options=...) it never took effect: dynamo

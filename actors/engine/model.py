@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..modules import FeedForward, RMSNorm, apply_rope, rope_rotation, uninitialised_embedding
-from .attention import attend
+from .attention import attend, attend_reached_op
 from .config import ModelConfig
 
 
@@ -46,12 +46,15 @@ class CacheView:
     layers: per-layer caches. rows: slot ids of the batch rows, either a `slice` of
     consecutive slots (read as a view: no copy) or an int64 tensor [B]. positions: [B, T]
     absolute positions of the new columns. attend_len: keys 0..attend_len-1 are read (the
-    longest row's real length, or the full capacity when shapes must stay static)."""
+    longest row's real length, or the full capacity when shapes must stay static). reach: a
+    static CPU frame's key count as a 0-d tensor, read at run time (attention.attend_reached):
+    then only keys 0..reach-1 are read whatever attend_len is."""
 
     layers: list[LayerKV]
     rows: object
     positions: Tensor
     attend_len: int
+    reach: Optional[Tensor] = None
     # set when every row writes one column at the same position and `rows` is a slice (the
     # fast stack's decode): the write is then a plain strided copy instead of a scatter
     same_position: Optional[int] = None
@@ -96,6 +99,9 @@ class Attention(nn.Module):
                 # cache[slot, :, pos] <- new K/V (advanced indices first: [B, T, Hkv, D])
                 cache.k[slot_ids[:, None], :, view.positions] = k
                 cache.v[slot_ids[:, None], :, view.positions] = v
+            if view.reach is not None:
+                y = attend_reached_op(q.transpose(1, 2), cache.k[rows], cache.v[rows], view.positions, view.reach)
+                return self.wo(y.transpose(1, 2).reshape(b, t, q_size))
             # a slice of consecutive slots reads a view; a tensor of slot ids gathers a copy
             keys = cache.k[rows, :, : view.attend_len]
             values = cache.v[rows, :, : view.attend_len]
@@ -210,13 +216,15 @@ class DualARModel(nn.Module):
         want_logits: bool = True,
         logit_head: Optional[nn.Module] = None,
         select: Optional[Tensor] = None,
+        reach: Optional[Tensor] = None,
     ) -> SlowOutput:
         """tokens [B, 1+C, T]; positions [B, T] absolute positions of the columns.
 
         Without a cache the call is a full causal recompute of exactly these columns (the
         uncached reference path; positions must then be 0..T-1). With a cache the new K/V
         are written to slots `rows` at `positions` (all < attend_len) and queries attend to
-        keys 0..attend_len-1 of their slot, masked to key position <= query position."""
+        keys 0..attend_len-1 of their slot (0..reach-1 when `reach` is given: CacheView), masked to
+        key position <= query position."""
         b, _, t = tokens.shape
         x = self.embed(tokens)
         # every position is below attend_len (cached) or T (uncached, positions from 0): the
@@ -228,7 +236,7 @@ class DualARModel(nn.Module):
             view = None
         else:
             key_pos = torch.arange(attend_len, device=x.device).expand(b, attend_len)
-            view = CacheView(cache, rows, positions, attend_len)
+            view = CacheView(cache, rows, positions, attend_len, reach)
         mask = key_pos.unsqueeze(1) <= positions.unsqueeze(2)  # [B, T, L]
         for i, layer in enumerate(self.layers):
             x = layer(x, rotation, mask, None if cache is None else cache[i], view)

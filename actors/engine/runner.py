@@ -23,7 +23,7 @@ from .cache import PrefixCache, SlotKVCache
 from .compiling import compiled_frame, compiles, use_cache_dir
 from .decoding import BatchSampling, Candidates, SlotSampling, first_code, pick_code, pick_main
 from .loader import LoadedModel
-from .packing import pack_cpu_linears, unpack_cpu_linears
+from .packing import load_native_ops, pack_cpu_linears, unpack_cpu_linears
 from .settings import EngineConfig
 
 
@@ -68,6 +68,15 @@ def bucket_size(n: int, max_rows: int, buckets=None) -> int:
     return min(max_rows, 1 << max(0, n - 1).bit_length())
 
 
+def cpu_buckets(max_rows: int) -> list[int]:
+    """The batch sizes a frame compiled on CPU is built at unless engine.decode_buckets says:
+    max_rows and its half and quarter. Each is a compile of minutes on CPU (once per node: the
+    cache keeps them), so not every power of two; the two smaller ones serve a batch's tail
+    (`small`, 32 bf16 rows: 1.25x the starting commit's frames/s against 1.15x with max_rows
+    alone, 4 interleaved rounds)."""
+    return sorted({max(1, max_rows // 4), max(1, max_rows // 2), max_rows})
+
+
 def bucket_sizes(max_rows: int, buckets=None) -> list[int]:
     """Every batch size `bucket_size` can return: the sizes a captured frame is compiled at."""
     return sorted({bucket_size(n, max_rows, buckets) for n in range(1, max_rows + 1)})
@@ -93,25 +102,28 @@ class ModelRunner:
         self.prefixes = PrefixCache(config.prefix_cache_entries)
         self.steps: list[StepRecord] = []
         self.logit_head = self.model.candidate_head(self.candidates.ids)
-        self.compiled = compiles(config, self.device)
+        packed = 0
+        if config.cpu_packed_linears and self.device.type == "cpu":
+            packed = pack_cpu_linears(self.model, config.max_rows) + pack_cpu_linears(self.logit_head, config.max_rows)
+        else:
+            unpack_cpu_linears(self.model)  # another engine on this model may have packed it
+        self.compiled = compiles(config, self.device, packed_linears=packed > 0)
         captured = self.compiled or (config.cuda_graphs and self.device.type == "cuda")
         self.static = config.static_shapes or captured
         self.buckets = config.decode_buckets
         if self.buckets is None and self.compiled and self.device.type == "cpu":
-            self.buckets = [config.max_rows]  # one graph: a CPU compile takes minutes
-        if config.cpu_packed_linears and self.device.type == "cpu":
-            # a compiled frame calls them through an op it can trace (packing.py); an eager
-            # engine sharing this model then calls them that way too (same numbers)
-            pack_cpu_linears(self.model, config.max_rows, traceable=self.compiled)
-            pack_cpu_linears(self.logit_head, config.max_rows, traceable=self.compiled)
-        else:
-            unpack_cpu_linears(self.model)  # another engine on this model may have packed it
+            self.buckets = cpu_buckets(config.max_rows)
+        self.compile_cache = use_cache_dir(config.compile_cache_dir) if captured else None
+        if self.compiled and packed:
+            # the frame calls the packed linears through an op it can trace, C++ where it can be
+            # built (packing.py); an eager engine made later on this model switches them back
+            load_native_ops(self.compile_cache)
+            pack_cpu_linears(self.model, config.max_rows, traceable=True)
+            pack_cpu_linears(self.logit_head, config.max_rows, traceable=True)
         self.model._slow_rope(config.max_tokens, self.device)  # build once, before any captured frame
         self.model._fast_rope(self.device)
         self._frame = self._decode_frame
-        self.compile_cache = None
         if captured:
-            self.compile_cache = use_cache_dir(config.compile_cache_dir)
             self._frame = compiled_frame(self._decode_frame, self.device, config.cuda_graphs)
 
     # -- slots -------------------------------------------------------------------------
@@ -194,20 +206,20 @@ class ModelRunner:
     def decode(self, n_live: int, keep_logits: bool = False) -> FrameOutput:
         """One frame for the live rows, which hold slots 0..n_live-1 (the scheduler keeps
         them there). Static mode pads the batch to its bucket with free slots (their junk
-        lands in positions nobody reads) and attends over the full capacity."""
+        lands in positions nobody reads) and attends over the full capacity, except on CPU,
+        where the keys the live rows reach are read (attention.attend_reached)."""
         lengths = self.cache.lengths
         b = bucket_size(n_live, self.config.max_rows, self.buckets) if self.static else n_live
         rows = slice(0, b)
         positions = torch.tensor(lengths[:b], dtype=torch.int64).to(self.device, non_blocking=True).unsqueeze(1)
-        attend_len = (
-            self.config.max_tokens
-            if self.static
-            else attend_length(max(lengths[:n_live]) + 1, self.config.max_tokens, self.device.type)
-        )
+        reached = attend_length(max(lengths[:n_live]) + 1, self.config.max_tokens, self.device.type)
+        attend_len = self.config.max_tokens if self.static else reached
+        # a 0-d tensor: the compiled graph reads it at run time instead of specialising on it
+        reach = torch.tensor(reached) if self.static and self.device.type == "cpu" else None
         state = self.sampling.batch(rows, list(range(n_live)))
         tokens = self.next_tokens[rows].unsqueeze(-1)  # [b, 1+C, 1]
         frame, main_index, slow_logits, fast_logits = self._frame(
-            tokens, positions, rows, attend_len, state, keep_logits
+            tokens, positions, rows, attend_len, state, keep_logits, reach
         )
         # device-side bookkeeping, no sync: the pending column, the histories, the counters
         self.next_tokens[rows] = frame
@@ -222,12 +234,12 @@ class ModelRunner:
         return out
 
     def _decode_frame(self, tokens: Tensor, positions: Tensor, rows: slice, attend_len: int, state: BatchSampling,
-                      keep_logits: bool):  # fmt: skip
+                      keep_logits: bool, reach: Optional[Tensor] = None):  # fmt: skip
         """The whole frame as one traceable function: no host reads, no data-dependent shapes."""
         model, c = self.model, self.mc
         out = model.forward_slow(
             tokens, positions, cache=self.cache.slow, rows=rows, attend_len=attend_len, last_only=True,
-            logit_head=self.logit_head,
+            logit_head=self.logit_head, reach=reach,
         )  # fmt: skip
         slow_logits, hidden = out.logits[:, -1], out.hidden[:, -1]
         main_index = pick_main(slow_logits, state, self.candidates)

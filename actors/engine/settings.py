@@ -40,7 +40,8 @@ class EngineConfig:
     slot's full capacity, so each bucket has one shape (implied by compile and CUDA graphs).
     compile: off | on | auto (true/false read as on/off): on wraps the whole decode frame (slow
     step, fast stack, sampling) in torch.compile(fullgraph=True), a graph break being an error;
-    auto: on CUDA, not on CPU (actors/engine/compiling.py: auto_compiles says why).
+    auto: on CUDA, and on CPU where the linears are packed (actors/engine/compiling.py:
+    auto_compiles says why).
     compile_cache_dir: inductor's cache (None: TORCHINDUCTOR_CACHE_DIR when set, else
     ~/.cache/chorus/compile), kept across starts. cuda_graphs: on CUDA, capture
     each bucket's decode frame as a CUDA graph. codebook_limits: optional per-codebook upper
@@ -55,8 +56,8 @@ class EngineConfig:
     compile_cache_dir: Optional[str] = None
     cuda_graphs: bool = False
     # batch sizes a static/compiled decode frame is built for (live rows are padded up to the
-    # next one); None = powers of two up to max_rows, but one bucket (max_rows) for a frame
-    # compiled on CPU: each bucket is one compiled graph, and a CPU compile takes minutes
+    # next one); None = powers of two up to max_rows, but max_rows, its half and its quarter for
+    # a frame compiled on CPU: each bucket is one compiled graph, and a CPU compile takes minutes
     decode_buckets: Optional[list[int]] = None
     codebook_limits: Optional[tuple[int, ...]] = None
     prefix_cache_entries: int = 8

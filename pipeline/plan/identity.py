@@ -27,10 +27,11 @@ log = logging.getLogger("chorus")
 
 # the built-in demo is built from these sources (actors/demo.py), so they are its weights
 _DEMO_SOURCES = ("actors/demo.py", "actors/engine/tiny.py", "actors/codec/tiny.py")
-# the settings a row's audio depends on (the rest -- batching, threads, compile -- leave the
-# codes of a row unchanged, which the determinism tests check)
+# the settings a row's audio depends on (the rest -- batching, threads -- leave the codes of a
+# row unchanged, which the determinism tests check). compile is one: a compiled frame's fused
+# kernels keep bfloat16 intermediates in float32 where the eager frame rounds them
 _ROW_SETTINGS = {
-    "engine": ("max_tokens", "max_frames", "frames_per_char", "min_frames", "stop_on_eos"),
+    "engine": ("max_tokens", "max_frames", "frames_per_char", "min_frames", "stop_on_eos", "compile"),
     "data": (
         "audio_root",
         "max_reference_seconds",

@@ -6,7 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from actors.engine.attention import ATTEND_BLOCK, ATTEND_CHUNK, attend, attend_in_chunks, attend_length
+from actors.engine.attention import (
+    ATTEND_BLOCK,
+    ATTEND_CHUNK,
+    attend,
+    attend_in_chunks,
+    attend_length,
+    attend_reached_op,
+)
 
 
 def _batch(lengths, keys, dtype, queries=1, heads=2, dim=16, seed=0):
@@ -67,3 +74,23 @@ def test_a_batch_reads_whole_chunks_on_cpu_and_whole_blocks_elsewhere():
     ]
     assert attend_length(100, 1024, "cuda") == ATTEND_BLOCK
     assert attend_length(100, 90, "cpu") == 90  # never past the slot's capacity
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_static_frame_reads_only_the_keys_its_rows_reach_with_the_eager_numbers(dtype):
+    """chorus::attend_reached over a whole 512-position cache, 2 chunks reached: the eager
+    chunked attention's numbers bit for bit, and the keys past the reach are never read (NaN
+    there would show), which is what lets a compiled CPU frame keep one graph for any length."""
+    lengths, slots = [70, 2 * ATTEND_CHUNK - 3], 4 * ATTEND_CHUNK
+    q, k, v, allowed = _batch(lengths, slots, dtype, heads=4)
+    q = torch.cat([q, q.flip(-1)], dim=1)  # 8 query heads on 4 kv heads
+    reach = attend_length(max(lengths), slots, "cpu")
+    k[:, :, reach:], v[:, :, reach:] = float("nan"), float("nan")
+    positions = torch.tensor(lengths)[:, None] - 1
+    out = attend_reached_op(q, k, v, positions, torch.tensor(reach))
+    eager = attend(q, k[:, :, :reach], v[:, :, :reach], allowed[:, 0, :, :reach])
+    assert out.is_contiguous() and not out.isnan().any()
+    assert torch.equal(out, eager)
+    torch.library.opcheck(
+        attend_reached_op, (q, k, v, positions, torch.tensor(reach)), test_utils=["test_schema", "test_faketensor"]
+    )

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors.engine import EngineConfig
+from actors.engine import Engine, EngineConfig
 from actors.engine.compiling import (
     INDUCTOR_CACHE_ENV,
     auto_compiles,
@@ -20,6 +20,7 @@ from actors.engine.compiling import (
     default_cache_dir,
     use_cache_dir,
 )
+from actors.engine.runner import cpu_buckets
 from actors.engine.settings import compile_mode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,12 +37,19 @@ def test_compile_reads_on_off_auto_and_the_bools_yaml_and_hydra_make():
         EngineConfig(compile="sometimes").validate()
 
 
-def test_auto_compiles_on_cuda_and_not_on_cpu_where_static_frames_read_whole_slots():
-    assert auto_compiles(torch.device("cuda")) and not auto_compiles(CPU)
+def test_auto_compiles_on_cuda_and_on_cpu_where_the_linears_are_packed(lm32, lm64):
+    assert auto_compiles(torch.device("cuda"), packed_linears=False)
+    assert auto_compiles(CPU, packed_linears=True) and not auto_compiles(CPU, packed_linears=False)
     assert compiles(EngineConfig(compile="auto"), torch.device("cuda:0"))
-    assert not compiles(EngineConfig(compile="auto"), CPU)
     assert compiles(EngineConfig(compile="on"), CPU) and compiles(EngineConfig(compile=True), CPU)
     assert not compiles(EngineConfig(), torch.device("cuda"))  # the engine's own default is off
+    # what an engine decides (building an engine compiles nothing yet: the first frame would)
+    compiled = Engine(lm32, EngineConfig(max_rows=8, max_tokens=32, compile="auto")).runner
+    assert compiled.compiled and compiled.buckets == [2, 4, 8]  # on CPU: max_rows, its half, its quarter
+    assert cpu_buckets(32) == [8, 16, 32] and cpu_buckets(2) == [1, 2] and cpu_buckets(1) == [1]
+    unpacked = EngineConfig(max_rows=2, max_tokens=32, compile="auto", cpu_packed_linears=False)
+    assert not Engine(lm32, unpacked).runner.compiled
+    assert not Engine(lm64, EngineConfig(max_rows=2, max_tokens=32, compile="auto")).runner.compiled  # float64
 
 
 def test_the_compile_cache_is_the_configured_dir_else_the_users_variable_else_chorus_own(tmp_path, monkeypatch):

@@ -1,7 +1,6 @@
 """The engine contracts (docs/architecture.md §4), each against a real tiny checkpoint."""
 
 import gc
-import json
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from actors.engine import (
     reference_generate,
 )
 from actors.engine.cache import CacheMismatchError
-from helpers import TEST_DEVICE, run_module, vector_set
+from helpers import TEST_DEVICE, vector_set
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -322,97 +321,3 @@ def test_s1_vectors_greedy_in_float64_too():
     assert np.array_equal(r.codes, np.load(v / "vectors/greedy_codes.npy"))
     del lm
     gc.collect()
-
-
-def test_bench_cli_reports_every_mode_side_by_side(tmp_path):
-    """`python -m actors.engine bench`: the modes run interleaved --repeats times on the same
-    requests, each reports its median run, and the figures agree with each other."""
-    out = tmp_path / "bench.json"
-    proc = run_module(
-        "actors.engine",
-        "bench",
-        "--size",
-        "tiny",
-        "--rows",
-        "6",
-        "--max-rows",
-        "3",
-        "--prompt-len",
-        "8",
-        "--frames",
-        "4",
-        "--references",
-        "2",
-        "--reference-frames",
-        "5",
-        "--repeats",
-        "3",
-        "--threads",
-        "1",
-        "--json",
-        str(out),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.read_text())
-    modes = report["modes"]
-    assert [m["mode"] for m in modes] == ["engine max_rows=3", "engine max_rows=3 no-prefix-reuse", "engine max_rows=1"]
-    assert report["repeats"] == 3 and report["batched_codes_equal_single"] is True
-    for m in modes:
-        assert len(m["wall_s_runs"]) == 3
-        assert m["wall_s"] == sorted(m["wall_s_runs"])[1]  # the median run is the one reported
-        assert m["frames"] == modes[0]["frames"] and m["rows"] == 6
-        assert m["frames_per_s"] == pytest.approx(m["frames"] / m["wall_s"])
-    assert report["speedup_batched_vs_single"] == pytest.approx(modes[0]["frames_per_s"] / modes[-1]["frames_per_s"])
-    assert modes[0]["prefix_hits"] > 0 and modes[1]["prefix_hits"] == 0
-    assert "median of 3 run(s)" in proc.stdout
-
-
-def test_bench_runs_dtypes_side_by_side(tmp_path):
-    out = tmp_path / "bench.json"
-    args = ["--size", "tiny", "--rows", "4", "--max-rows", "2", "--prompt-len", "8", "--frames", "3"]
-    proc = run_module(
-        "actors.engine", "bench", *args, "--dtype", "float32,bfloat16", "--threads", "1", "--json", str(out)
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.read_text())
-    assert [m["mode"] for m in report["modes"]] == [
-        "engine max_rows=2 float32",
-        "engine max_rows=1 float32",
-        "engine max_rows=2 bfloat16",
-        "engine max_rows=1 bfloat16",
-    ]
-    by_mode = {m["mode"]: m for m in report["modes"]}
-    ratio = by_mode["engine max_rows=2 bfloat16"]["frames_per_s"] / by_mode["engine max_rows=2 float32"]["frames_per_s"]
-    assert report["dtype_speedups"]["bfloat16"]["max_rows=2"] == pytest.approx(ratio)
-    steps = (
-        by_mode["engine max_rows=2 float32"]["decode_step_ms"] / by_mode["engine max_rows=2 bfloat16"]["decode_step_ms"]
-    )
-    assert report["dtype_decode_step_speedups"]["bfloat16"]["max_rows=2"] == pytest.approx(steps)
-    assert report["codes_equal_across_modes"]["float32"] is True
-    assert "bfloat16 / float32 frames/s" in proc.stdout and "decode steps alone" in proc.stdout
-
-
-def test_bench_step_time_leaves_out_the_prefill_before_the_first_frame(tmp_path):
-    """A row admitted with others waits for all of their prefills before its first frame (its
-    `decode_ms` counts that wait): the bench's step is each row's time per frame after its
-    first, so the wait goes to the time to first frame. A slot capacity below the longest row
-    is refused."""
-    from actors.engine.bench import _row
-    from actors.engine.types import Result
-
-    def result(name, frames, first_frame_ms, total_ms, decode_ms):
-        codes = np.zeros((2, frames), np.int64)
-        return Result(name, codes, "budget", frames=frames, first_frame_ms=first_frame_ms, total_ms=total_ms,
-                      decode_ms=decode_ms)  # fmt: skip
-
-    # both rows prefilled in one 900 ms call; a: 5 frames at 100 ms, b: 3 frames at 100 ms
-    rows = [result("a", 5, 1000.0, 1400.0, 1000.0), result("b", 3, 1000.0, 1200.0, 700.0)]
-    assert _row("m", rows, 1.4, 0)["decode_step_ms"] == pytest.approx(100.0)  # (400 + 200) / (4 + 2)
-    base = ["--size", "tiny", "--rows", "4", "--max-rows", "4", "--frames", "6", "--no-single", "--threads", "1"]
-    out = tmp_path / "bench.json"
-    proc = run_module("actors.engine", "bench", *base, "--prompt-len", "8", "--max-tokens", "300", "--json", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.read_text())
-    assert report["max_tokens"] == 300 and report["modes"][0]["decode_step_ms"] > 0
-    refused = run_module("actors.engine", "bench", *base, "--prompt-len", "8", "--max-tokens", "4")
-    assert refused.returncode != 0 and "--max-tokens 4 is below the longest row" in refused.stderr

@@ -125,10 +125,14 @@ def test_a_thousand_requests_keep_kv_memory_flat(lm32):
 def test_compiled_frame_equals_eager_frame(lm32):
     """The whole decode frame (slow step, fast stack, sampling) under
     torch.compile(fullgraph=True): any graph break raises. 8 rows with every sampling
-    feature on; its tokens equal the eager frame's, frame after frame."""
-    rows = [Request(f"c{i}", text_prompt(10 + i, seed=i), 4, ALL_ON.with_seed(i), stop_on_eos=False) for i in range(8)]
-    eager = Engine(lm32, EngineConfig(max_rows=8, max_tokens=64, static_shapes=True)).generate(rows)
-    compiled = Engine(lm32, EngineConfig(max_rows=8, max_tokens=64, compile=True)).generate(rows)
+    feature on, some crossing the 128-key chunk boundary mid-run, in slots of 384 positions
+    (CPU: the static frame attends to the keys its rows reach, at run time); its tokens equal
+    the eager (dynamic-shape) frame's, frame after frame."""
+    rows = [
+        Request(f"c{i}", text_prompt(14 + 16 * i, seed=i), 4, ALL_ON.with_seed(i), stop_on_eos=False) for i in range(8)
+    ]
+    eager = Engine(lm32, EngineConfig(max_rows=8, max_tokens=384)).generate(rows)
+    compiled = Engine(lm32, EngineConfig(max_rows=8, max_tokens=384, compile=True)).generate(rows)
     assert all(r.frames == 4 for r in compiled)
     for a, b in zip(eager, compiled):
         assert np.array_equal(a.codes, b.codes), a.request_id

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from actors.engine import packing
+from actors.engine.compiling import default_cache_dir
 from actors.engine.packing import pack_cpu_linears, unpack_cpu_linears
 
 
@@ -50,3 +51,25 @@ def test_a_packed_weight_leaves_the_registry_with_its_model_and_unpacking_restor
     x = torch.randn(3, 256).bfloat16()
     with torch.inference_mode():
         assert torch.equal(kept(x), F.linear(F.linear(x, kept[0].weight, kept[0].bias), kept[1].weight))
+
+
+def test_the_cpp_op_gives_the_python_ops_numbers_and_forgets_a_freed_models_weights():
+    """packed_linear.cpp, built the way a compiled engine builds it (once, into the compile
+    cache): bit for bit the Python op at 1 row (the two-row rule) and at 5, the same schema and
+    shape function, and a freed model's weights leave the C++ registry too."""
+    if not packing.load_native_ops(default_cache_dir()):
+        pytest.skip("no C++ compiler here: the Python op serves")
+    native = torch.ops.chorus_native.packed_linear.default
+    model = _layer(torch.float32)
+    assert pack_cpu_linears(model, 8, traceable=True) == 2
+    assert model[0].forward.func is native and model[0]._chorus_packed.native
+    key = model[0]._chorus_packed.key
+    with torch.inference_mode():
+        for rows in (1, 5):
+            x = torch.randn(rows, 1, 256)
+            assert torch.equal(native(x, key, 96), packing.packed_linear_op(x, key, 96))
+    torch.library.opcheck(native, (x, key, 96), test_utils=["test_schema", "test_faketensor"])
+    del model
+    gc.collect()
+    with pytest.raises(RuntimeError, match=f"no packed weight under key {key}"):
+        native(x, key, 96)
