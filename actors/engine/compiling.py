@@ -23,6 +23,8 @@ from .settings import compile_mode
 
 # inductor's own variable; set, it wins over engine.compile_cache_dir's default
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+# compiled graphs of the decode frame one process may hold (all its engines together)
+RECOMPILE_LIMIT = 256
 
 
 def auto_compiles(device: torch.device, packed_linears: bool) -> bool:
@@ -80,6 +82,11 @@ def compiled_frame(frame, device: torch.device, cuda_graphs: bool):
     reads the global flag while tracing, before the options reach inductor.) A C++ wrapper
     calls the kernels on CPU: ~5% of a `small` 32-row step less than the Python one, for ~30 s
     more of a cold compile."""
+    # dynamo keeps one cache entry per graph for the frame's code, shared by every engine in
+    # the process: each engine adds one per batch-size bucket and sampling variant, and the
+    # default limit (8) is hit by a few engines (bench's modes and repeats, a test session)
+    dynamo = torch._dynamo.config
+    dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
     if device.type == "cuda":
         return torch.compile(frame, fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda_graphs else None)
     return torch.compile(frame, fullgraph=True, dynamic=False, options={"cpp_wrapper": True})

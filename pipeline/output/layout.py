@@ -240,8 +240,11 @@ class OutputLayout:
                 f"{self.location} holds the output of another run ({recorded.strip()}), not of "
                 f"{json.dumps(identity)}; choose another output.dir or pass output.overwrite=true"
             )
+        if recorded is None:
+            # the marker before any other entry: a second driver checking the directory before
+            # it asks for the lease must see a chorus output in use, never a foreign `data`
+            self.fs.create_dir(self.base, recursive=True)
+            self.write_text(IDENTITY_FILE, json.dumps(identity, indent=2) + "\n")
         self.ensure()
         self.clean_temp(keep_run=run_id)
         purge_absorbed(self.footers, self.data_dir)  # what a killed compaction left: already in its shard
-        if recorded is None:
-            self.write_text(IDENTITY_FILE, json.dumps(identity, indent=2) + "\n")
