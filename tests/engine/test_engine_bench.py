@@ -8,13 +8,20 @@ import pytest
 from helpers import run_module
 
 
+def _bench(tmp_path, *args: str, timeout: float = 300):
+    """`python -m actors.engine bench ARGS --json F` run as a user would: it must succeed;
+    returns the process and the JSON report it wrote."""
+    out = tmp_path / "bench.json"
+    proc = run_module("actors.engine", "bench", *args, "--json", str(out), timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc, json.loads(out.read_text())
+
+
 def test_bench_cli_reports_every_mode_side_by_side(tmp_path):
     """`python -m actors.engine bench`: the modes run interleaved --repeats times on the same
     requests, each reports its median run, and the figures agree with each other."""
-    out = tmp_path / "bench.json"
-    proc = run_module(
-        "actors.engine",
-        "bench",
+    proc, report = _bench(
+        tmp_path,
         "--compile",
         "off",
         "--size",
@@ -35,11 +42,7 @@ def test_bench_cli_reports_every_mode_side_by_side(tmp_path):
         "3",
         "--threads",
         "1",
-        "--json",
-        str(out),
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.read_text())
     modes = report["modes"]
     assert [m["mode"] for m in modes] == ["engine max_rows=3", "engine max_rows=3 no-prefix-reuse", "engine max_rows=1"]
     assert report["repeats"] == 3 and report["batched_codes_equal_single"] is True
@@ -59,11 +62,8 @@ def test_bench_compiles_by_default_on_cpu_and_its_batch_sizes_agree(tmp_path):
     """bench's default is engine.compile=auto, which compiles on CPU (packed linears): every
     mode's frame (3-row and 1-row batches, in bfloat16 where this CPU chooses it) is built
     before its timed run, and each row's codes are the same in both."""
-    out = tmp_path / "bench.json"
     args = ["--size", "tiny", "--rows", "4", "--max-rows", "3", "--prompt-len", "8", "--frames", "4"]
-    proc = run_module("actors.engine", "bench", *args, "--threads", "1", "--json", str(out), timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.read_text())
+    proc, report = _bench(tmp_path, *args, "--threads", "1", timeout=1200)
     assert report["compile"] == "auto" and [m["mode"] for m in report["modes"]] == [
         "engine max_rows=3",
         "engine max_rows=1",
@@ -74,23 +74,8 @@ def test_bench_compiles_by_default_on_cpu_and_its_batch_sizes_agree(tmp_path):
 
 
 def test_bench_runs_dtypes_side_by_side(tmp_path):
-    out = tmp_path / "bench.json"
     args = ["--size", "tiny", "--rows", "4", "--max-rows", "2", "--prompt-len", "8", "--frames", "3"]
-    proc = run_module(
-        "actors.engine",
-        "bench",
-        *args,
-        "--dtype",
-        "float32,bfloat16",
-        "--threads",
-        "1",
-        "--compile",
-        "off",
-        "--json",
-        str(out),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.read_text())
+    proc, report = _bench(tmp_path, *args, "--dtype", "float32,bfloat16", "--threads", "1", "--compile", "off")
     assert [m["mode"] for m in report["modes"]] == [
         "engine max_rows=2 float32",
         "engine max_rows=1 float32",
@@ -126,10 +111,7 @@ def test_bench_step_time_leaves_out_the_prefill_before_the_first_frame(tmp_path)
     assert _row("m", rows, 1.4, 0)["decode_step_ms"] == pytest.approx(100.0)  # (400 + 200) / (4 + 2)
     base = ["--size", "tiny", "--rows", "4", "--max-rows", "4", "--frames", "6", "--no-single", "--threads", "1"]
     base += ["--compile", "off"]
-    out = tmp_path / "bench.json"
-    proc = run_module("actors.engine", "bench", *base, "--prompt-len", "8", "--max-tokens", "300", "--json", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.read_text())
+    _, report = _bench(tmp_path, *base, "--prompt-len", "8", "--max-tokens", "300")
     assert report["max_tokens"] == 300 and report["modes"][0]["decode_step_ms"] > 0
     refused = run_module("actors.engine", "bench", *base, "--prompt-len", "8", "--max-tokens", "4")
     assert refused.returncode != 0 and "--max-tokens 4 is below the longest row" in refused.stderr
