@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import kernels
 from .config import CodecConfig, TransformerConfig
 from .transformer import WindowLimitedTransformer
 
@@ -194,15 +195,25 @@ class ResidualUnit(nn.Module):
             Snake1d(channels),
             CausalConv1d(channels, channels, 1),
         )
+        self.dilation = dilation
+        self.native = False  # through kernels.py's C++ kernel (Codec.use_native_layers sets it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Causal convs keep the length, so no cropping of x is needed.
         return self.block(x).add_(x)
 
+    def forward_native(self, x: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
+        first_snake, wide_conv, second_snake, point_conv = self.block
+        inner = kernels.snake_conv(x, first_snake.alpha, wide_conv.conv, self.dilation)
+        out = torch.empty_like(x) if out is None else out
+        return kernels.snake_conv(inner, second_snake.alpha, point_conv.conv, 1, residual=x, out=out)
+
     def forward_chunked(self, x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Same result as forward, over time chunks, written into `out`
         (which may be x itself: chunks run last to first, so the left context
         a chunk reads is never one that was already overwritten)."""
+        if self.native and kernels.serves(x):
+            return self.forward_native(x, out)
         first_snake, wide_conv, second_snake, point_conv = self.block
         batch, channels, length = x.shape
         if out is None:
@@ -291,13 +302,20 @@ class Decoder(nn.Module):
         out_channels = channels // 2 ** len(config.decoder_rates)
         layers += [Snake1d(out_channels), CausalConv1d(out_channels, 1, 7), nn.Tanh()]
         self.model = nn.Sequential(*layers)
+        self.native = False  # the last Snake + conv through kernels.py's C++ kernel
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
         first_conv, *blocks, snake, last_conv, tanh = self.model
         h = first_conv(latent)
         for block in blocks:
             h = block(h)
+        if self.native and kernels.serves(h):
+            return kernels.snake_conv(h, snake.alpha, last_conv.conv, 1).tanh_()
         return last_conv.forward_chunked(h, before=snake, after=tanh)
+
+    @property
+    def last_channels(self) -> int:
+        return self.model[-2].conv.in_channels
 
 
 class ConvNeXtBlock(nn.Module):

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Optional, Union
 
 import numpy as np
 import torch
 from torch import nn
 
+from . import kernels
 from .config import CodecConfig
-from .layers import Decoder, Encoder
+from .layers import Decoder, Encoder, ResidualUnit
 from .quantizer import DownsampleResidualVectorQuantize
 
 # decode_batch / encode_batch group rows so that one forward pass holds at most
@@ -68,6 +70,20 @@ class Codec(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
+
+    def use_native_layers(self, build_root: Optional[Path] = None) -> int:
+        """Run the narrow layers through kernels.py's C++ kernel (built once per node under
+        build_root, default: chorus's compile cache) when this codec is float32 on CPU. Returns
+        how many layers switched: 0 elsewhere, or where the kernel cannot be built."""
+        if self.device.type != "cpu" or self.dtype != torch.float32 or not kernels.load(build_root):
+            return 0
+        widest = kernels.max_channels()
+        narrow = [m for m in self.modules() if isinstance(m, ResidualUnit) and m.block[1].conv.in_channels <= widest]
+        if self.decoder.last_channels <= widest:
+            narrow.append(self.decoder)
+        for module in narrow:
+            module.native = True
+        return len(narrow)
 
     # ---- tensor API (upstream semantics) --------------------------------
     @torch.inference_mode()

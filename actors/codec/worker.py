@@ -34,12 +34,13 @@ from ..memory import CODEC_ONEDNN_CACHE_ENTRIES, bound_native_caches
 # node is for, and the codec's work waits in a queue at no cost while the engine has the cores
 # (demo, 1 actor x 16 slots on 2 vCPUs, Sapphire Rapids: vs_engine_only 0.82 at 10 against
 # 0.77 at 0, the child busy 0.75-0.9 of a core either way; SCHED_IDLE measured the same as
-# 10). When the engine has no rows, the child has the CPU: the work is the same, only its
-# order changes
+# 10, and again with the child at ~0.5 of a core: the engine thread was preempted as often).
+# When the engine has no rows, the child has the CPU: the work is the same, only its order
+# changes
 NICENESS = 10
 
 
-def _serve(fd: int, path: str, dtype: str, threads: int) -> None:
+def _serve(fd: int, path: str, dtype: str, threads: int, kernels: bool) -> None:
     import torch
 
     from actors.quality import hearing
@@ -51,6 +52,8 @@ def _serve(fd: int, path: str, dtype: str, threads: int) -> None:
     os.nice(NICENESS)
     torch.set_num_threads(threads)
     codec = load_codec(path, device="cpu", dtype=getattr(torch, dtype))
+    if kernels:
+        codec.use_native_layers()  # the actor built it before starting this process: loads
     methods = {
         "decode_batch": codec.decode_batch,
         "encode_batch": codec.encode_batch,
@@ -79,8 +82,8 @@ class CodecProcess:
     over the codec's decode), run in a child process. One call at a time (the callers' threads
     take turns)."""
 
-    def __init__(self, path: Path, dtype: str = "float32", threads: int = 1):
-        self._args = (str(path), dtype, max(1, int(threads)))
+    def __init__(self, path: Path, dtype: str = "float32", threads: int = 1, kernels: bool = True):
+        self._args = (str(path), dtype, max(1, int(threads)), int(kernels))
         self._lock = threading.Lock()
         self._conn = None
         self._process: Optional[subprocess.Popen] = None
@@ -149,4 +152,4 @@ class CodecProcess:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    _serve(int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), bool(int(sys.argv[5])))

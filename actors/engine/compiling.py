@@ -19,10 +19,9 @@ from typing import Optional
 
 import torch
 
+from ..native import INDUCTOR_CACHE_ENV, default_cache_dir
 from .settings import compile_mode
 
-# inductor's own variable; set, it wins over engine.compile_cache_dir's default
-INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 # compiled graphs of the decode frame one process may hold (all its engines together)
 RECOMPILE_LIMIT = 256
 
@@ -47,13 +46,6 @@ def compiles(config, device: torch.device, packed_linears: bool = False) -> bool
     whether that frame's CPU linears are pre-packed."""
     mode = compile_mode(config.compile)
     return auto_compiles(device, packed_linears) if mode == "auto" else mode == "on"
-
-
-def default_cache_dir() -> Path:
-    """Where compiled frames are kept unless engine.compile_cache_dir or TORCHINDUCTOR_CACHE_DIR
-    says otherwise: beside chorus's other caches, so it survives the actor and the job."""
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "chorus" / "compile"
 
 
 def use_cache_dir(configured: Optional[str]) -> Path:

@@ -28,11 +28,14 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .. import native
+
 # the packed weights a compiled frame's ops can find, by key; an entry leaves with its model
 _PACKED: weakref.WeakValueDictionary[int, PackedWeight] = weakref.WeakValueDictionary()
 _KEYS = itertools.count()
 NATIVE_SOURCE = Path(__file__).with_name("packed_linear.cpp")
 _native: dict = {}  # "loaded": whether load_native_ops built and loaded the C++ op in this process
+NATIVE_NAME = "chorus_native"
 
 log = logging.getLogger(__name__)
 
@@ -77,24 +80,13 @@ packed_linear_op = torch.ops.chorus.packed_linear.default
 
 
 def load_native_ops(build_root: Path) -> bool:
-    """Build the C++ packed-linear op under build_root/native-<torch version> (once per node and
-    torch; ~10 s on 2 vCPUs) and load it into this process; later calls and processes reuse the
-    build. False, with a warning, where it cannot be built (no compiler): the Python op serves."""
+    """Build the C++ packed-linear op under build_root (actors/native.py: once per node, torch
+    and CPU kind) and load it into this process. False, with a warning, where it cannot be
+    built (no compiler): the Python op serves."""
     if "loaded" not in _native:
-        try:
-            from torch.utils.cpp_extension import load
-
-            build = Path(build_root) / f"native-{torch.__version__}"
-            build.mkdir(parents=True, exist_ok=True)
-            load(
-                "chorus_native", [str(NATIVE_SOURCE)], extra_cflags=["-O2"], build_directory=str(build),
-                is_python_module=False,
-            )  # fmt: skip
-            torch.library.register_fake("chorus_native::packed_linear", _packed_linear_shape)
-            _native["loaded"] = True
-        except Exception as error:  # a missing compiler or headers surface as several kinds
-            log.warning("the C++ packed-linear op could not be built (%s); the Python op serves", error)
-            _native["loaded"] = False
+        _native["loaded"] = native.build(NATIVE_NAME, NATIVE_SOURCE, build_root)
+        if _native["loaded"]:
+            torch.library.register_fake(f"{NATIVE_NAME}::packed_linear", _packed_linear_shape)
     return _native["loaded"]
 
 

@@ -62,6 +62,8 @@ def load(settings: ActorSettings) -> Loaded:
     lm = load_model(checkpoint, device=device, dtype=model.dtype)
     codec_dtype = resolve_dtype(model.codec_dtype, torch.device(device))  # auto: bf16 on CUDA, by the CPU's units else
     codec = load_codec(codec_path, device=device, dtype=codec_dtype)
+    if model.codec_kernels:
+        codec.use_native_layers()  # CPU float32 only; the first actor on a node builds the kernel
     # engine.codec_process (CPU): a copy of the codec in a child process, so the codec never
     # holds the engine loop's GIL
     codec_runner = codec
@@ -69,7 +71,9 @@ def load(settings: ActorSettings) -> Loaded:
         from actors.codec.worker import CodecProcess
 
         dtype_name = str(codec_dtype).removeprefix("torch.")
-        codec_runner = CodecProcess(codec_path, dtype=dtype_name, threads=int(threads or torch.get_num_threads()))
+        codec_runner = CodecProcess(
+            codec_path, dtype=dtype_name, threads=int(threads or torch.get_num_threads()), kernels=model.codec_kernels
+        )
     if codec.num_codebooks != lm.config.num_codebooks:
         raise ValueError(
             f"codec {codec_path} has {codec.num_codebooks} codebooks, model "

@@ -49,9 +49,14 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-@pytest.fixture(scope="module")
-def codec() -> Codec:
-    return load_codec(TINY)
+@pytest.fixture(scope="module", params=["torch", "kernels"])
+def codec(request) -> Codec:
+    """The tiny codec twice: torch's layers alone, and its narrow layers through chorus's C++
+    kernel (actors/codec/kernels.py), as the pipeline runs it on CPU."""
+    loaded = load_codec(TINY)
+    if request.param == "kernels":
+        assert loaded.use_native_layers() > 0, "the codec's C++ kernel did not build"
+    return loaded
 
 
 @pytest.fixture(scope="module")
