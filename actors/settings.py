@@ -78,7 +78,7 @@ class ModelConfig:
     # (actors/engine/precision.py); the codec's likewise
     dtype: str = "auto"
     codec_dtype: str = "auto"
-    # a float32 codec on CPU runs its narrow layers (Snake + conv, <= 64 channels) through
+    # a float32 codec on CPU runs its narrow layers (Snake + conv, <= 32 channels) through
     # chorus's C++ kernel, built once per node (actors/codec/kernels.py): the demo codec decodes
     # ~2x faster. Samples differ from torch's layers by float rounding (~1e-6), as they do
     # between CPU kinds, so this is not part of a row's identity

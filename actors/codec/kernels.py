@@ -5,8 +5,11 @@ Which layers: a residual unit (Snake, 7-tap conv, Snake, 1-tap conv, plus its in
 decoder's last Snake + conv, when they are at most `max_channels()` wide. Measured against the
 torch layers on Sapphire Rapids, one thread, 2 rows (AVX-512 build): 2.8x at 4 channels, 2.2x
 at 8, 1.6x at 16, 1.5x at 32, 1.3-1.4x at 64; an AVX2 build on the same CPU was 1.3-1.7x at 4-8
-channels and slower from 16 on. Wider layers (the real codec's are 96-1536) stay with oneDNN.
-A layer's result differs from the torch layers' by float rounding (~1e-6 of values around 1).
+channels and slower from 16 on. The limit stops at 32 on AVX-512: a unit runs whole (its inner
+activation is one tensor, where torch's path goes in time chunks), and the real codec's
+encoder has 64-channel units at audio rate (a 2**21-sample batch: 512 MiB more); its other
+layers (96-1536 channels) stay with oneDNN too. A layer's result differs from the torch
+layers' by float rounding (~1e-6 of values around 1).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ NAME = "chorus_codec"
 
 def max_channels() -> int:
     """The widest layer the kernel is faster for on this CPU (see above)."""
-    return 64 if native.cpu_capability() == "AVX512" else 8
+    return 32 if native.cpu_capability() == "AVX512" else 8
 
 
 def load(build_root: Optional[Path] = None) -> bool:

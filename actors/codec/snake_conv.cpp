@@ -14,10 +14,12 @@
 // the codec keeps its torch layers where it cannot be built.
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -45,12 +47,13 @@ constexpr float HALF_PI_3 = 7.54978995489188216e-8f;
 constexpr float ROUNDING = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
 
 inline float sin_squared(float y) {
-  const float n = (y * TWO_OVER_PI + ROUNDING) - ROUNDING;
+  const float shifted = y * TWO_OVER_PI + ROUNDING;  // in [2^23, 2^24): its last bit is n's parity
+  const float n = shifted - ROUNDING;
   const float r = ((y - n * HALF_PI_1) - n * HALF_PI_2) - n * HALF_PI_3;
   const float r2 = r * r;
   const float s = r + r * r2 * (-1.0f / 6 + r2 * (1.0f / 120 + r2 * (-1.0f / 5040 + r2 * (1.0f / 362880))));
   const float c = 1.0f + r2 * (-0.5f + r2 * (1.0f / 24 + r2 * (-1.0f / 720 + r2 * (1.0f / 40320 + r2 * (-1.0f / 3628800)))));
-  const float odd = static_cast<float>(static_cast<int>(n) & 1);  // a blend, not a branch: vectorizes
+  const float odd = static_cast<float>(std::bit_cast<uint32_t>(shifted) & 1u);  // a blend, not a branch
   return s * s + odd * (c * c - s * s);
 }
 
@@ -167,11 +170,19 @@ void snake_conv(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& 
   at::Tensor& result = out;
   TORCH_CHECK(result.is_contiguous() && result.sizes() == at::IntArrayRef({x.size(0), s.out_channels, s.length}) &&
                   result.scalar_type() == at::kFloat, "out must be a contiguous float32 [B, C_out, T]");
-  TORCH_CHECK(!result.is_same(input) || s.kernel == 1, "out may be x itself only for a 1-tap conv");
+  // a tile reads its inputs' left context, which another thread's tile of out may be writing:
+  // out may share memory with x only as the very same tensor, and only for a 1-tap conv
+  at::assert_no_internal_overlap(result);
+  const at::MemOverlapStatus with_input = at::get_overlap_status(result, input);
+  TORCH_CHECK(with_input == at::MemOverlapStatus::No || (with_input == at::MemOverlapStatus::Full && s.kernel == 1),
+              "out may overlap x only as x itself, and only for a 1-tap conv");
   at::Tensor add;
   if (residual.has_value()) {
     add = residual->contiguous();
     TORCH_CHECK(add.sizes() == result.sizes() && add.scalar_type() == at::kFloat, "residual must match out");
+    const at::MemOverlapStatus with_residual = at::get_overlap_status(result, add);
+    TORCH_CHECK(with_residual == at::MemOverlapStatus::No || with_residual == at::MemOverlapStatus::Full,
+                "out may overlap the residual only as the residual itself");
   }
   const Operands o{input.data_ptr<float>(), a.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
                    add.defined() ? add.data_ptr<float>() : nullptr, result.data_ptr<float>()};

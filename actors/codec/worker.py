@@ -40,7 +40,7 @@ from ..memory import CODEC_ONEDNN_CACHE_ENTRIES, bound_native_caches
 NICENESS = 10
 
 
-def _serve(fd: int, path: str, dtype: str, threads: int, kernels: bool) -> None:
+def _serve(fd: int, path: str, dtype: str, threads: int, kernels: str) -> None:
     import torch
 
     from actors.quality import hearing
@@ -52,8 +52,8 @@ def _serve(fd: int, path: str, dtype: str, threads: int, kernels: bool) -> None:
     os.nice(NICENESS)
     torch.set_num_threads(threads)
     codec = load_codec(path, device="cpu", dtype=getattr(torch, dtype))
-    if kernels:
-        codec.use_native_layers()  # the actor built it before starting this process: loads
+    if kernels:  # the folder of the codec's kernels, which the actor built before starting this
+        codec.use_native_layers(Path(kernels))
     methods = {
         "decode_batch": codec.decode_batch,
         "encode_batch": codec.encode_batch,
@@ -82,8 +82,10 @@ class CodecProcess:
     over the codec's decode), run in a child process. One call at a time (the callers' threads
     take turns)."""
 
-    def __init__(self, path: Path, dtype: str = "float32", threads: int = 1, kernels: bool = True):
-        self._args = (str(path), dtype, max(1, int(threads)), int(kernels))
+    def __init__(self, path: Path, dtype: str = "float32", threads: int = 1, kernels: Optional[Path] = None):
+        """`kernels`: the folder of the codec's C++ kernels (actors/codec/kernels.py), None for
+        torch's layers."""
+        self._args = (str(path), dtype, max(1, int(threads)), str(kernels or ""))
         self._lock = threading.Lock()
         self._conn = None
         self._process: Optional[subprocess.Popen] = None
@@ -152,4 +154,4 @@ class CodecProcess:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), bool(int(sys.argv[5])))
+    _serve(int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
