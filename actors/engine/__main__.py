@@ -286,7 +286,7 @@ def _add_bench_command(sub) -> None:
         "--decode-buckets",
         type=lambda text: [int(x) for x in text.split(",")],
         help="batch sizes a compiled frame is built at, e.g. 8,16,32 (default: powers of two; on CPU "
-        "--max-rows, its half and its quarter)",
+        "--max-rows and its quarters)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the table as JSON here")

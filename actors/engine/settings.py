@@ -56,8 +56,8 @@ class EngineConfig:
     compile_cache_dir: Optional[str] = None
     cuda_graphs: bool = False
     # batch sizes a static/compiled decode frame is built for (live rows are padded up to the
-    # next one); None = powers of two up to max_rows, but max_rows, its half and its quarter for
-    # a frame compiled on CPU: each bucket is one compiled graph, and a CPU compile takes minutes
+    # next one); None = powers of two up to max_rows, but max_rows and its quarters for a frame
+    # compiled on CPU: each bucket is one compiled graph, and a CPU compile takes a minute or more
     decode_buckets: Optional[list[int]] = None
     codebook_limits: Optional[tuple[int, ...]] = None
     prefix_cache_entries: int = 8
