@@ -46,11 +46,13 @@ def default_cache_dir() -> Path:
     return Path(root) / "chorus" / "compile"
 
 
-def cache_dir() -> Path:
-    """The compile cache this process uses: TORCHINDUCTOR_CACHE_DIR when set, else the default
-    (an actor passes engine.compile_cache_dir, when set, to what it builds)."""
-    configured = os.environ.get(INDUCTOR_CACHE_ENV)
-    return Path(configured) if configured else default_cache_dir()
+def cache_dir(configured: Optional[str] = None) -> Path:
+    """The compile cache: `configured` (engine.compile_cache_dir) when given, else
+    TORCHINDUCTOR_CACHE_DIR when set, else the default."""
+    if configured:
+        return Path(configured).expanduser()
+    from_environment = os.environ.get(INDUCTOR_CACHE_ENV)
+    return Path(from_environment) if from_environment else default_cache_dir()
 
 
 def cpu_capability() -> str:

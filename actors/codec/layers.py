@@ -195,7 +195,6 @@ class ResidualUnit(nn.Module):
             Snake1d(channels),
             CausalConv1d(channels, channels, 1),
         )
-        self.dilation = dilation
         self.native = False  # through kernels.py's C++ kernel (Codec.use_native_layers sets it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -204,7 +203,7 @@ class ResidualUnit(nn.Module):
 
     def forward_native(self, x: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
         first_snake, wide_conv, second_snake, point_conv = self.block
-        inner = kernels.snake_conv(x, first_snake.alpha, wide_conv.conv, self.dilation)
+        inner = kernels.snake_conv(x, first_snake.alpha, wide_conv.conv, wide_conv.conv.dilation[0])
         out = torch.empty_like(x) if out is None else out
         return kernels.snake_conv(inner, second_snake.alpha, point_conv.conv, 1, residual=x, out=out)
 

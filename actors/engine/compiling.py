@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from ..native import INDUCTOR_CACHE_ENV, default_cache_dir
+from ..native import INDUCTOR_CACHE_ENV, cache_dir
 from .settings import compile_mode
 
 # compiled graphs of the decode frame one process may hold (all its engines together)
@@ -52,12 +52,7 @@ def use_cache_dir(configured: Optional[str]) -> Path:
     """Point inductor's cache at `configured`, else at TORCHINDUCTOR_CACHE_DIR when the user set
     it, else at default_cache_dir(); made if missing. Returns the directory in use. Process-wide
     (inductor reads the variable), so called before the first compile."""
-    if configured:
-        path = Path(configured).expanduser()
-    elif os.environ.get(INDUCTOR_CACHE_ENV):
-        path = Path(os.environ[INDUCTOR_CACHE_ENV])
-    else:
-        path = default_cache_dir()
+    path = cache_dir(configured)
     path.mkdir(parents=True, exist_ok=True)
     os.environ[INDUCTOR_CACHE_ENV] = str(path)
     return path

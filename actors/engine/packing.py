@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import logging
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +35,6 @@ _KEYS = itertools.count()
 NATIVE_SOURCE = Path(__file__).with_name("packed_linear.cpp")
 _native: dict = {}  # "loaded": whether load_native_ops built and loaded the C++ op in this process
 NATIVE_NAME = "chorus_native"
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

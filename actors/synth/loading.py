@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from actors.settings import ActorSettings, ModelConfig
 
@@ -41,17 +41,10 @@ def model_paths(model: ModelConfig) -> tuple[Path, Path]:
     return checkpoint, Path(codec_path) if codec_path else checkpoint / "codec.pth"
 
 
-def _kernel_cache(configured: Optional[str]) -> Path:
-    """Where the codec's kernels are built and found: engine.compile_cache_dir when set (the
-    engine's compiled frames live there too), else the process's compile cache."""
-    from actors import native
-
-    return Path(configured).expanduser() if configured else native.cache_dir()
-
-
 def load(settings: ActorSettings) -> Loaded:
     import torch
 
+    from actors import native
     from actors.codec import load_codec
     from actors.engine import Engine, PromptBuilder, load_model, upstream_sampling
     from actors.engine.loader import resolve_dtype
@@ -71,7 +64,7 @@ def load(settings: ActorSettings) -> Loaded:
     codec_dtype = resolve_dtype(model.codec_dtype, torch.device(device))  # auto: bf16 on CUDA, by the CPU's units else
     codec = load_codec(codec_path, device=device, dtype=codec_dtype)
     # CPU float32 only; the first actor on a node builds the kernels, into the compile cache
-    kernels = _kernel_cache(settings.engine.compile_cache_dir) if model.codec_kernels else None
+    kernels = native.cache_dir(settings.engine.compile_cache_dir) if model.codec_kernels else None
     if kernels is not None:
         codec.use_native_layers(kernels)
     # engine.codec_process (CPU): a copy of the codec in a child process, so the codec never

@@ -13,15 +13,10 @@ import pytest
 import torch
 
 from actors.engine import Engine, EngineConfig
-from actors.engine.compiling import (
-    INDUCTOR_CACHE_ENV,
-    auto_compiles,
-    compiles,
-    default_cache_dir,
-    use_cache_dir,
-)
+from actors.engine.compiling import INDUCTOR_CACHE_ENV, auto_compiles, compiles, use_cache_dir
 from actors.engine.runner import cpu_buckets
 from actors.engine.settings import compile_mode
+from actors.native import default_cache_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from actors.engine import packing
-from actors.engine.compiling import default_cache_dir
 from actors.engine.packing import pack_cpu_linears, unpack_cpu_linears
+from actors.native import default_cache_dir
 
 
 def _layer(dtype=torch.bfloat16):
