@@ -9,6 +9,7 @@ parts, each with one job (docs/architecture.md §2):
     finisher (one thread; finisher.py): hearing (decode, the checks' measurements, FLAC:
         actors/quality/hearing.py, in the codec's child process on CPU), output rows (output.py)
     crash guard (guard.py): attempts ledger, quarantine, watchdog around each call
+    on a CPU engine the callers and the finisher run below the engine thread (priority.py)
 
 Each call turns an Arrow batch of input rows into an Arrow batch of output rows, exactly one
 per input row, whatever happened to it.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import logging
 import time
@@ -43,6 +45,7 @@ from actors.synth.guard import CrashGuard
 from actors.synth.jobs import Block
 from actors.synth.listening import load_mos, load_speaker_check
 from actors.synth.output import RowWriter, batch_columns, output_table_per_row
+from actors.synth.priority import yield_to_engine
 from actors.synth.recorder import Recorder
 from actors.synth.references import CodecShape, ReferenceStore
 from actors.synth.rows import RefSpec, RowError, RowSpec
@@ -97,7 +100,7 @@ class SynthActor:
         self._numbers = itertools.count(1)
         self.init_ms = (time.perf_counter() - constructed) * 1000.0
         self.feeder.start()
-        self.finisher.start()
+        self.finisher.start(functools.partial(yield_to_engine, str(self.lm.device)))
         log.info(
             "SynthActor %s ready on %s in %.1fs: %s (%s), codec %s, kv %s",
             self.writer.actor,
@@ -205,7 +208,9 @@ class SynthStage(SynthActor):
         super().__init__(*args, **kwargs)
         # null when the actor is built directly (tests, encode_refs); the driver resolves it
         blocks = self.settings.engine.max_concurrent_blocks or 2
-        self._callers = concurrent.futures.ThreadPoolExecutor(blocks, thread_name_prefix="chorus-block")
+        self._callers = concurrent.futures.ThreadPoolExecutor(
+            blocks, thread_name_prefix="chorus-block", initializer=yield_to_engine, initargs=(str(self.lm.device),)
+        )
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         loop = asyncio.get_running_loop()

@@ -52,10 +52,12 @@ class Finisher:
         self._stream = stream
         self.intake: queue.Queue = queue.Queue()
 
-    def start(self) -> None:
-        threading.Thread(target=self._serve, name="chorus-finisher", daemon=True).start()
+    def start(self, prepare_thread: Callable[[], None] = lambda: None) -> None:
+        """The finisher's thread, which calls `prepare_thread` first (actors/synth/priority.py)."""
+        threading.Thread(target=self._serve, args=(prepare_thread,), name="chorus-finisher", daemon=True).start()
 
-    def _serve(self) -> None:
+    def _serve(self, prepare_thread: Callable[[], None]) -> None:
+        prepare_thread()
         if self._stream is not None:
             import torch
 

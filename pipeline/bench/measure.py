@@ -35,7 +35,12 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
     model_load = float(np.mean([a[f"{S.BATCH_ACTOR_INIT_MS}_first"] for a in actors])) / 1000.0 if actors else 0.0
     # per actor: the seconds its engine or codec ran (their union: they overlap)
     model_busy = float(np.mean([(a[f"{S.BATCH_ACTOR_MODEL_BUSY_MS}_max"] or 0.0) for a in actors])) / 1000.0
-    serving_s = max(wall_s - startup, 1e-9)  # the actors' first call to the last row written
+    # serving: the actors' first call to the last row written (the last block's part reached the
+    # driver); the run's end after it (older copies dropped, parts packed into shards,
+    # summary.json) is once per job, not per row: run_end_s, apart
+    last_block_at = stream.get("last_block_at")
+    streamed_s = min(wall_s, last_block_at - started_unix) if last_block_at else wall_s
+    serving_s = max(streamed_s - startup, 1e-9)
     per_actor = _per_actor(actors, call_rows, wall_s)
     return {
         "rows": counted["rows"],
@@ -71,6 +76,7 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
         # all of it, and after the actors' start-up (what a long job converges to)
         "overhead_fraction": max(0.0, 1.0 - model_busy / wall_s),
         "actor_startup_s": startup,
+        "run_end_s": wall_s - streamed_s,
         "overhead_fraction_after_startup": max(0.0, 1.0 - model_busy / serving_s),
         "actor_init_s": model_load,
         # Ray + Parquet + FLAC: the wall time that is neither the model's work nor its loading

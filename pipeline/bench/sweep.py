@@ -9,8 +9,9 @@ under its older name actor_utilisation), slot occupancy (mean over engine steps 
 slots), peak memory per actor, KV bytes, the busy time by phase: prep (reading references,
 prompts), engine, codec, write (FLAC + Parquet) -- they overlap now, so `other` is what none
 of them covers; model_busy_s is the union of engine and codec time -- and vs_engine_only: the
-run's frames/s over its serving time (the actors' first call to the last row written; the
-whole run's ratio is vs_engine_only_whole_run) over the frames/s of the same rows through the
+run's frames/s over its serving time (the actors' first call to the last block's part
+written; the run's end after it, shards and summary, is run_end_s; the whole run's ratio is
+vs_engine_only_whole_run) over the frames/s of the same rows through the
 engine alone (an engine-only pass in an actor of the same size after the run: no process
 start, model load, Ray Data, codec or output; times the number of actors, whose engines run
 side by side).
@@ -127,7 +128,7 @@ def _bench_config(cfg: DictConfig, actors: int, slots: int, cpus: float, root: P
     # the job's wall time: start to the last row written and summarised; the report page
     # written after it is timed on its own
     wall = time.monotonic() - t0 - finished.report_s
-    stream = {"write_s": finished.summary.get("write_s") or 0.0}
+    stream = {"write_s": finished.summary.get("write_s") or 0.0, "last_block_at": finished.summary.get("last_block_at")}
     entry = {
         "num_actors": actors,
         "slots": slots,

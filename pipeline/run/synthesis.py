@@ -100,12 +100,13 @@ def start_read_ahead(cluster: dict, arguments: dict):
 def synthesize(job: Job, todo: list, arguments: dict, pending: int) -> dict:
     """Stream the `pending` rows still to do (`todo`, per fragment) through the actors
     (constructed with `arguments`: pipeline/run/actor_settings.py) into part files, showing
-    progress. Returns what only the stream sees: total part-file write time and when the first
-    finished block reached the driver (seconds after the stream started)."""
+    progress. Returns what only the stream sees: total part-file write time, when the first
+    finished block reached the driver (seconds after the stream started) and when the last one
+    did (unix time: its part was written; the run's end, shards and summary, comes after)."""
     job.cluster.connect()
     job.cluster.check_resources()
     cluster, output, total = job.plain["cluster"], job.output, job.scan.total_rows
-    stream = {"write_s": 0.0, "first_block_s": None}
+    stream = {"write_s": 0.0, "first_block_s": None, "last_block_at": None}
     gate = start_read_ahead(cluster, arguments)
     dataset = build_dataset(job, todo, arguments, gate)
     progress = Progress(total, total - pending, output["progress_interval_s"], output["progress_bar"])
@@ -119,6 +120,7 @@ def synthesize(job: Job, todo: list, arguments: dict, pending: int) -> dict:
             if seen % TRIM_EVERY_BLOCKS == 0:
                 trim_block_stats(dataset)
             stream["write_s"] += (stats["write_ms"] or 0.0) / 1000.0
+            stream["last_block_at"] = time.time()
             progress.update(
                 stats["rows"], stats["errors"], stats["audio_seconds"], stats["slot_rows"], stats["slot_steps"]
             )

@@ -4,7 +4,10 @@ row's codes."""
 
 from __future__ import annotations
 
+import asyncio
 import io
+import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,6 +19,8 @@ import soundfile as sf
 
 from actors import schema as S
 from actors.synth import SynthActor, Trace
+from actors.synth.actor import SynthStage
+from actors.synth.priority import HELPER_NICENESS
 from pipeline.config import compose
 from pipeline.run.actor_settings import actor_arguments
 
@@ -292,3 +297,22 @@ def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(sma
     finally:
         separate.finisher.codec_runner.close()
     assert separate.finisher.codec_runner._process is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own priority is Linux's")
+def test_on_cpu_the_actors_helper_threads_queue_below_the_engine_thread(small_settings):
+    """A CPU actor's block-call threads and finisher run at HELPER_NICENESS, its engine thread
+    at the process's own priority, and rows still come back; the caller's thread is untouched."""
+    cfg = compose(small_settings + ["engine.max_rows=4", "engine.max_concurrent_blocks=2"])
+    stage = SynthStage(**actor_arguments(cfg, None, run_id="priority"))
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    out = asyncio.run(stage(table(rows("nice", 3))))
+    assert out.column(S.STATUS).to_pylist() == [S.STATUS_OK] * 3
+    niceness = {}
+    for thread in threading.enumerate():
+        name = thread.name.split("_")[0]
+        if name in ("chorus-block", "chorus-finisher", "chorus-engine"):
+            niceness.setdefault(name, set()).add(os.getpriority(os.PRIO_PROCESS, thread.native_id))
+    assert niceness["chorus-block"] == niceness["chorus-finisher"] == {HELPER_NICENESS}
+    assert own in niceness["chorus-engine"] and own < HELPER_NICENESS
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own

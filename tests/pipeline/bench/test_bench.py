@@ -32,6 +32,7 @@ FIGURES = [
     "overhead_fraction",
     "overhead_fraction_after_startup",
     "actor_startup_s",
+    "run_end_s",
     "actor_init_s",
     "pipeline_overhead_fraction",
     "wall_s",
@@ -77,8 +78,14 @@ def test_bench_smoke_end_to_end(tmp_path):
         assert 0 < c["slot_occupancy"] <= 1 and c["engine_busy"] == c["actor_utilisation"]
         # the engine-only pass generates the very same rows: the same frames, in less time
         assert c["engine_only"]["frames"] == c["frames"] and c["engine_only"]["rows"] == c["rows_ok"]
-        # compared over the serving time (the engine-only pass starts no process, loads nothing)
-        serving_s = c["wall_s"] - c["actor_startup_s"]
+        # compared over the serving time (the engine-only pass starts no process, loads nothing):
+        # the first actor call to the last block's part written; the run's end (packing parts
+        # into shards, summary.json) comes after it, once per job
+        assert 0 < c["run_end_s"] < c["wall_s"] - c["actor_startup_s"]
+        summary = json.loads((tmp_path / "bench" / "runs" / f"a1-s{c['slots']}" / "summary.json").read_text())
+        finished = pq.read_table(f"{c['output']}/data", columns=[S.FINISHED_AT]).column(S.FINISHED_AT)
+        assert max(finished.to_pylist()) <= summary["last_block_at"] <= time.time()
+        serving_s = c["wall_s"] - c["actor_startup_s"] - c["run_end_s"]
         assert math.isclose(c["frames_per_s_serving"], c["frames"] / serving_s, rel_tol=1e-9)
         assert math.isclose(c["vs_engine_only"], c["frames_per_s_serving"] / c["engine_only"]["frames_per_s"])
         assert math.isclose(c["vs_engine_only_whole_run"], c["frames_per_s"] / c["engine_only"]["frames_per_s"])
