@@ -8,7 +8,7 @@
 // weights by key (packing.py keeps it in step with its own, dropping an entry when its model
 // goes). chorus_native::packed_linear(x, key, out_features): the linear, with packing.py's rule
 // that a single row goes through oneDNN as two identical rows (its one-row kernel rounds
-// differently from the batched one).
+// differently from the batched one) and a reduced-precision call of more than 32 rows in pieces.
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -69,17 +70,34 @@ at::Tensor onednn_linear(const at::Tensor& x, const PackedWeight& packed) {
   return stack[0].toTensor();
 }
 
+// packing.py's ROWS_PER_CALL: a reduced-precision call of more rows goes in pieces of this many
+constexpr int64_t kRowsPerCall = 32;
+
+at::Tensor rows_linear(const at::Tensor& rows, const PackedWeight& packed) {
+  const int64_t count = rows.size(0);
+  if (count == 1) {
+    return onednn_linear(rows.expand({2, rows.size(1)}).contiguous(), packed).narrow(0, 0, 1);
+  }
+  if (count <= kRowsPerCall || rows.scalar_type() == at::kFloat) {
+    return onednn_linear(rows, packed);
+  }
+  std::vector<at::Tensor> pieces;
+  for (const at::Tensor& piece : rows.split(kRowsPerCall)) {
+    pieces.push_back(rows_linear(piece, packed));
+  }
+  return at::cat(pieces);
+}
+
 at::Tensor packed_linear(const at::Tensor& x, int64_t key, int64_t out_features) {
   const PackedWeight packed = find_packed(key);
   const int64_t width = x.size(-1);
-  if (x.numel() != width) {
-    return onednn_linear(x, packed);
-  }
-  at::Tensor pair = x.reshape({1, width}).expand({2, width}).contiguous();
-  at::Tensor y = onednn_linear(pair, packed);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  if (x.numel() != width && (x.numel() <= kRowsPerCall * width || x.scalar_type() == at::kFloat)) {
+    return onednn_linear(x, packed);  // the usual call, without reshaping
+  }
+  at::Tensor y = rows_linear(x.reshape({x.numel() / width, width}), packed);
   shape.push_back(y.size(-1));
-  return y.narrow(0, 0, 1).reshape(shape);
+  return y.reshape(shape);
 }
 
 }  // namespace

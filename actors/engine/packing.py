@@ -45,16 +45,28 @@ class PackedWeight:
     native: bool = False  # also in the C++ op's registry
 
 
+# the most rows oneDNN computes as it computes each of them in a call of two: beyond it, on a
+# CPU with AMX (Sapphire Rapids), its bfloat16 kernel sums differently (measured with packing
+# hints 8..64 and inputs 512..3072 wide: some rows of a 33-row call differ in the last bit, more
+# of longer calls; float32 agreed at every count to 600, as everything did on AMD Zen 4)
+ROWS_PER_CALL = 32
+
+
 def packed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     """A pre-packed oneDNN linear whose rows never depend on how many rows share the call.
     oneDNN runs a single row through another kernel whose sums differ in the last bit from the
     same row among others (measured on AMD Zen 4, AVX-512, float32 and bfloat16, for the
-    2048- and 3072-wide inputs of wo and w2; 2..512 rows all agree): one row goes in as two."""
-    if x.numel() != x.shape[-1]:
+    2048- and 3072-wide inputs of wo and w2): one row goes in as two. A reduced-precision call
+    of more than ROWS_PER_CALL rows (a prefill, most often) goes in pieces of that many."""
+    rows = x.numel() // x.shape[-1]
+    if rows == 1:
+        pair = x.reshape(1, -1).expand(2, -1).contiguous()
+        y = torch.ops.mkldnn._linear_pointwise(pair, weight, bias, "none", [], "")
+        return y[:1].reshape(*x.shape[:-1], y.shape[-1])
+    if rows <= ROWS_PER_CALL or x.dtype == torch.float32:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    pair = x.reshape(1, -1).expand(2, -1).contiguous()
-    y = torch.ops.mkldnn._linear_pointwise(pair, weight, bias, "none", [], "")
-    return y[:1].reshape(*x.shape[:-1], y.shape[-1])
+    pieces = [packed_linear(piece, weight, bias) for piece in x.reshape(rows, -1).split(ROWS_PER_CALL)]
+    return torch.cat(pieces).reshape(*x.shape[:-1], -1)
 
 
 def _packed_linear_by_key(x: Tensor, key: int, out_features: int) -> Tensor:

@@ -75,8 +75,12 @@ def cpu_buckets(max_rows: int) -> list[int]:
     a frame at 32 rows is mostly arithmetic and a live row fewer is work saved (`small`, 32
     bf16 rows, against the starting commit's frames/s, interleaved: max_rows alone 1.15x;
     max_rows, half, quarter 1.25x over 4 rounds and 1.28x over 3; with three quarters too
-    1.30x in those 3, 1.30-1.31x in each)."""
-    return sorted({max(1, max_rows * quarters // 4) for quarters in (1, 2, 3, 4)})
+    1.30x in those 3, 1.30-1.31x in each). Never 1 row where there are two slots: inductor
+    compiles a 1-row softmax over 4,096 codes into another reduction than a 2..32-row one
+    (bfloat16, Sapphire Rapids, 2 threads: row 0's probabilities differ), so a row decoded
+    alone in a 1-row graph would not get the codes it gets beside others."""
+    smallest = min(2, max_rows)
+    return sorted({max(smallest, max_rows * quarters // 4) for quarters in (1, 2, 3, 4)})
 
 
 def bucket_sizes(max_rows: int, buckets=None) -> list[int]:

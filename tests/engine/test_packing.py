@@ -55,8 +55,9 @@ def test_a_packed_weight_leaves_the_registry_with_its_model_and_unpacking_restor
 
 def test_the_cpp_op_gives_the_python_ops_numbers_and_forgets_a_freed_models_weights():
     """packed_linear.cpp, built the way a compiled engine builds it (once, into the compile
-    cache): bit for bit the Python op at 1 row (the two-row rule) and at 5, the same schema and
-    shape function, and a freed model's weights leave the C++ registry too."""
+    cache): bit for bit the Python op at 1 row (the two-row rule), at 5 and, in bfloat16, at
+    70 (in pieces of 32), the same schema and shape function, and a freed model's weights leave
+    the C++ registry too."""
     if not packing.load_native_ops(default_cache_dir()):
         pytest.skip("no C++ compiler here: the Python op serves")
     native = torch.ops.chorus_native.packed_linear.default
@@ -68,6 +69,12 @@ def test_the_cpp_op_gives_the_python_ops_numbers_and_forgets_a_freed_models_weig
         for rows in (1, 5):
             x = torch.randn(rows, 1, 256)
             assert torch.equal(native(x, key, 96), packing.packed_linear_op(x, key, 96))
+        half = _layer(torch.bfloat16)
+        assert pack_cpu_linears(half, 8, traceable=True) == 2
+        half_key = half[0]._chorus_packed.key
+        for shape in ((70, 256), (2, 35, 256), (33, 256)):
+            y = torch.randn(shape).bfloat16()
+            assert torch.equal(native(y, half_key, 96), packing.packed_linear_op(y, half_key, 96)), shape
     torch.library.opcheck(native, (x, key, 96), test_utils=["test_schema", "test_faketensor"])
     del model
     gc.collect()
