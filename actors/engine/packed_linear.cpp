@@ -91,10 +91,11 @@ at::Tensor rows_linear(const at::Tensor& rows, const PackedWeight& packed) {
 at::Tensor packed_linear(const at::Tensor& x, int64_t key, int64_t out_features) {
   const PackedWeight packed = find_packed(key);
   const int64_t width = x.size(-1);
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
-  if (x.numel() != width && (x.numel() <= kRowsPerCall * width || x.scalar_type() == at::kFloat)) {
+  const bool exact_any_rows = x.scalar_type() == at::kFloat;
+  if (x.numel() != width && (x.numel() <= kRowsPerCall * width || exact_any_rows)) {
     return onednn_linear(x, packed);  // the usual call, without reshaping
   }
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   at::Tensor y = rows_linear(x.reshape({x.numel() / width, width}), packed);
   shape.push_back(y.size(-1));
   return y.reshape(shape);

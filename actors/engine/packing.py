@@ -48,23 +48,34 @@ class PackedWeight:
 # the most rows oneDNN computes as it computes each of them in a call of two: beyond it, on a
 # CPU with AMX (Sapphire Rapids), its bfloat16 kernel sums differently (measured with packing
 # hints 8..64 and inputs 512..3072 wide: some rows of a 33-row call differ in the last bit, more
-# of longer calls; float32 agreed at every count to 600, as everything did on AMD Zen 4)
+# of longer calls, in ways that follow the call's row count; float32 agreed at every count to
+# 600, as everything did on AMD Zen 4)
 ROWS_PER_CALL = 32
+# every engine packs for that many rows, whatever its max_rows: oneDNN picks its kernels by the
+# packing too, so engines of any max_rows run the same ones (a 64-row call summed otherwise
+# under the packings for 1 and for 32); the packing for 32 serves one row as fast as the
+# packing for one (a pair of rows: 0.13-0.37 ms either way at the `small` shapes, Sapphire Rapids)
+
+
+def _onednn(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 def packed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """A pre-packed oneDNN linear whose rows never depend on how many rows share the call.
+    """A pre-packed oneDNN linear whose rows never depend on what else shares the call.
     oneDNN runs a single row through another kernel whose sums differ in the last bit from the
     same row among others (measured on AMD Zen 4, AVX-512, float32 and bfloat16, for the
     2048- and 3072-wide inputs of wo and w2): one row goes in as two. A reduced-precision call
-    of more than ROWS_PER_CALL rows (a prefill, most often) goes in pieces of that many."""
+    of more than ROWS_PER_CALL rows (a prefill, most often) goes in pieces of that many. (A
+    prefill row's columns in one call of their own, as fast as the whole call, still gave one
+    row of 32 other codes in `bench --size small --rows 32 --frames 16 --compile off`; pieces
+    gave none.)"""
     rows = x.numel() // x.shape[-1]
     if rows == 1:
-        pair = x.reshape(1, -1).expand(2, -1).contiguous()
-        y = torch.ops.mkldnn._linear_pointwise(pair, weight, bias, "none", [], "")
+        y = _onednn(x.reshape(1, -1).expand(2, -1).contiguous(), weight, bias)
         return y[:1].reshape(*x.shape[:-1], y.shape[-1])
     if rows <= ROWS_PER_CALL or x.dtype == torch.float32:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return _onednn(x, weight, bias)
     pieces = [packed_linear(piece, weight, bias) for piece in x.reshape(rows, -1).split(ROWS_PER_CALL)]
     return torch.cat(pieces).reshape(*x.shape[:-1], -1)
 
@@ -113,7 +124,7 @@ def _keep_native(packed: PackedWeight) -> None:
         packed.native = True
 
 
-def pack_cpu_linears(model: nn.Module, batch_hint: int, traceable: bool = False) -> int:
+def pack_cpu_linears(model: nn.Module, traceable: bool = False) -> int:
     """Route every nn.Linear of a CPU float32/bfloat16 model through oneDNN with its weight
     pre-packed once (what torch.compile's CPU freezing does). Measured here on the `small`
     shapes: about 2x faster matmuls at 1 and at 32 rows than the default path, and each row's
@@ -131,7 +142,7 @@ def pack_cpu_linears(model: nn.Module, batch_hint: int, traceable: bool = False)
     for module in model.modules():
         if not isinstance(module, nn.Linear):
             continue
-        weight = getattr(module, "_chorus_packed", None) or _pack(module, batch_hint)
+        weight = getattr(module, "_chorus_packed", None) or _pack(module)
         if weight is None:
             continue
         if traceable:
@@ -144,12 +155,12 @@ def pack_cpu_linears(model: nn.Module, batch_hint: int, traceable: bool = False)
     return packed
 
 
-def _pack(module: nn.Linear, batch_hint: int) -> Optional[PackedWeight]:
+def _pack(module: nn.Linear) -> Optional[PackedWeight]:
     w = module.weight
     if w.device.type != "cpu" or w.dtype not in (torch.float32, torch.bfloat16):
         return None
     try:
-        weight = torch.ops.mkldnn._reorder_linear_weight(w.detach(), batch_hint)
+        weight = torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_PER_CALL)
     except RuntimeError:
         return None
     bias = None if module.bias is None else module.bias.detach()

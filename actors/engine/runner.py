@@ -110,7 +110,7 @@ class ModelRunner:
         self.logit_head = self.model.candidate_head(self.candidates.ids)
         packed = 0
         if config.cpu_packed_linears and self.device.type == "cpu":
-            packed = pack_cpu_linears(self.model, config.max_rows) + pack_cpu_linears(self.logit_head, config.max_rows)
+            packed = pack_cpu_linears(self.model) + pack_cpu_linears(self.logit_head)
         else:
             unpack_cpu_linears(self.model)  # another engine on this model may have packed it
         self.compiled = compiles(config, self.device, packed_linears=packed > 0)
@@ -124,8 +124,8 @@ class ModelRunner:
             # the frame calls the packed linears through an op it can trace, C++ where it can be
             # built (packing.py); an eager engine made later on this model switches them back
             load_native_ops(self.compile_cache)
-            pack_cpu_linears(self.model, config.max_rows, traceable=True)
-            pack_cpu_linears(self.logit_head, config.max_rows, traceable=True)
+            pack_cpu_linears(self.model, traceable=True)
+            pack_cpu_linears(self.logit_head, traceable=True)
         self.model._slow_rope(config.max_tokens, self.device)  # build once, before any captured frame
         self.model._fast_rope(self.device)
         self._frame = self._decode_frame

@@ -23,11 +23,11 @@ def test_the_traceable_op_gives_the_eager_packed_numbers_and_shapes(dtype):
     x = torch.randn(5, 1, 256).to(dtype)
     with torch.inference_mode():
         plain = model(x)
-        if pack_cpu_linears(model, 8) != 2:
+        if pack_cpu_linears(model) != 2:
             pytest.skip("no oneDNN packed linears on this build")
         eager = model(x)
         keys = [m._chorus_packed.key for m in model]
-        assert pack_cpu_linears(model, 8, traceable=True) == 2
+        assert pack_cpu_linears(model, traceable=True) == 2
         assert [m._chorus_packed.key for m in model] == keys  # packed once, only the call changes
         traced = model(x)
         assert torch.equal(traced, eager)
@@ -38,7 +38,7 @@ def test_the_traceable_op_gives_the_eager_packed_numbers_and_shapes(dtype):
 
 def test_a_packed_weight_leaves_the_registry_with_its_model_and_unpacking_restores_the_layer():
     model, kept = _layer(), _layer()
-    if not pack_cpu_linears(model, 8, traceable=True) or not pack_cpu_linears(kept, 8, traceable=True):
+    if not pack_cpu_linears(model, traceable=True) or not pack_cpu_linears(kept, traceable=True):
         pytest.skip("no oneDNN packed linears on this build")
     key, kept_key = model[0]._chorus_packed.key, kept[0]._chorus_packed.key
     assert packing._PACKED[key] is model[0]._chorus_packed and key != kept_key
@@ -62,7 +62,7 @@ def test_the_cpp_op_gives_the_python_ops_numbers_and_forgets_a_freed_models_weig
         pytest.skip("no C++ compiler here: the Python op serves")
     native = torch.ops.chorus_native.packed_linear.default
     model = _layer(torch.float32)
-    assert pack_cpu_linears(model, 8, traceable=True) == 2
+    assert pack_cpu_linears(model, traceable=True) == 2
     assert model[0].forward.func is native and model[0]._chorus_packed.native
     key = model[0]._chorus_packed.key
     with torch.inference_mode():
@@ -70,7 +70,7 @@ def test_the_cpp_op_gives_the_python_ops_numbers_and_forgets_a_freed_models_weig
             x = torch.randn(rows, 1, 256)
             assert torch.equal(native(x, key, 96), packing.packed_linear_op(x, key, 96))
         half = _layer(torch.bfloat16)
-        assert pack_cpu_linears(half, 8, traceable=True) == 2
+        assert pack_cpu_linears(half, traceable=True) == 2
         half_key = half[0]._chorus_packed.key
         for shape in ((70, 256), (2, 35, 256), (33, 256)):
             y = torch.randn(shape).bfloat16()
