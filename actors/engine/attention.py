@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..modules import compute_dtype
+
 ATTEND_CHUNK = 128  # CPU: keys per fused-kernel call
 # other devices: a batch's key count is rounded up to this (the CPU kernel's key block, for
 # which trailing, fully masked keys add exactly 0; not yet measured on a GPU)
@@ -70,12 +72,16 @@ def attend_visible(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     per-(row, head) set-up dominates at these sizes (32 rows x 10 keys: 0.13 vs 0.44 ms). As an
     op (`attend_visible_op`) a compiled frame cannot rewrite it: inductor turns this pattern into
     the fused kernel at some batch sizes and not at others (seen at 1 row against 3, bf16),
-    which made a row's bfloat16 codes depend on its batch."""
+    which made a row's bfloat16 codes depend on its batch. In float32 whatever the cache's
+    dtype (float64 stays): bfloat16 batched products of 4 keys gave some rows of 32 other results than the same
+    rows alone (Sapphire Rapids; 4 of 160 rows in random trials, and one `small` row's codes
+    from its fifth codebook on), float32 none at 1..10 keys."""
     b, h, t, d = q.shape
     hkv = k.shape[1]
-    qg = q.reshape(b, hkv, (h // hkv) * t, d)
-    scores = torch.matmul(qg, k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
-    return torch.matmul(torch.softmax(scores, dim=-1), v).reshape(b, h, t, d)
+    wide = compute_dtype(q.dtype)
+    qg = q.reshape(b, hkv, (h // hkv) * t, d).to(wide)
+    scores = torch.matmul(qg, k.to(wide).transpose(-1, -2)) * (1.0 / math.sqrt(d))
+    return torch.matmul(torch.softmax(scores, dim=-1), v.to(wide)).reshape(b, h, t, d).to(q.dtype)
 
 
 def attend_reached(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, reach: Tensor) -> Tensor:
