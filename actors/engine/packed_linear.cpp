@@ -8,7 +8,7 @@
 // weights by key (packing.py keeps it in step with its own, dropping an entry when its model
 // goes). chorus_native::packed_linear(x, key, out_features): the linear, with packing.py's rule
 // that a single row goes through oneDNN as two identical rows (its one-row kernel rounds
-// differently from the batched one) and a reduced-precision call of more than 32 rows in pieces.
+// differently from the batched one) and a reduced-precision call of more than 32 rows in parts.
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -70,7 +70,7 @@ at::Tensor onednn_linear(const at::Tensor& x, const PackedWeight& packed) {
   return stack[0].toTensor();
 }
 
-// packing.py's ROWS_PER_CALL: a reduced-precision call of more rows goes in pieces of this many
+// packing.py's ROWS_PER_CALL and its rule for a reduced-precision call of more rows
 constexpr int64_t kRowsPerCall = 32;
 
 at::Tensor rows_linear(const at::Tensor& rows, const PackedWeight& packed) {
@@ -94,6 +94,13 @@ at::Tensor packed_linear(const at::Tensor& x, int64_t key, int64_t out_features)
   const bool exact_any_rows = x.scalar_type() == at::kFloat;
   if (x.numel() != width && (x.numel() <= kRowsPerCall * width || exact_any_rows)) {
     return onednn_linear(x, packed);  // the usual call, without reshaping
+  }
+  if (x.dim() == 3 && x.size(1) > kRowsPerCall) {  // a prefill chunk: each batch row alone
+    std::vector<at::Tensor> outputs;
+    for (const at::Tensor& row : x.unbind(0)) {
+      outputs.push_back(onednn_linear(row, packed));
+    }
+    return at::stack(outputs);
   }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   at::Tensor y = rows_linear(x.reshape({x.numel() / width, width}), packed);

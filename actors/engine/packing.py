@@ -66,16 +66,19 @@ def packed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     oneDNN runs a single row through another kernel whose sums differ in the last bit from the
     same row among others (measured on AMD Zen 4, AVX-512, float32 and bfloat16, for the
     2048- and 3072-wide inputs of wo and w2): one row goes in as two. A reduced-precision call
-    of more than ROWS_PER_CALL rows (a prefill, most often) goes in pieces of that many. (A
-    prefill row's columns in one call of their own, as fast as the whole call, still gave one
-    row of 32 other codes in `bench --size small --rows 32 --frames 16 --compile off`; pieces
-    gave none.)"""
+    of more than ROWS_PER_CALL rows goes in parts whose rows depend on nothing outside them: a
+    [batch, columns, width] input of more columns than that (a prefill chunk) one batch row at
+    a time, its columns in one call (their count is the row's own: as fast as the whole call,
+    where pieces of ROWS_PER_CALL cost a 2,048-row call 2.2-2.6x), any other in pieces of
+    ROWS_PER_CALL rows."""
     rows = x.numel() // x.shape[-1]
     if rows == 1:
         y = _onednn(x.reshape(1, -1).expand(2, -1).contiguous(), weight, bias)
         return y[:1].reshape(*x.shape[:-1], y.shape[-1])
     if rows <= ROWS_PER_CALL or x.dtype == torch.float32:
         return _onednn(x, weight, bias)
+    if x.dim() == 3 and x.shape[1] > ROWS_PER_CALL:
+        return torch.stack([_onednn(row, weight, bias) for row in x.unbind(0)])
     pieces = [packed_linear(piece, weight, bias) for piece in x.reshape(rows, -1).split(ROWS_PER_CALL)]
     return torch.cat(pieces).reshape(*x.shape[:-1], -1)
 

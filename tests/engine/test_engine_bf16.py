@@ -31,11 +31,13 @@ def test_a_packed_linear_gives_a_row_alone_what_it_gives_it_among_others(dtype):
             assert layer(x[0]).shape == (1, 1024)
             for rows in (1, 7, 32, 33, 100):
                 assert torch.equal(layer(x[:rows]), together[:rows]), rows
-            # prefill shapes (batch rows x columns): every column as it comes alone
+            # prefill chunks (batch rows x columns): a chunk of up to 32 columns gives each column
+            # what it gives alone, a longer one gives a batch row what that row gives alone
             alone = torch.cat([layer(x[i]) for i in range(100)])
-            for batch, columns in ((5, 20), (2, 50), (1, 100)):
-                prompts = x[:100].reshape(batch, columns, 3072)
-                assert torch.equal(layer(prompts).reshape(100, 1024), alone), (batch, columns)
+            assert torch.equal(layer(x[:100].reshape(5, 20, 3072)).reshape(100, 1024), alone)
+            prompts = x[:100].reshape(2, 50, 3072)
+            assert torch.equal(layer(prompts)[1], layer(prompts[1:])[0])
+            assert torch.equal(layer(torch.cat([prompts[1:], prompts[:1]]))[0], layer(prompts)[1])
 
 
 @pytest.fixture(scope="module")
