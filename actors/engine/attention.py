@@ -73,9 +73,9 @@ def attend_visible(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     op (`attend_visible_op`) a compiled frame cannot rewrite it: inductor turns this pattern into
     the fused kernel at some batch sizes and not at others (seen at 1 row against 3, bf16),
     which made a row's bfloat16 codes depend on its batch. In float32 whatever the cache's
-    dtype (float64 stays): bfloat16 batched products of 4 keys gave some rows of 32 other results than the same
-    rows alone (Sapphire Rapids; 4 of 160 rows in random trials, and one `small` row's codes
-    from its fifth codebook on), float32 none at 1..10 keys."""
+    dtype (float64 stays): bfloat16 batched products of 4 keys gave some rows of 32 other
+    results than the same rows alone (Sapphire Rapids; 4 of 160 rows in random trials, and one
+    `small` row's codes from its fifth codebook on), float32 none at 1..10 keys."""
     b, h, t, d = q.shape
     hkv = k.shape[1]
     wide = compute_dtype(q.dtype)

@@ -52,7 +52,7 @@ class Finisher:
         self._stream = stream
         self.intake: queue.Queue = queue.Queue()
 
-    def start(self, prepare_thread: Callable[[], None] = lambda: None) -> None:
+    def start(self, prepare_thread: Callable[[], None]) -> None:
         """The finisher's thread, which calls `prepare_thread` first (actors/synth/priority.py)."""
         threading.Thread(target=self._serve, args=(prepare_thread,), name="chorus-finisher", daemon=True).start()
 

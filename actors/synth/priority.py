@@ -28,7 +28,7 @@ HELPER_NICENESS = 19
 def yield_to_engine(engine_device: str) -> None:
     """Called first in a helper thread: the calling thread (only it) at HELPER_NICENESS when
     the engine is on the CPU under Linux; otherwise nothing."""
-    if not str(engine_device).startswith("cpu") or not sys.platform.startswith("linux"):
+    if not engine_device.startswith("cpu") or not sys.platform.startswith("linux"):
         return
     try:
         # on Linux a thread's id names that thread alone for PRIO_PROCESS

@@ -29,19 +29,10 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
     calls = metrics.batches(meta)
     call_rows, actors = calls.to_pylist(), metrics.actor_batches(calls).to_pylist()
     finished = pc.min(table.column(S.FINISHED_AT)).as_py()
-    # actor start-up (process, torch import, model + codec load): run start to its first call
-    startup = float(np.mean([a[f"{S.BATCH_STARTED_AT}_min"] - started_unix for a in actors])) if actors else 0.0
-    # of which the actors' own construction (imports, model + codec load), not Ray's
-    model_load = float(np.mean([a[f"{S.BATCH_ACTOR_INIT_MS}_first"] for a in actors])) / 1000.0 if actors else 0.0
-    # per actor: the seconds its engine or codec ran (their union: they overlap)
-    model_busy = float(np.mean([(a[f"{S.BATCH_ACTOR_MODEL_BUSY_MS}_max"] or 0.0) for a in actors])) / 1000.0
-    # serving: the actors' first call to the last row written (the last block's part reached the
-    # driver); the run's end after it (older copies dropped, parts packed into shards,
-    # summary.json) is once per job, not per row: run_end_s, apart
-    last_block_at = stream.get("last_block_at")
-    streamed_s = min(wall_s, last_block_at - started_unix) if last_block_at else wall_s
-    serving_s = max(streamed_s - startup, 1e-9)
+    times = _times(actors, wall_s, started_unix, stream)
+    startup, model_busy, serving_s = times["startup_s"], times["model_busy_s"], times["serving_s"]
     per_actor = _per_actor(actors, call_rows, wall_s)
+    engine_busy = float(np.mean([a["utilisation"] for a in per_actor.values()])) if per_actor else None
     return {
         "rows": counted["rows"],
         "rows_ok": counted["rows_ok"],
@@ -62,8 +53,8 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
         "time_to_first_row_s": (finished - started_unix) if finished is not None else None,
         "actors": len(actors),
         "per_actor": per_actor,
-        "engine_busy": float(np.mean([a["utilisation"] for a in per_actor.values()])) if per_actor else None,
-        "actor_utilisation": float(np.mean([a["utilisation"] for a in per_actor.values()])) if per_actor else None,
+        "engine_busy": engine_busy,
+        "actor_utilisation": engine_busy,
         "slot_occupancy": engine_figures(call_rows)["slot_occupancy"],
         "peak_rss_mb_per_actor": max((a["peak_rss_mb"] for a in per_actor.values()), default=None),
         "kv_bytes": pc.max(calls.column(S.BATCH_KV_BYTES)).as_py(),
@@ -76,11 +67,34 @@ def measure(output_dir: str, wall_s: float, started_unix: float, stream: dict) -
         # all of it, and after the actors' start-up (what a long job converges to)
         "overhead_fraction": max(0.0, 1.0 - model_busy / wall_s),
         "actor_startup_s": startup,
-        "run_end_s": wall_s - streamed_s,
+        "run_end_s": times["run_end_s"],
         "overhead_fraction_after_startup": max(0.0, 1.0 - model_busy / serving_s),
-        "actor_init_s": model_load,
+        "actor_init_s": times["model_load_s"],
         # Ray + Parquet + FLAC: the wall time that is neither the model's work nor its loading
-        "pipeline_overhead_fraction": max(0.0, 1.0 - (model_busy + model_load) / wall_s),
+        "pipeline_overhead_fraction": max(0.0, 1.0 - (model_busy + times["model_load_s"]) / wall_s),
+    }
+
+
+def _times(actors: list[dict], wall_s: float, started_unix: float, stream: dict) -> dict:
+    """The run's time split: the actors' start-up, their own construction within it, their
+    model-busy seconds, and the serving window with the run's end after it."""
+    # actor start-up (process, torch import, model + codec load): run start to its first call
+    startup = float(np.mean([a[f"{S.BATCH_STARTED_AT}_min"] - started_unix for a in actors])) if actors else 0.0
+    # of which the actors' own construction (imports, model + codec load), not Ray's
+    model_load = float(np.mean([a[f"{S.BATCH_ACTOR_INIT_MS}_first"] for a in actors])) / 1000.0 if actors else 0.0
+    # per actor: the seconds its engine or codec ran (their union: they overlap)
+    model_busy = float(np.mean([(a[f"{S.BATCH_ACTOR_MODEL_BUSY_MS}_max"] or 0.0) for a in actors])) / 1000.0
+    # serving: the actors' first call to the last row written (the last block's part reached the
+    # driver); the run's end after it (older copies dropped, parts packed into shards,
+    # summary.json) is once per job, not per row: run_end_s, apart
+    last_block_at = stream.get("last_block_at")
+    streamed_s = min(wall_s, last_block_at - started_unix) if last_block_at else wall_s
+    return {
+        "startup_s": startup,
+        "model_load_s": model_load,
+        "model_busy_s": model_busy,
+        "serving_s": max(streamed_s - startup, 1e-9),
+        "run_end_s": wall_s - streamed_s,
     }
 
 
