@@ -86,6 +86,7 @@ def run_bench(
     threads: Optional[int] = None,
     dtype: torch.dtype | str = torch.float32,
     log: Callable[[str], None] = print,
+    device: str = "cpu",
 ) -> dict:
     """One dtype's table, or with a comma list of dtypes (`"float32,bfloat16"`) each dtype's
     table from rounds that interleave the dtypes (a slow spell of a shared machine hits all
@@ -93,7 +94,8 @@ def run_bench(
     if threads:
         torch.set_num_threads(threads)
     names = [d for d in dtype.split(",") if d] if isinstance(dtype, str) else [dtype]
-    benches = [_DtypeBench(size, choose_dtype(d).dtype, seconds, big_batch, log) for d in names]
+    where = torch.device(device)
+    benches = [_DtypeBench(size, choose_dtype(d, where).dtype, seconds, big_batch, log, where) for d in names]
     for _ in range(max(repeats, big_batch_repeats)):
         for bench in benches:
             bench.round(repeats, big_batch_repeats)
@@ -112,10 +114,10 @@ def run_bench(
 class _DtypeBench:
     """One dtype's codec, inputs and timings; `round` times each operation once more."""
 
-    def __init__(self, size: str, dtype: torch.dtype, seconds: float, big_batch: int, log):
-        self.dtype, self.log = dtype, log
+    def __init__(self, size: str, dtype: torch.dtype, seconds: float, big_batch: int, log, device: torch.device):
+        self.dtype, self.log, self.device = dtype, log, device
         build_start = time.perf_counter()
-        self.codec = codec = random_codec(bench_config(size), seed=0, dtype=dtype)
+        self.codec = codec = random_codec(bench_config(size), seed=0, device=device, dtype=dtype)
         self.build_s = time.perf_counter() - build_start
         log(
             f"built {size} codec ({dtype}) with random weights in {self.build_s:.1f} s (peak RSS {peak_rss_gib():.2f} GiB)"
@@ -126,17 +128,28 @@ class _DtypeBench:
         codes_one = random_codes(codec, 1, self.frames, seed=1)
         codes_many = random_codes(codec, big_batch, self.frames, seed=2)
         clip = torch.from_numpy(synthetic_clip(self.frames * codec.frame_length, codec.sample_rate, 3))
-        clip = clip.view(1, 1, -1).to(dtype)
+        clip = clip.view(1, 1, -1).to(device, dtype)
+        codes_one, codes_many = codes_one.to(device), codes_many.to(device)
         # warm-ups (allocator, oneDNN kernel selection), untimed
         codec.decode(codes_one)
         codec.decode(codes_many[:, :, :2])
         codec.encode(clip)
         self.calls = [
-            ("decode", 1, lambda: codec.decode(codes_one), False),
-            ("decode", big_batch, lambda: codec.decode(codes_many), True),
-            ("encode", 1, lambda: codec.encode(clip), False),
+            ("decode", 1, self._synced(lambda: codec.decode(codes_one)), False),
+            ("decode", big_batch, self._synced(lambda: codec.decode(codes_many)), True),
+            ("encode", 1, self._synced(lambda: codec.encode(clip)), False),
         ]
         self.walls: dict[tuple[str, int], list[float]] = {(op, b): [] for op, b, _, _ in self.calls}
+
+    def _synced(self, call: Callable[[], object]) -> Callable[[], None]:
+        """The call, finished on the device before the clock stops."""
+
+        def run() -> None:
+            call()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        return run
 
     def round(self, repeats: int, big_batch_repeats: int) -> None:
         for operation, batch, call, big in self.calls:
@@ -158,6 +171,7 @@ class _DtypeBench:
             )
         return {
             "size": size,
+            "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""),
             "threads": torch.get_num_threads(),
             "clip_seconds": self.clip_seconds,

@@ -36,6 +36,12 @@ CHUNK_ELEMENTS = 2**18
 MIN_CHUNK_SAMPLES = 1024
 
 
+def chunks_pay(x: torch.Tensor) -> bool:
+    """Whether a layer runs over cache-sized chunks: on CPU. A GPU's caches are not what bounds
+    it, and a chunk per few thousand values would make thousands of small launches a decode."""
+    return x.device.type == "cpu"
+
+
 def chunk_shape(batch: int, channels: int) -> tuple[int, int]:
     """(rows, time steps) per chunk of a [batch, channels, T] activation.
     Wide batches are split by rows first so chunks stay long in time (the
@@ -82,6 +88,9 @@ class CausalConv1d(nn.Module):
         """after(conv(before(x))) computed over time chunks; equals the
         unchunked result (before must map 0 to 0, as Snake does, because the
         causal zero padding is applied after it)."""
+        if not chunks_pay(x):
+            y = self.forward(x if before is None else before(x))
+            return y if after is None else after(y)
         batch, _, length = x.shape
         frames = -(-length // self.stride)
         out = x.new_empty(batch, self.conv.out_channels, frames)
@@ -130,6 +139,8 @@ class CausalConvTranspose1d(nn.Module):
 
     def forward_chunked(self, x: torch.Tensor, before: Optional[nn.Module] = None) -> torch.Tensor:
         """conv(before(x)) over chunks of input frames (before(0) must be 0)."""
+        if not chunks_pay(x):
+            return self.forward(x if before is None else before(x))
         batch, _, frames = x.shape
         stride = self.conv.stride[0]
         kernel = self.conv.kernel_size[0]
@@ -213,6 +224,9 @@ class ResidualUnit(nn.Module):
         a chunk reads is never one that was already overwritten)."""
         if self.native and kernels.serves(x):
             return self.forward_native(x, out)
+        if not chunks_pay(x):
+            y = self.block(x).add_(x)
+            return y if out is None else out.copy_(y)
         first_snake, wide_conv, second_snake, point_conv = self.block
         batch, channels, length = x.shape
         if out is None:

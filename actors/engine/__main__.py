@@ -150,13 +150,20 @@ def cmd_parity(args) -> int:
 
 
 def cmd_frame_check(args) -> int:
-    from .checks import compiled_frame_check
+    from .checks import frame_check
 
-    report = compiled_frame_check(args.device, args.dtype)
+    report = frame_check(args.device, args.dtype, [v for v in args.variants.split(",") if v])
+    audit = report["audit"]
     print(
-        f"compiled frame ({'CUDA graphs' if report['cuda_graphs'] else 'torch.compile fullgraph'}, "
-        f"{report['device']}, {report['dtype']}): {report['rows_identical']}/{report['rows']} rows identical to eager"
+        f"decode step ({report['device']}, {report['dtype']}): capturable {audit['capturable']} "
+        f"(host reads {len(audit['host_reads'])}, unregistered tensors {audit['foreign_reads']} read / "
+        f"{audit['foreign_writes']} written), addresses stable {audit['addresses_stable']}"
     )
+    for variant in (k for k in report if isinstance(report[k], dict) and "rows_identical" in report[k]):
+        r = report[variant]
+        print(
+            f"{variant}: {r['rows_identical']}/{report['rows']} rows identical to the plain frame, graphs {r['graphs']}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1
@@ -225,8 +232,9 @@ def _add_check_commands(sub) -> None:
     _dtype_arg(p, default="float32")  # the vectors' exact guarantees are float32's
     p.set_defaults(func=cmd_parity)
 
-    p = sub.add_parser("frame-check", help="the compiled decode frame against the eager one")
+    p = sub.add_parser("frame-check", help="graphed and compiled decode steps against the plain one; capture audit")
     p.add_argument("--json", help="write the report here")
+    p.add_argument("--variants", default="compiled", help="comma list of graphs, compiled (default compiled)")
     _dtype_arg(p, default="float32")
     p.set_defaults(func=cmd_frame_check)
 
@@ -246,7 +254,7 @@ def _add_bench_command(sub) -> None:
     p = sub.add_parser("bench", help="engine throughput: batched vs one row at a time vs uncached")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--checkpoint")
-    src.add_argument("--size", choices=["tiny", "small", "s1-mini"], default="tiny")
+    src.add_argument("--size", choices=["tiny", "small", "s1-mini", "s2-pro"], default="tiny")
     p.add_argument("--rows", type=int, default=32)
     p.add_argument("--max-rows", type=int, default=32)
     p.add_argument("--prompt-len", type=int, default=64)

@@ -5,6 +5,7 @@ engine proper never imports this module."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +21,13 @@ VECTOR_SETS = ("dualar-s1-tiny", "dualar-s2-tiny")
 DEFAULT_VECTORS = Path(__file__).resolve().parents[2] / "tests" / "vectors"
 
 
-def vector_parity(vectors: Path, device: str, dtype: str) -> dict:
+def vector_parity(vectors: Path, device: str, dtype: str, variant: str = "eager") -> dict:
     """Per vector set: the largest |logit - upstream| of the teacher-forced slow and fast
     logits, and how many of upstream's greedy frames the engine reproduces (leading frames in
-    a row, and columns equal overall) with the model in `dtype`."""
+    a row, and columns equal overall) with the model in `dtype`, the engine's steps run as
+    `variant` (figures.VARIANTS)."""
+    from .figures import variant_config
+
     report = {}
     for name in VECTOR_SETS:
         root = Path(vectors) / name
@@ -36,12 +40,13 @@ def vector_parity(vectors: Path, device: str, dtype: str) -> dict:
         expected = np.load(root / "vectors/greedy_codes.npy")
         meta = json.loads((root / "vectors/greedy_meta.json").read_text())
         budget = meta["max_new_tokens"]
-        engine = Engine(lm, EngineConfig(max_rows=1, max_tokens=prompt.shape[1] + budget))
+        engine = Engine(lm, variant_config(variant, 1, prompt.shape[1] + budget))
         result = engine.generate([Request("parity", prompt, budget, SamplingParams(temperature=0))])[0]
         n = min(result.codes.shape[1], expected.shape[1])
         equal = (result.codes[:, :n] == expected[:, :n]).all(axis=0)
         leading = int(np.argmin(equal)) if not equal.all() else n
         report[name] = {
+            "variant": variant,
             "dtype": str(lm.dtype),
             "device": str(lm.device),
             "slow_logits_max_abs_diff": float(np.abs(slow.float().cpu().numpy() - expected_slow).max()),
@@ -56,16 +61,7 @@ def vector_parity(vectors: Path, device: str, dtype: str) -> dict:
     return report
 
 
-def compiled_frame_check(device: str, dtype: str = "float32", rows: int = 8, frames: int = 4) -> dict:
-    """Decode `rows` sampled rows (every sampling feature on) with the whole frame compiled
-    (fullgraph: a graph break raises; CUDA graphs on CUDA) and eagerly; the tokens must agree."""
-    import tempfile
-
-    from .tiny import make_tiny
-
-    with tempfile.TemporaryDirectory() as tmp:
-        ckpt = make_tiny(Path(tmp) / "s2", fmt="s2", seed=5, num_codebooks=4, codebook_size=64, max_seq_len=256)
-        lm = load_model(ckpt, device=device, dtype=dtype)
+def _frame_check_rows(lm, rows: int, frames: int) -> list[Request]:
     sampling = SamplingParams(temperature=0.9, top_p=0.85, top_k=20, ras_window=10, repetition_penalty=1.2)
     rng = np.random.default_rng(0)
     requests = []
@@ -73,17 +69,43 @@ def compiled_frame_check(device: str, dtype: str = "float32", rows: int = 8, fra
         prompt = np.zeros((1 + lm.config.num_codebooks, 10 + i), np.int64)
         prompt[0] = rng.integers(32, 127, prompt.shape[1])
         requests.append(Request(f"c{i}", prompt, frames, sampling.with_seed(i), stop_on_eos=False))
-    base = dict(max_rows=rows, max_tokens=64)
-    eager = Engine(lm, EngineConfig(**base, static_shapes=True)).generate(requests)
-    captured = EngineConfig(**base, compile=True, cuda_graphs=lm.device.type == "cuda")
-    compiled = Engine(lm, captured).generate(requests)
-    same = [bool(np.array_equal(a.codes, b.codes)) for a, b in zip(eager, compiled)]
-    return {
-        "device": str(lm.device),
-        "dtype": str(lm.dtype),
-        "rows": rows,
-        "frames": frames,
-        "cuda_graphs": captured.cuda_graphs,
-        "rows_identical": sum(same),
-        "ok": all(same),
-    }
+    return requests
+
+
+def frame_check(device: str, dtype: str = "float32", variants=("compiled",), rows: int = 8, frames: int = 4) -> dict:
+    """Decode `rows` sampled rows (every sampling feature on) with the plain static frame and with
+    each of `variants` (graphs: each step one CUDA graph; compiled: the frame through inductor
+    (fullgraph: a graph break raises), inside the graphs on CUDA); every variant's tokens must
+    equal the plain frame's. Also the plain step's capture audit (audit.py), and on CUDA each
+    variant's graph captures and replays."""
+    import tempfile
+
+    from .audit import audit_steps
+    from .figures import variant_config
+    from .tiny import make_tiny
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = make_tiny(Path(tmp) / "s2", fmt="s2", seed=5, num_codebooks=4, codebook_size=64, max_seq_len=256)
+        lm = load_model(ckpt, device=device, dtype=dtype)
+    requests = _frame_check_rows(lm, rows, frames)
+    plain = Engine(lm, EngineConfig(max_rows=rows, max_tokens=64, static_shapes=True))
+    expected = plain.generate(requests)
+    for r in requests:
+        plain.add(r)
+    report = {"device": str(lm.device), "dtype": str(lm.dtype), "rows": rows, "frames": frames}
+    report["audit"] = audit_steps(plain, frames)
+    ok = report["audit"]["capturable"] and report["audit"]["addresses_stable"]
+    for variant in variants:
+        began = time.perf_counter()
+        engine = Engine(lm, variant_config(variant, rows, 64, static_shapes=True))
+        got = engine.generate(requests)
+        same = sum(bool(np.array_equal(a.codes, b.codes)) for a, b in zip(expected, got))
+        report[variant] = {
+            "rows_identical": same,
+            "seconds": time.perf_counter() - began,
+            "compiled": engine.runner.compiled,
+            "graphs": engine.graph_stats(),
+        }
+        ok = ok and same == rows
+    report["ok"] = ok
+    return report

@@ -1,9 +1,10 @@
 """Whether the decode frame is compiled (`engine.compile`: off, on or auto), into which cache,
 and how.
 
-A compiled frame is one `torch.compile(fullgraph=True)` graph per batch-size bucket, with static
-shapes (a batch padded to its bucket). On CUDA it is replayed as CUDA graphs, attending over
-the slot's full capacity; on CPU it calls the eager frame's pre-packed oneDNN linears and its
+A compiled frame is one `torch.compile(fullgraph=True)` graph. On CUDA its shapes are dynamic
+and the engine runs it inside its own CUDA graphs, one per batch bucket and key bucket
+(graphs.py); on CPU it is one graph per batch-size bucket, with static shapes (a batch padded
+to its bucket), and calls the eager frame's pre-packed oneDNN linears and its
 attention as ops inductor leaves alone (packing.py, attention.py: the attention reads only the
 keys the rows reach) and inductor fuses the element-wise work between them. Compiling
 costs start-up time (the `small` frame on 2 vCPUs: ~2.5 min cold, ~13 s with the cache warm),
@@ -27,10 +28,13 @@ RECOMPILE_LIMIT = 256
 
 
 def auto_compiles(device: torch.device, packed_linears: bool) -> bool:
-    """engine.compile=auto's choice. CUDA: compile, where a decode frame of many small kernels
-    is launch-bound and a CUDA graph replays it in one launch (upstream fish-speech's own
-    --compile is for CUDA; not yet measured by chorus: `python -m actors.engine frame-check` and
-    `bench --compile` on the GPU are the checks). CPU: compile where the linears are pre-packed
+    """engine.compile=auto's choice. CUDA: no. The decode step runs as a CUDA graph
+    (engine.cuda_graphs: 3.2-12x the eager step on an H200, S1-mini and S2-Pro shapes at 1-256
+    rows), and compiling the frame for the graphs
+    did not finish within 176 s cold for the S1-mini shape (torch 2.11, dynamic shapes, the H200
+    machine's 16 cores): minutes of every actor's start against kernels a graph already launches
+    back to back (docs/performance.md, the GPU check). compile=on still compiles there. CPU:
+    compile where the linears are pre-packed
     for oneDNN (packing.py: float32/bfloat16 with engine.cpu_packed_linears on): the compiled
     frame fuses the element-wise work between them and attends to the keys its rows reach
     (attention.py), and was faster than the eager frame at every shape measured (`small` model,
@@ -38,7 +42,7 @@ def auto_compiles(device: torch.device, packed_linears: bool) -> bool:
     512 positions; 1 row ~1.7x). Unpacked linears (float64, or packing off) stay eager: not
     measured compiled. The price is start-up: a cold compile takes minutes per batch size on
     CPU, seconds with the cache warm."""
-    return device.type == "cuda" or (device.type == "cpu" and packed_linears)
+    return device.type == "cpu" and packed_linears
 
 
 def compiles(config, device: torch.device, packed_linears: bool = False) -> bool:
@@ -58,9 +62,11 @@ def use_cache_dir(configured: Optional[str]) -> Path:
     return path
 
 
-def compiled_frame(frame, device: torch.device, cuda_graphs: bool):
-    """The decode frame as one graph with static shapes. CUDA: replayed as CUDA graphs when
-    asked. CPU: the linears stay the eager frame's pre-packed oneDNN calls, traced as one custom
+def compiled_frame(frame, device: torch.device):
+    """The decode frame as one graph. CUDA: shapes dynamic (one compile serves every batch and
+    key bucket: a compile per shape would cost minutes each), no CUDA graphs of inductor's own:
+    the engine captures the whole step itself (graphs.py), compiled frame inside. CPU: static
+    shapes; the linears stay the eager frame's pre-packed oneDNN calls, traced as one custom
     op each (packing.py), as do the attentions (attention.py), and inductor fuses the
     element-wise work between them (norms, RoPE,
     residuals, SwiGLU, sampling): that graph has no oneDNN tensors in it, so inductor's cache
@@ -75,5 +81,5 @@ def compiled_frame(frame, device: torch.device, cuda_graphs: bool):
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
     if device.type == "cuda":
-        return torch.compile(frame, fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda_graphs else None)
+        return torch.compile(frame, fullgraph=True, dynamic=True)
     return torch.compile(frame, fullgraph=True, dynamic=False, options={"cpp_wrapper": True})

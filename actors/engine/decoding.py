@@ -73,6 +73,34 @@ class BatchSampling:
         return torch.where(keep, history, torch.full_like(history, -1))
 
 
+@dataclass(frozen=True)
+class BatchFacts:
+    """What a batch's rows decide about the shape of its frame, read on the host: how many best
+    ids top-k/top-p rank, and whether repetition-aware resampling or a penalty runs. A compiled
+    or captured frame specialises on them (they key its graphs), instead of testing tensors."""
+
+    width_main: int
+    width_code: int
+    any_ras: bool
+    any_penalty: bool
+
+    @staticmethod
+    def of(params: list[SamplingParams], slots: SlotSampling) -> BatchFacts:
+        def width(limit: int) -> int:
+            ks = [p.top_k for p in params if not p.greedy]
+            if not ks or min(ks) == 0:
+                return limit if ks else 1
+            # a power of two >= the largest k: few distinct widths, so few captured variants
+            return min(limit, 1 << (max(ks) - 1).bit_length())
+
+        return BatchFacts(
+            width_main=width(slots.vocab),
+            width_code=width(slots.codebook_size),
+            any_ras=any(p.ras_window > 0 and not p.greedy for p in params),
+            any_penalty=any(p.repetition_penalty != 1.0 for p in params),
+        )
+
+
 class SlotSampling:
     """Per-slot sampling state on the device (see the module docstring). The host mirrors the
     few settings that decide a batch's static facts (top-k widths, whether RAS or a penalty is
@@ -144,19 +172,15 @@ class SlotSampling:
             self.main_history, self.code_history,
         ]  # fmt: skip
 
-    def batch(self, rows, live_slots: list[int]) -> BatchSampling:
-        """The state of the batch addressed by `rows` (a slice or an int64 tensor of slots);
-        `live_slots` are the slots whose settings decide the static facts (padding rows of a
-        bucket are free slots and do not count)."""
-        params = [self.params[s] for s in live_slots if self.params[s] is not None]
+    def facts(self, live_slots: list[int]) -> BatchFacts:
+        """The host-side facts of a batch of these slots' rows (padding rows of a bucket are free
+        slots and do not count)."""
+        return BatchFacts.of([self.params[s] for s in live_slots if self.params[s] is not None], self)
 
-        def width(limit: int) -> int:
-            ks = [p.top_k for p in params if not p.greedy]
-            if not ks or min(ks) == 0:
-                return limit if ks else 1
-            # a power of two >= the largest k: few distinct widths, so few captured variants
-            return min(limit, 1 << (max(ks) - 1).bit_length())
-
+    def batch(self, rows, live_slots: Optional[list[int]] = None, facts: Optional[BatchFacts] = None) -> BatchSampling:
+        """The state of the batch addressed by `rows` (a slice or an int64 tensor of slots), with
+        the static facts of `live_slots` (or `facts` as given). Tensor ops only: no host reads."""
+        facts = facts if facts is not None else self.facts(live_slots or [])
         t = self.temperature[rows]
         k = self.top_k[rows]
         greedy = (t == 0) | (k == 1)
@@ -173,11 +197,16 @@ class SlotSampling:
             uniforms=counter_uniforms(self.key1[rows], self.key2[rows], self.frame[rows], self.draw_indices),
             main_history=self.main_history[rows],
             code_history=self.code_history[rows],
-            width_main=width(self.vocab),
-            width_code=width(self.codebook_size),
-            any_ras=any(p.ras_window > 0 and not p.greedy for p in params),
-            any_penalty=any(p.repetition_penalty != 1.0 for p in params),
+            width_main=facts.width_main,
+            width_code=facts.width_code,
+            any_ras=facts.any_ras,
+            any_penalty=facts.any_penalty,
         )
+
+    def tensors(self) -> list[Tensor]:
+        """Every per-slot tensor (the decode step reads them all; a captured step needs each to
+        keep its address)."""
+        return self._tensors() + [self.draw_indices]
 
     def commit(self, rows, main_index: Tensor, codes: Tensor, state: BatchSampling) -> None:
         """Record the frame just sampled: shift it into the rows' histories, count the frame."""

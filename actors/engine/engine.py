@@ -30,6 +30,7 @@ from .loader import LoadedModel
 from .runner import ModelRunner, bucket_sizes
 from .scheduler import LogitObserver, Scheduler
 from .settings import EngineConfig
+from .slots import sized_to_memory
 from .types import Request, Result, SamplingParams, upstream_sampling
 
 # the largest value a float32 holds: a setting above it would become inf on the device
@@ -41,9 +42,10 @@ class Engine:
         config = config or EngineConfig()
         config.validate()
         tune_malloc()
-        self.loaded, self.config = loaded, config
         self.model, self.mc = loaded.model, loaded.config
         self.device, self.dtype = loaded.device, loaded.dtype
+        config = sized_to_memory(config, self.mc, self.device, self.dtype)
+        self.loaded, self.config = loaded, config
         self.cache = SlotKVCache(
             self.mc, config.max_rows, config.max_tokens, self.device, self.dtype, model_id=id(self.model)
         )
@@ -88,17 +90,21 @@ class Engine:
         return results
 
     def warm_up(self, sampling: Optional[SamplingParams] = None) -> float:
-        """Compile the decode frame now, when it is compiled, instead of in a real frame
-        (minutes on CPU; with the compile cache warm, much less): throw-away requests of two
-        frames, as many at once as each batch-size bucket holds, so every bucket's graph is
-        built before the first real row. A frame specialises on its rows' sampling (top-k
-        widths, whether penalties run), so the throw-away rows sample as the real ones will:
-        `sampling` (default: upstream's for the model family). Seconds spent (0.0 for an eager
-        frame)."""
-        if not self.runner.compiled:
+        """Build the decode steps now instead of in real frames, for rows sampling as `sampling`
+        does (default: upstream's for the model family): a step specialises on its rows'
+        sampling (top-k widths, whether penalties run). CUDA graphs: capture every batch bucket
+        x key bucket (compiling the frame first when it is compiled), within
+        engine.warm_up_budget_s. A frame compiled on CPU: throw-away requests of two frames, as
+        many at once as each batch-size bucket holds, so every bucket's graph is built (minutes
+        on CPU; with the compile cache warm, much less). Seconds spent (0.0 when nothing is built)."""
+        if not self.runner.compiled and self.runner.graphs is None:
             return 0.0
         began = time.perf_counter()
         sampling = sampling or upstream_sampling(self.mc.family)
+        if self.runner.graphs is not None:
+            with torch.inference_mode():
+                self.runner.capture_steps(sampling, self.config.warm_up_budget_s)
+            return time.perf_counter() - began
         prompt = np.zeros((1 + self.mc.num_codebooks, 2), dtype=np.int64)
         for size in bucket_sizes(self.config.max_rows, self.runner.buckets):
             rows = [
@@ -106,6 +112,10 @@ class Engine:
             ]
             self.generate(rows)
         return time.perf_counter() - began
+
+    def graph_stats(self) -> Optional[dict]:
+        """CUDA graphs' captures, replays and capture seconds (None without graphs)."""
+        return None if self.runner.graphs is None else self.runner.graphs.stats.as_dict()
 
     # -- facts -------------------------------------------------------------------------
     @property

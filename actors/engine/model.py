@@ -31,6 +31,16 @@ class HeadRMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """`cuda` and `cuda:0` (the current device) are one device; torch.device's == says not."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or a.index == b.index:
+        return True
+    current = torch.cuda.current_device()
+    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+
+
 @dataclass
 class LayerKV:
     """One layer's cache: k, v [slots, n_kv_heads, S, head_dim]."""
@@ -177,14 +187,16 @@ class DualARModel(nn.Module):
 
     # -- tables -------------------------------------------------------------------------
     def _slow_rope(self, n_positions: int, device) -> Tensor:
-        if self._rope_slow is None or self._rope_slow.shape[0] < n_positions or self._rope_slow.device != device:
+        table, device = self._rope_slow, torch.device(device)
+        here = table is not None and _same_device(table.device, device)
+        if not here or table.shape[0] < n_positions:
             # grow geometrically so long runs do not rebuild the table every step
-            size = max(n_positions, 2 * (0 if self._rope_slow is None else self._rope_slow.shape[0]), 256)
+            size = max(n_positions, 2 * table.shape[0] if here else 0, 256)
             self._rope_slow = rope_rotation(size, self.config.head_dim, self.config.rope_base, device)
         return self._rope_slow
 
     def _fast_rope(self, device) -> Tensor:
-        if self._rope_fast is None or self._rope_fast.device != device:
+        if self._rope_fast is None or not _same_device(self._rope_fast.device, torch.device(device)):
             self._rope_fast = rope_rotation(
                 self.config.num_codebooks, self.config.fast_head_dim, self.config.rope_base, device
             )

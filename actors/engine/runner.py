@@ -10,6 +10,7 @@ buffers, so the frame can be one compiled graph (and one CUDA graph per batch-si
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -21,7 +22,8 @@ from torch import Tensor
 from .attention import attend_length
 from .cache import PrefixCache, SlotKVCache
 from .compiling import compiled_frame, compiles, use_cache_dir
-from .decoding import BatchSampling, Candidates, SlotSampling, first_code, pick_code, pick_main
+from .decoding import BatchFacts, BatchSampling, Candidates, SlotSampling, first_code, pick_code, pick_main
+from .graphs import StepGraphs, kv_bucket, kv_buckets
 from .loader import LoadedModel
 from .packing import load_native_ops, pack_cpu_linears, unpack_cpu_linears
 from .settings import EngineConfig
@@ -114,12 +116,15 @@ class ModelRunner:
         else:
             unpack_cpu_linears(self.model)  # another engine on this model may have packed it
         self.compiled = compiles(config, self.device, packed_linears=packed > 0)
-        captured = self.compiled or (config.cuda_graphs and self.device.type == "cuda")
-        self.static = config.static_shapes or captured
+        # CUDA graphs of the whole step, captured by the engine (graphs.py); a compiled frame
+        # on CUDA runs inside them
+        self.graphs = StepGraphs(self.device) if config.cuda_graphs and self.device.type == "cuda" else None
+        self.static = config.static_shapes or self.compiled or self.graphs is not None
         self.buckets = config.decode_buckets
         if self.buckets is None and self.compiled and self.device.type == "cpu":
             self.buckets = cpu_buckets(config.max_rows)
-        self.compile_cache = use_cache_dir(config.compile_cache_dir) if captured else None
+        self.kv_buckets = kv_buckets(config.max_tokens, config.kv_buckets)
+        self.compile_cache = use_cache_dir(config.compile_cache_dir) if self.compiled else None
         if self.compiled and packed:
             # the frame calls the packed linears through an op it can trace, C++ where it can be
             # built (packing.py); an eager engine made later on this model switches them back
@@ -128,9 +133,18 @@ class ModelRunner:
             pack_cpu_linears(self.logit_head, traceable=True)
         self.model._slow_rope(config.max_tokens, self.device)  # build once, before any captured frame
         self.model._fast_rope(self.device)
-        self._frame = self._decode_frame
-        if captured:
-            self._frame = compiled_frame(self._decode_frame, self.device, config.cuda_graphs)
+        self._frame = compiled_frame(self._decode_frame, self.device) if self.compiled else self._decode_frame
+        # the step's inputs and outputs: buffers that live as long as the engine, so a captured
+        # step reads and writes the same addresses every time (graphs.py)
+        rows, width = config.max_rows, 1 + c.num_codebooks
+        self.positions = torch.zeros(rows, 1, dtype=torch.int64, device=self.device)
+        pinned = self.device.type == "cuda"
+        self._positions_host = torch.zeros(rows, 1, dtype=torch.int64, pin_memory=pinned)
+        self.frame_out = torch.zeros(rows, width, dtype=torch.int64, device=self.device)
+        # a static CPU frame reads the keys its rows reach: their count, read at run time
+        self.reach = torch.zeros((), dtype=torch.int64, device=self.device)
+        # a context manager each eager device step runs in (audit.audit_steps watches steps)
+        self.watch_step = None
 
     # -- slots -------------------------------------------------------------------------
     def admit(self, slot: int, prompt: np.ndarray, sampling, stop_on_eos: bool) -> None:
@@ -212,37 +226,103 @@ class ModelRunner:
     def decode(self, n_live: int, keep_logits: bool = False) -> FrameOutput:
         """One frame for the live rows, which hold slots 0..n_live-1 (the scheduler keeps
         them there). Static mode pads the batch to its bucket with free slots (their junk
-        lands in positions nobody reads) and attends over the full capacity, except on CPU,
-        where the keys the live rows reach are read (attention.attend_reached)."""
+        lands in positions nobody reads) and attends over a fixed key count (keys_read)."""
         lengths = self.cache.lengths
         b = bucket_size(n_live, self.config.max_rows, self.buckets) if self.static else n_live
-        rows = slice(0, b)
-        positions = torch.tensor(lengths[:b], dtype=torch.int64).to(self.device, non_blocking=True).unsqueeze(1)
-        reached = attend_length(max(lengths[:n_live]) + 1, self.config.max_tokens, self.device.type)
-        attend_len = self.config.max_tokens if self.static else reached
-        # a 0-d tensor: the compiled graph reads it at run time instead of specialising on it
-        reach = torch.tensor(reached) if self.static and self.device.type == "cpu" else None
-        state = self.sampling.batch(rows, list(range(n_live)))
-        tokens = self.next_tokens[rows].unsqueeze(-1)  # [b, 1+C, 1]
-        frame, main_index, slow_logits, fast_logits = self._frame(
-            tokens, positions, rows, attend_len, state, keep_logits, reach
-        )
-        # device-side bookkeeping, no sync: the pending column, the histories, the counters
-        self.next_tokens[rows] = frame
-        self.sampling.commit(rows, main_index, frame[:, 1:], state)
+        reached = max(lengths[:n_live]) + 1
+        attend_len = self.keys_read(reached)
+        self.stage_positions(lengths[:b])
+        if self.static and self.device.type == "cpu":
+            self.reach.fill_(attend_length(reached, self.config.max_tokens, "cpu"))
+        facts = self.sampling.facts(list(range(n_live)))
+        logits = (None, None)
+        if self.graphs is not None and not keep_logits:
+            self.graphs.run((b, attend_len, facts), lambda: self._device_step(b, attend_len, facts, False))
+        else:
+            with self.watch_step() if self.watch_step else contextlib.nullcontext():
+                logits = self._device_step(b, attend_len, facts, keep_logits)
         self.cache.advance(range(n_live))
         if self.config.record_steps:
             after = self.cache.lengths
             self.steps.append(StepRecord("decode", tuple(range(n_live)), 1, lengths[:n_live], after[:n_live]))
-        out = FrameOutput(tokens=frame[:n_live].cpu().numpy())  # the frame's one read-back
+        # the frame's one read-back (a copy: on CPU .cpu() would hand out the buffer itself)
+        out = FrameOutput(tokens=self.frame_out[:n_live].to("cpu", copy=True).numpy())
         if keep_logits:
-            out.slow_logits, out.fast_logits = slow_logits[:n_live], fast_logits[:n_live]
+            out.slow_logits, out.fast_logits = logits[0][:n_live], logits[1][:n_live]
         return out
 
-    def _decode_frame(self, tokens: Tensor, positions: Tensor, rows: slice, attend_len: int, state: BatchSampling,
+    def keys_read(self, reached: int) -> int:
+        """How many keys a step whose longest row needs `reached` reads: eager, those rounded up
+        to whole chunks (attention.attend_length); static on CPU, the slot's capacity (of which
+        the frame reads the chunks the rows reach: attention.attend_reached); static elsewhere,
+        the smallest key bucket that holds them (graphs.kv_buckets)."""
+        if not self.static:
+            return attend_length(reached, self.config.max_tokens, self.device.type)
+        if self.device.type == "cpu":
+            return self.config.max_tokens
+        return kv_bucket(reached, self.kv_buckets)
+
+    def stage_positions(self, values) -> None:
+        """Write the next step's positions (one per batch row) into the step's input buffer."""
+        n = len(values)
+        self._positions_host[:n, 0] = torch.as_tensor(values, dtype=torch.int64)
+        self.positions[:n].copy_(self._positions_host[:n], non_blocking=True)
+
+    def _device_step(self, b: int, attend_len: int, facts: BatchFacts, keep_logits: bool):
+        """The step's device work, batch rows 0..b-1: the frame, then its bookkeeping (the
+        pending column, the sampling histories, the output buffer). Reads and writes only the
+        engine's long-lived tensors (static_tensors), so it can run as a captured graph."""
+        rows = slice(0, b)
+        state = self.sampling.batch(rows, facts=facts)
+        tokens = self.next_tokens[rows].unsqueeze(-1)  # [b, 1+C, 1]
+        reach = self.reach if self.static and self.device.type == "cpu" else None
+        frame, main_index, slow_logits, fast_logits = self._frame(
+            tokens, self.positions[rows], attend_len, state, keep_logits, reach
+        )
+        self.next_tokens[rows] = frame
+        self.sampling.commit(rows, main_index, frame[:, 1:], state)
+        self.frame_out[rows] = frame
+        return slow_logits, fast_logits
+
+    def capture_steps(self, sampling, budget_s: Optional[float] = None) -> int:
+        """CUDA graphs: capture the step of every batch bucket x key bucket for rows sampling
+        as `sampling` does, largest first (the graphs share one memory pool), within budget_s
+        seconds (None: all). Needs an idle engine: each capture's eager step runs on free slots,
+        whose junk is overwritten when a row takes them. Returns how many shapes were captured."""
+        if self.graphs is None:
+            return 0
+        if any(owner is not None for owner in self.cache.owner):
+            raise RuntimeError("capturing the decode steps needs an idle engine (rows are live)")
+        facts = BatchFacts.of([sampling], self.sampling)
+        began, done = time.perf_counter(), 0
+        for b in sorted(bucket_sizes(self.config.max_rows, self.buckets), reverse=True):
+            for keys in reversed(self.kv_buckets):
+                if budget_s is not None and time.perf_counter() - began > budget_s:
+                    return done
+                if (b, keys, facts) not in self.graphs:
+                    self.stage_positions([keys - 1] * b)
+                    self.graphs.run((b, keys, facts), lambda b=b, keys=keys: self._device_step(b, keys, facts, False))
+                    done += 1
+        return done
+
+    def static_tensors(self) -> tuple[list[Tensor], list[Tensor]]:
+        """(every tensor a decode step may read, those it may also write): the weights and
+        tables, the KV cache, the per-slot sampling state and the step's buffers. What a
+        captured step's addresses are (audit.py checks a step against them)."""
+        modules = list(self.model.modules()) + list(self.logit_head.modules())
+        weights = [t for m in modules for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]]
+        weights += [t for m in modules for t in vars(m).values() if isinstance(t, Tensor)]
+        weights += [self.candidates.ids, self.candidates.is_semantic, self.positions, self.reach]
+        cache = [t for layer in self.cache.slow + self.cache.fast for t in (layer.k, layer.v)]
+        writable = cache + self.sampling.tensors() + [self.next_tokens, self.frame_out]
+        return weights + writable, writable
+
+    def _decode_frame(self, tokens: Tensor, positions: Tensor, attend_len: int, state: BatchSampling,
                       keep_logits: bool, reach: Optional[Tensor] = None):  # fmt: skip
-        """The whole frame as one traceable function: no host reads, no data-dependent shapes."""
+        """The whole frame as one traceable function: no host reads, no data-dependent shapes.
+        Its rows are slots 0..B-1 (B = tokens.shape[0])."""
         model, c = self.model, self.mc
+        rows = slice(0, tokens.shape[0])
         out = model.forward_slow(
             tokens, positions, cache=self.cache.slow, rows=rows, attend_len=attend_len, last_only=True,
             logit_head=self.logit_head, reach=reach,
@@ -252,11 +332,10 @@ class ModelRunner:
         main = self.candidates.ids[main_index]
         code = first_code(main, c)
         codes = [code]
-        fast_rows = slice(0, tokens.shape[0])
-        model.forward_fast(hidden.unsqueeze(1), start=0, cache=self.cache.fast, rows=fast_rows)
+        model.forward_fast(hidden.unsqueeze(1), start=0, cache=self.cache.fast, rows=rows)
         fast_logits = []
         for k in range(1, c.num_codebooks):
-            logits = model.forward_fast(model.fast_codebook_input(code), start=k, cache=self.cache.fast, rows=fast_rows)
+            logits = model.forward_fast(model.fast_codebook_input(code), start=k, cache=self.cache.fast, rows=rows)
             logits = logits[:, -1]
             if keep_logits:
                 fast_logits.append(logits)

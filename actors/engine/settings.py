@@ -36,15 +36,17 @@ def compile_mode(value) -> str:
 class EngineConfig:
     """max_rows: KV slots = rows decoded together. max_tokens: positions per slot (prompt +
     frames); size it to the work, not the model's context. prefill_chunk: prompt columns per
-    prefill call. static_shapes: decode a batch padded to a size bucket, attending over the
-    slot's full capacity, so each bucket has one shape (implied by compile and CUDA graphs).
+    prefill call. static_shapes: decode a batch padded to a size bucket, attending over a fixed
+    key count (CPU: the slot's capacity, reading the chunks the rows reach; CUDA: the key bucket
+    that holds the longest row), so each bucket has one shape (implied by compile and CUDA graphs).
     compile: off | on | auto (true/false read as on/off): on wraps the whole decode frame (slow
     step, fast stack, sampling) in torch.compile(fullgraph=True), a graph break being an error;
     auto: on CUDA, and on CPU where the linears are packed (actors/engine/compiling.py:
     auto_compiles says why).
     compile_cache_dir: inductor's cache (None: TORCHINDUCTOR_CACHE_DIR when set, else
-    ~/.cache/chorus/compile), kept across starts. cuda_graphs: on CUDA, capture
-    each bucket's decode frame as a CUDA graph. codebook_limits: optional per-codebook upper
+    ~/.cache/chorus/compile), kept across starts. cuda_graphs: on CUDA, run
+    each decode step as a CUDA graph, captured by the engine per batch-size bucket, key-count
+    bucket and sampling shape (actors/engine/graphs.py). codebook_limits: optional per-codebook upper
     bounds for sampled codes (e.g. the codec's sizes); None samples all codebook_size ids, as
     current upstream. prefix_cache_entries: how many shared prompt prefixes keep their K/V."""
 
@@ -55,6 +57,16 @@ class EngineConfig:
     compile: str = "off"
     compile_cache_dir: Optional[str] = None
     cuda_graphs: bool = False
+    # CUDA graphs: key counts a captured step attends over (a batch reads the smallest that holds
+    # its longest row); None = 512, 1024, 2048, ... below max_tokens, and max_tokens
+    kv_buckets: Optional[list[int]] = None
+    # CUDA graphs: seconds warm_up may spend capturing (and compiling) before the first row; the
+    # shapes it did not reach are captured when first met. None = no limit
+    warm_up_budget_s: Optional[float] = None
+    # CUDA: the share of the device's memory the engine may fill, the weights and whatever else
+    # the device already holds counted; max_rows becomes the slots of max_tokens that fit (at
+    # most max_rows). None = exactly max_rows slots
+    memory_fraction: Optional[float] = None
     # batch sizes a static/compiled decode frame is built for (live rows are padded up to the
     # next one); None = powers of two up to max_rows, but max_rows and its quarters for a frame
     # compiled on CPU: each bucket is one compiled graph, and a CPU compile takes a minute or more
@@ -84,6 +96,12 @@ class EngineConfig:
             raise ValueError(
                 f"engine.decode_buckets must be sizes in 1..max_rows ({self.max_rows}), got {self.decode_buckets}"
             )
+        if self.kv_buckets is not None and any(int(b) < 1 for b in self.kv_buckets):
+            raise ValueError(f"engine.kv_buckets must be positive key counts, got {self.kv_buckets}")
+        if self.memory_fraction is not None and not (0 < self.memory_fraction <= 1):
+            raise ValueError(f"engine.memory_fraction must lie in (0, 1], got {self.memory_fraction}")
+        if self.warm_up_budget_s is not None and self.warm_up_budget_s < 0:
+            raise ValueError(f"engine.warm_up_budget_s must be >= 0, got {self.warm_up_budget_s}")
         if self.sampling_history < 1:
             raise ValueError(f"engine.sampling_history must be >= 1, got {self.sampling_history}")
         if self.prefix_cache_entries < 0:

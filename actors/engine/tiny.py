@@ -79,6 +79,23 @@ SIZES = {
     ),
 }
 SIZES["s1-mini"] = dict(SIZES["small"], n_layer=28)  # S1-mini's shapes: "small" with its 28 layers
+# S2-Pro's shapes (its config.json: 36 slow layers of 2560 with 32/8 heads of 128 and a
+# 9728-wide SwiGLU; the fast stack 4 such layers; 10 codebooks of 4096)
+SIZES["s2-pro"] = dict(
+    n_layer=36,
+    dim=2560,
+    n_head=32,
+    n_local_heads=8,
+    head_dim=128,
+    intermediate_size=9728,
+    n_fast_layer=4,
+    fast_head_dim=128,
+    num_codebooks=10,
+    codebook_size=4096,
+    vocab_size=155776,
+)
+# the format each named shape is built in (the rest: S1's flat form)
+SIZE_FORMATS = {"s2-pro": FAMILY_S2}
 
 
 def special_tokens(codebook_size: int) -> dict[str, int]:
@@ -229,17 +246,19 @@ def config_dict(fmt: str, sizes: dict, max_seq_len: int) -> dict:
 def randomise_(model: torch.nn.Module, seed: int) -> None:
     """Deterministic init: weights N(0, 0.1/sqrt(fan_in/128)) so big shapes stay well
     scaled; norm weights 1 + 0.1 N(0, 1) (all-ones would hide a forgotten norm scale); biases
-    0.02 N(0, 1)."""
-    g = torch.Generator().manual_seed(seed)
+    0.02 N(0, 1). Drawn on the model's device (a real-size model on a GPU in a second, not a
+    minute of CPU): the same seed gives the same weights on the same kind of device."""
+    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            normal = torch.randn(p.shape, generator=g, device=p.device)
             if name.endswith("norm.weight"):
-                values = 1 + 0.1 * torch.randn(p.shape, generator=g)
+                values = 1 + 0.1 * normal
             elif name.endswith(".bias"):
-                values = 0.02 * torch.randn(p.shape, generator=g)
+                values = 0.02 * normal
             else:
                 fan_in = p.shape[-1]
-                values = torch.randn(p.shape, generator=g) * (0.1 * min(1.0, math.sqrt(128 / fan_in)))
+                values = normal * (0.1 * min(1.0, math.sqrt(128 / fan_in)))
             p.copy_(values.to(torch.bfloat16))  # stored like real checkpoints: bf16 values
 
 
@@ -302,10 +321,12 @@ def random_model(
     device: str = "auto",
     dtype: str = "auto",
     max_seq_len: int = 4096,
-    fmt: str = FAMILY_S1,
+    fmt: str | None = None,
 ) -> LoadedModel:
-    """A random model of a named shape built straight in memory (bench: no multi-GB files)."""
+    """A random model of a named shape built straight in memory (bench: no multi-GB files), in
+    `fmt` (default: the shape's own format, SIZE_FORMATS)."""
     sizes = SIZES[size]
+    fmt = fmt or SIZE_FORMATS.get(size, FAMILY_S1)
     config = parse_config(config_dict(fmt, sizes, max_seq_len), f"<random {size}>")
     tok = SyntheticTokenizer(sizes["codebook_size"])
     config = with_semantic_ids(config, tok.semantic_begin_id, tok.semantic_end_id, tok.source)

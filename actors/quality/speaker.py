@@ -70,7 +70,9 @@ class SpeakerEmbedder:
                 f"quality.speaker_model: {model_dir} holds a WavLM x-vector config.json but cannot be "
                 f"loaded ({e}); download the whole model beforehand (e.g. `{DOWNLOAD_HINT}`)"
             ) from None
-        self.model.to(device).eval()
+        # half precision on a GPU (its tensor cores' rate; what comes out is read in float32),
+        # float32 elsewhere
+        self.model.to(device, torch.float16 if torch.device(device).type == "cuda" else torch.float32).eval()
         self.device = device
         self.sample_rate = int(self.feature_extractor.sampling_rate)
         self.dim = int(self.model.config.xvector_output_dim)

@@ -41,6 +41,19 @@ def model_paths(model: ModelConfig) -> tuple[Path, Path]:
     return checkpoint, Path(codec_path) if codec_path else checkpoint / "codec.pth"
 
 
+def _log_warm_up(engine, seconds: float) -> None:
+    if engine.runner.compiled:
+        log.info(
+            "decode frame compiled in %.1f s (engine.compile=%s; cache %s)",
+            seconds, engine.config.compile, engine.runner.compile_cache,
+        )  # fmt: skip
+    if engine.graph_stats() is not None:
+        log.info(
+            "decode steps: %d CUDA graphs captured in %.1f s for %d slots (the rest when first met)",
+            engine.graph_stats()["captures"], seconds, engine.config.max_rows,
+        )  # fmt: skip
+
+
 def load(settings: ActorSettings) -> Loaded:
     import torch
 
@@ -88,12 +101,7 @@ def load(settings: ActorSettings) -> Loaded:
     sampling.validate()
     # a compiled frame is built here, before the first block arrives, for the job's sampling
     # (a frame specialises on it: top-k widths, which penalties run)
-    compile_s = engine.warm_up(sampling)
-    if engine.runner.compiled:
-        log.info(
-            "decode frame compiled in %.1f s (engine.compile=%s; cache %s)",
-            compile_s, settings.engine.compile, engine.runner.compile_cache,
-        )  # fmt: skip
+    _log_warm_up(engine, engine.warm_up(sampling))
     stream = torch.cuda.Stream(device=lm.device) if lm.device.type == "cuda" else None
     return Loaded(
         lm, codec, codec_runner, engine, PromptBuilder.for_model(lm), stream, sampling, checkpoint, codec_path

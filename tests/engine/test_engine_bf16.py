@@ -17,6 +17,11 @@ TEXTS = ["Hello there.", "A longer sentence, to be read aloud slowly.", "x", "Nu
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_packed_linear_gives_a_row_alone_what_it_gives_it_among_others(dtype):
+    if dtype == torch.bfloat16 and tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13):
+        # measured on Sapphire Rapids: torch 2.11's oneDNN, packed for 8 or 32 rows, gave 1-4 rows
+        # of 12..32-row calls other last bits than alone; packed for one row, a lone row other
+        # bits than in a call of 32. chorus's CPU engine is pinned to 2.13 (scripts/setup.sh)
+        pytest.skip("bf16 packed linears are row-exact from torch 2.13 (this is " + torch.__version__ + ")")
     # measured on AMD Zen 4: unpadded, float32 one-row results differed in every trial here; on
     # Sapphire Rapids (AMX), bfloat16 calls of more than 32 rows (prefills) differed in some rows
     torch.manual_seed(0)

@@ -91,11 +91,11 @@ def test_prompt_builder_matches_upstream_prompt(name):
 def test_score_in_float64_agrees_with_float32_vectors():
     v = vector_set("dualar-s2-tiny")
     lm = load_model(v / "checkpoint", device=TEST_DEVICE, dtype="float64")
-    slow, fast = lm.model.score(torch.from_numpy(np.load(v / "vectors/score_tokens.npy")))
+    slow, fast = lm.model.score(torch.from_numpy(np.load(v / "vectors/score_tokens.npy")).to(lm.device))
     assert slow.dtype == torch.float64
     # upstream's own float64 run differs from its float32 files by up to 1.2e-5
-    assert np.abs(slow.numpy() - np.load(v / "vectors/score_slow_logits.npy")).max() <= 5e-5
-    assert np.abs(fast.numpy() - np.load(v / "vectors/score_fast_logits.npy")).max() <= 5e-5
+    assert np.abs(slow.cpu().numpy() - np.load(v / "vectors/score_slow_logits.npy")).max() <= 5e-5
+    assert np.abs(fast.cpu().numpy() - np.load(v / "vectors/score_fast_logits.npy")).max() <= 5e-5
 
 
 # bfloat16 keeps 8 significant bits: unit roundoff u = 2^-9. A block rounds its activations to
@@ -124,3 +124,20 @@ def test_bfloat16_logits_within_the_rounding_bound(name):
     assert fast_err <= fast_bound, (fast_err, fast_bound)
     # and far from float32's agreement: bf16 really is a different precision (guards the test)
     assert slow_err > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DUALAR_SETS)
+def test_greedy_codes_reproduce_with_the_frame_compiled(name):
+    """The compiled frame (engine.compile=on: on the CPU its packed linears and attentions as ops
+    inductor leaves alone; on a GPU inside the engine's CUDA graphs) gives upstream's greedy
+    codes, as the eager frame does."""
+    v = vector_set(name)
+    prompt = np.load(v / "vectors/greedy_prompt.npy")
+    meta = json.loads((v / "vectors/greedy_meta.json").read_text())
+    lm = load_model(v / "checkpoint", device=TEST_DEVICE, dtype="float32")
+    config = EngineConfig(max_rows=2, max_tokens=prompt.shape[1] + 48, compile="on", cuda_graphs=True)
+    engine = Engine(lm, config)
+    assert engine.runner.compiled
+    result = engine.generate([Request("g", prompt, meta["max_new_tokens"], SamplingParams(temperature=0))])[0]
+    assert np.array_equal(result.codes, np.load(v / "vectors/greedy_codes.npy"))
