@@ -27,6 +27,14 @@ REF_ID = "ref_id"  # rows sharing one reference clip
 # makes them): used instead of ref_audio / ref_audio_path, nothing is encoded
 REF_CODES = "ref_codes"
 SPEAKER = "speaker"  # a label, copied to the output (rows may still differ in clip)
+# a dialogue row's voices: a list of structs, voices[i] the voice of <|speaker:i|> in the text;
+# each has a clip (bytes or path, as ref_audio / ref_audio_path) or codes (as ref_codes), and
+# the clip's transcript
+VOICES = "voices"
+VOICE_AUDIO = "audio"
+VOICE_AUDIO_PATH = "audio_path"
+VOICE_TEXT = "text"
+VOICE_CODES = "codes"
 SEED = "seed"
 # per-row overrides of the run's settings
 MAX_FRAMES = "max_frames"
@@ -41,6 +49,7 @@ OPTIONAL_INPUT = (
     REF_TEXT,
     REF_ID,
     REF_CODES,
+    VOICES,
     SPEAKER,
     SEED,
     MAX_FRAMES,
@@ -65,14 +74,31 @@ def _is_int_or_text(t: pa.DataType) -> bool:
 
 
 def _is_int_lists(t: pa.DataType) -> bool:
-    def is_list(x: pa.DataType) -> bool:
-        return pa.types.is_list(x) or pa.types.is_large_list(x) or pa.types.is_fixed_size_list(x)
-
-    return is_list(t) and is_list(t.value_type) and pa.types.is_integer(t.value_type.value_type)
+    return _is_list(t) and _is_list(t.value_type) and pa.types.is_integer(t.value_type.value_type)
 
 
 def _is_number_or_text(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or _is_text(t)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+# each field a voice struct may have, and what its values must be
+_VOICE_FIELDS = {VOICE_AUDIO: _is_bytes, VOICE_AUDIO_PATH: _is_text, VOICE_TEXT: _is_text}
+
+
+def _is_voices(t: pa.DataType) -> bool:
+    """A list of structs whose fields are among audio, audio_path, text and codes, each of its
+    type (a null-typed field, all of whose values are null, passes)."""
+    if not _is_list(t) or not pa.types.is_struct(t.value_type):
+        return False
+    for f in t.value_type:
+        accepts = _is_int_lists if f.name == VOICE_CODES else _VOICE_FIELDS.get(f.name)
+        if accepts is None or not (pa.types.is_null(f.type) or accepts(f.type)):
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -89,6 +115,11 @@ _KINDS = {
     REF_TEXT: _ColumnKind(_is_text, "string"),
     REF_ID: _ColumnKind(_is_text, "string"),
     REF_CODES: _ColumnKind(_is_int_lists, "list<list<integer>> ([num_codebooks][frames] codec codes)"),
+    VOICES: _ColumnKind(
+        _is_voices,
+        "list<struct<audio: binary, audio_path: string, text: string, codes: list<list<integer>>>> "
+        "(any of the four fields)",
+    ),
     SPEAKER: _ColumnKind(_is_int_or_text, "string or integer"),
     SEED: _ColumnKind(_is_int_or_text, "integer"),
     MAX_FRAMES: _ColumnKind(_is_int_or_text, "integer"),
@@ -262,6 +293,20 @@ SPEAKER_SIMILARITY = "speaker_similarity"
 MOS = "mos"
 MOS_SIG = "mos_sig"
 MOS_BAK = "mos_bak"
+# a row's speaker turns in order (a plain row has one: voice 0, the whole text), each with its
+# voice (an index into the row's voices), its words, its span in the row's audio (seconds, at
+# frame seams) and its speaker similarity against its own voice (null without quality.speaker)
+TURNS = "turns"
+TURN_SPEAKER = "speaker"
+TURN_TEXT = "text"
+TURN_START_S = "start_s"
+TURN_END_S = "end_s"
+TURN_SPEAKER_SIMILARITY = SPEAKER_SIMILARITY
+# output.channels: the audio as one channel, or (dialogue rows) one channel per voice
+CHANNELS_MONO = "mono"
+CHANNELS_PER_SPEAKER = "per_speaker"
+CHANNEL_CHOICES = (CHANNELS_MONO, CHANNELS_PER_SPEAKER)
+FLAC_MAX_CHANNELS = 8  # what a FLAC stream holds: per_speaker rows with more voices are errors
 # a digest of everything the row's audio depends on (text, reference, settings, model): a
 # rerun redoes a row whose digest changed
 CONTENT_HASH = "content_hash"
@@ -285,6 +330,15 @@ BATCH_TYPE = pa.struct(
         pa.field(BATCH_SLOT_OCCUPANCY, pa.float64()),
         pa.field(BATCH_ENGINE_BUSY, pa.float64()),
         pa.field(BATCH_ACTOR_MODEL_BUSY_MS, pa.float64()),
+    ]
+)
+TURN_TYPE = pa.struct(
+    [
+        pa.field(TURN_SPEAKER, pa.int32()),
+        pa.field(TURN_TEXT, pa.string()),
+        pa.field(TURN_START_S, pa.float64()),
+        pa.field(TURN_END_S, pa.float64()),
+        pa.field(TURN_SPEAKER_SIMILARITY, pa.float64()),
     ]
 )
 AUDIO_TYPE = pa.struct([pa.field(AUDIO_BYTES, pa.binary()), pa.field(AUDIO_PATH, pa.string())])
@@ -328,6 +382,7 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field(SEGMENT_FRAMES, pa.list_(pa.int32())),
         pa.field(SEGMENT_STOP_REASONS, pa.list_(pa.string())),
         pa.field(TRUNCATED_SEGMENTS, pa.list_(pa.int32())),
+        pa.field(TURNS, pa.list_(TURN_TYPE)),
         pa.field(RETRYABLE, pa.bool_()),
         pa.field(CONTENT_HASH, pa.string()),
         pa.field(ATTEMPTS, pa.int32()),

@@ -89,19 +89,22 @@ def _reason(problem: str) -> str:
 @dataclass(frozen=True)
 class RowHasher:
     """Everything a row's content hash depends on besides the row: picklable, so each planning
-    task builds its own (its clip cache lives as long as the task)."""
+    task builds its own (its clip cache lives as long as the task). `channels` (output.channels)
+    counts for dialogue rows only: a plain row's audio is mono either way."""
 
     settings_digest: str
     audio_root: Optional[str]
     input_dir: Optional[str]
+    channels: str = S.CHANNELS_MONO
 
     def hashes(self, table: pa.Table) -> list[Optional[str]]:
         """Each row's digest of everything its audio depends on: every input column (clip
-        bytes by hash, clip paths with the file's mtime and size) and the run's settings +
-        model fingerprint; None for a row whose id is unusable. `table` has canonical names."""
+        bytes by hash, clip paths with the file's mtime and size, a dialogue row's every voice
+        alike) and the run's settings + model fingerprint; None for a row whose id is unusable.
+        `table` has canonical names."""
         clip_stat = _ClipStat(self.audio_root, self.input_dir)
         order = sorted(table.column_names)
-        columns = [(name.encode() + b"=", table.column(name).to_pylist(), name == S.REF_AUDIO_PATH) for name in order]
+        columns = [(name.encode() + b"=", table.column(name).to_pylist(), name) for name in order]
         ids = table.column(S.ID).to_pylist()
         out: list[Optional[str]] = []
         for r, row_id in enumerate(ids):
@@ -109,13 +112,38 @@ class RowHasher:
                 out.append(None)
                 continue
             digest = hashlib.blake2b(self.settings_digest.encode(), digest_size=16)
-            for prefix, values, is_path in columns:
+            for prefix, values, name in columns:
                 value = values[r]
+                if name == S.VOICES:
+                    digest.update(prefix + _voices_bytes(value, clip_stat, self.channels) + b"\x00")
+                    continue
                 digest.update(prefix + _value_bytes(value) + b"\x00")
-                if is_path and isinstance(value, str):
-                    digest.update(clip_stat(value))
+                if name == S.REF_AUDIO_PATH:
+                    digest.update(_path_stamp(value, clip_stat))
             out.append(digest.hexdigest())
         return out
+
+
+def _path_stamp(value, clip_stat: _ClipStat) -> bytes:
+    return clip_stat(value) if isinstance(value, str) else b""
+
+
+def _voices_bytes(voices, clip_stat: _ClipStat, channels: str) -> bytes:
+    """A voices cell for hashing: each voice's fields (its clip by hash, its path with the
+    file's mtime and size), and the channels its audio gets; null or [] as a plain row's."""
+    if not voices:
+        return _value_bytes(None)
+    parts = [f"channels:{channels}".encode()]
+    for voice in voices:
+        if not isinstance(voice, dict):
+            parts.append(_value_bytes(voice))
+            continue
+        for key in sorted(voice):
+            value = voice[key]
+            stamp = _path_stamp(value, clip_stat) if key == S.VOICE_AUDIO_PATH else b""
+            parts.append(key.encode() + b":" + _value_bytes(value) + stamp)
+        parts.append(b"|")
+    return b"v" + hashlib.blake2b(b"\x00".join(parts), digest_size=16).digest()
 
 
 def _text_chars(texts) -> pa.Array:
