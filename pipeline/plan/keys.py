@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from actors import schema as S
+from actors.engine.segment import SPEAKER_TAG
 
 from ..location import is_local
 from .inputs import Fragment
@@ -63,6 +64,8 @@ PROBLEM = "_problem"  # why the id cannot name an output row (null when it can)
 REASON = "_reason"  # the problem's kind, for the counts: null_id, malformed_id, long_id, ...
 CLIP = "_clip"  # binary: which reference clip the row names (see _clip_identity)
 TEXT_CHARS = "_text_chars"  # int64
+VOICES = "_voices"  # int32: a dialogue row's voices (0: a plain row)
+TURNS = "_turns"  # int32: a dialogue row's speaker turns (0: a plain row)
 KEY_SCHEMA = pa.schema(
     [
         (S.ID, pa.string()),
@@ -74,6 +77,8 @@ KEY_SCHEMA = pa.schema(
         (FRAGMENT, pa.int32()),
         (ROW, pa.int64()),
         (TEXT_CHARS, pa.int64()),
+        (VOICES, pa.int32()),
+        (TURNS, pa.int32()),
     ]
 )
 
@@ -174,9 +179,23 @@ def annotate(table: pa.Table, fragment: Fragment, hasher: RowHasher) -> pa.Table
             FRAGMENT: pa.array([fragment.index] * n, pa.int32()),
             ROW: pa.array(range(fragment.first_row, fragment.first_row + n), pa.int64()),
             TEXT_CHARS: pc.cast(chars, pa.int64()),
+            **_dialogue_counts(table),
         },
         schema=KEY_SCHEMA,
     )
+
+
+def _dialogue_counts(table: pa.Table) -> dict:
+    """Per row: its voices (the length of its `voices` list) and, for a dialogue row, its turns
+    (its speaker tags; an untagged one-voice text is one turn), for the plan's sums."""
+    n = table.num_rows
+    if S.VOICES not in table.column_names or pa.types.is_null(table.column(S.VOICES).type):
+        zeros = pa.array([0] * n, pa.int32())
+        return {VOICES: zeros, TURNS: zeros}
+    voices = pc.cast(pc.fill_null(pc.list_value_length(table.column(S.VOICES)), 0), pa.int32())
+    tags = pc.fill_null(pc.count_substring_regex(table.column(S.TEXT), SPEAKER_TAG.pattern), 0)
+    turns = pc.if_else(pc.greater(voices, 0), pc.max_element_wise(tags, 1), 0)
+    return {VOICES: voices, TURNS: pc.cast(turns, pa.int32())}
 
 
 def _clip_identities(table: pa.Table) -> list[Optional[bytes]]:
