@@ -162,6 +162,10 @@ class BenchSettings:
     # share of rows that are long text (long_chars characters, generated in segments)
     long_fraction: float = 0.0
     long_chars: int = 3000
+    # share of rows that are dialogues (2-3 of the demo's voices, 2-4 turns; model=demo_s2 or an
+    # S2 checkpoint); above 0 every configuration runs twice: the dialogues, then the same
+    # texts as single-voice rows (the first voice), so the cost of per-turn segments shows
+    dialogue_fraction: float = 0.0
     seed: int = 0
     # the sweep: every (actors, slots) pair runs end to end on the same rows
     actors: list[int] = field(default_factory=lambda: [1])

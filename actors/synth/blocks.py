@@ -57,8 +57,9 @@ class Preparer:
                 jobs.append(job)
                 continue
             job = Job(spec, block)
-            if error is not None:
-                job.fail(str(error))
+            problem = str(error) if error is not None else self.planner.voices_problem(spec)
+            if problem:
+                job.fail(problem)
             jobs.append(job)
         return jobs
 

@@ -201,12 +201,9 @@ class ChainPlanner:
         escape = self._escape
         voice_texts = [escape(voice.text) for voice in spec.voices]
         references = [Reference(t or "", codes) for t, codes in zip(voice_texts, voice_codes or [])]
-        if len(references) > 1 and self.builder.config.family != FAMILY_S2:
-            raise RowError(
-                f"the row has {len(references)} voices, but an S1 checkpoint's prompt addresses one speaker "
-                f"(upstream's S1 code tags every reference <|speaker:0|>): dialogue rows need an S2 checkpoint "
-                f"(model=s2_pro, or model=demo_s2 to try)"
-            )
+        problem = self.voices_problem(spec)
+        if problem:
+            raise RowError(problem)
         self._check_length(text)
         fixed = self.builder.build("x", references=references).tokens.shape[1] - len(self.builder.tokenizer.encode("x"))
         if spec.dialogue:
@@ -216,6 +213,17 @@ class ChainPlanner:
         chain = RowChain(spec, replace(plan, prefix_key=_prefix_key(spec, voice_texts)), self, references)
         chain.prompt()
         return chain
+
+    def voices_problem(self, spec: RowSpec) -> Optional[str]:
+        """Why the model cannot speak the row's voices (None when it can): an S1 prompt has one
+        speaker. Asked before any clip is read, so a refused row costs nothing."""
+        if len(spec.voices) > 1 and self.builder.config.family != FAMILY_S2:
+            return (
+                f"the row has {len(spec.voices)} voices, but an S1 checkpoint's prompt addresses one speaker "
+                f"(upstream's S1 code tags every reference <|speaker:0|>): dialogue rows need an S2 checkpoint "
+                f"(model=s2_pro, or model=demo_s2 to try)"
+            )
+        return None
 
     def _escape(self, text: Any) -> Any:
         if self.settings.data.allow_special_tokens:

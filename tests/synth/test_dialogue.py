@@ -24,7 +24,7 @@ from actors.settings import ActorSettings, EngineSettings, ModelConfig, Sampling
 from actors.synth import SynthActor, Trace
 from actors.synth.chain import ChainPlanner
 from actors.synth.rows import RefSpec, RowError, VoiceSpec, parse_row
-from helpers import REPO, tune, vector_set
+from helpers import REPO, plant, tune, vector_set
 from pipeline.config import compose
 from pipeline.run.actor_settings import actor_arguments
 
@@ -227,25 +227,9 @@ def test_s1_refuses_several_voices_and_takes_one():
 
 
 # ---- the checks per turn: planted faults ---------------------------------------------------
-def plant(monkeypatch, actor: SynthActor, fault) -> list:
-    """Before a decoded row is measured, `fault(job, round, wave, spans)` may give another wave
-    (round: the decoded rounds the row had before; spans: its turns' sample spans)."""
-    hear, listen, seen, in_hand = actor.finisher.hear, hearing.listen, [], {}
-
-    def planted_hear(jobs):
-        in_hand.clear()
-        in_hand.update({id(job.result.codes): job for job in jobs})
-        return hear(jobs)
-
-    def planted_listen(task, wave, *args):
-        job = in_hand[id(task.codes)]
-        seen.append((job.spec.id, len(job.rounds)))
-        spans = hearing.stretches([frames for _, frames in task.turns], FRAME)
-        return listen(task, fault(job, len(job.rounds), wave, spans), *args)
-
-    monkeypatch.setattr(actor.finisher, "hear", planted_hear)
-    monkeypatch.setattr(hearing, "listen", planted_listen)
-    return seen
+def spans(task: hearing.HearTask) -> list[tuple[int, int]]:
+    """A heard row's turns' sample spans."""
+    return hearing.stretches([frames for _, frames in task.turns], FRAME)
 
 
 def voiced(actor: SynthActor, clips, swapped: dict):
@@ -253,9 +237,9 @@ def voiced(actor: SynthActor, clips, swapped: dict):
     `swapped`: round -> {turn: the voice whose clip it gets instead}."""
     waves = [actor.references.load(str(clips / f"{name}.flac")) for name in NAMES]
 
-    def fault(job, round_: int, wave: np.ndarray, spans) -> np.ndarray:
+    def fault(job, round_: int, wave: np.ndarray, task) -> np.ndarray:
         planted = wave.copy()
-        for k, ((start, end), (voice, _)) in enumerate(zip(spans, job.chain.plan.turns)):
+        for k, ((start, end), (voice, _)) in enumerate(zip(spans(task), job.chain.plan.turns)):
             planted[start:end] = waves[swapped.get(round_, {}).get(k, voice)]
         return planted
 
@@ -292,10 +276,11 @@ def test_a_zeroed_turn_regenerates_from_its_own_segment(actor, clips, monkeypatc
     (before,) = actor(rows(dialogue())).to_pylist()
     first = actor.recorder.segments["talk"]
 
-    def zero_turn_1(job, round_: int, wave: np.ndarray, spans) -> np.ndarray:
+    def zero_turn_1(job, round_: int, wave: np.ndarray, task) -> np.ndarray:
         planted = wave.copy()
         if round_ == 0:
-            planted[spans[1][0] : spans[1][1]] = 0.0
+            start, end = spans(task)[1]
+            planted[start:end] = 0.0
         return planted
 
     # a quarter of the row is silent, under max_silence_ratio (0.5): the row as a whole passes,
