@@ -1,5 +1,5 @@
-"""The one place that names the columns chorus reads and writes (docs/architecture.md §7), and the
-checks a table must pass before any work starts.
+"""The one place that names the columns chorus reads and writes (docs/architecture.md §7); the
+types an input column may have, checked before any work starts, are actors/input_types.py's.
 
 Input columns have canonical names here; `data.columns` maps each to the user's column name
 and the driver renames them on read, so everything after the read speaks canonical names.
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Optional
 
 import pyarrow as pa
@@ -58,109 +56,6 @@ OPTIONAL_INPUT = (
     TOP_K,
 )
 INPUT_COLUMNS = REQUIRED_INPUT + OPTIONAL_INPUT
-
-
-def _is_text(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
-
-
-def _is_bytes(t: pa.DataType) -> bool:
-    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
-
-
-def _is_int_or_text(t: pa.DataType) -> bool:
-    # numbers stored as text are parsed per row, so one bad value fails one row, not the table
-    return pa.types.is_integer(t) or _is_text(t)
-
-
-def _is_int_lists(t: pa.DataType) -> bool:
-    return _is_list(t) and _is_list(t.value_type) and pa.types.is_integer(t.value_type.value_type)
-
-
-def _is_number_or_text(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or _is_text(t)
-
-
-def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-
-
-# each field a voice struct may have, and what its values must be
-_VOICE_FIELDS = {VOICE_AUDIO: _is_bytes, VOICE_AUDIO_PATH: _is_text, VOICE_TEXT: _is_text}
-
-
-def _is_voices(t: pa.DataType) -> bool:
-    """A list of structs whose fields are among audio, audio_path, text and codes, each of its
-    type (a null-typed field, all of whose values are null, passes)."""
-    if not _is_list(t) or not pa.types.is_struct(t.value_type):
-        return False
-    for f in t.value_type:
-        accepts = _is_int_lists if f.name == VOICE_CODES else _VOICE_FIELDS.get(f.name)
-        if accepts is None or not (pa.types.is_null(f.type) or accepts(f.type)):
-            return False
-    return True
-
-
-@dataclass(frozen=True)
-class _ColumnKind:
-    accepts: Callable[[pa.DataType], bool]
-    expected: str
-
-
-_KINDS = {
-    ID: _ColumnKind(_is_text, "string"),
-    TEXT: _ColumnKind(lambda t: _is_text(t) or _is_bytes(t), "string (or UTF-8 binary)"),
-    REF_AUDIO: _ColumnKind(_is_bytes, "binary (WAV/FLAC/OGG bytes)"),
-    REF_AUDIO_PATH: _ColumnKind(_is_text, "string"),
-    REF_TEXT: _ColumnKind(_is_text, "string"),
-    REF_ID: _ColumnKind(_is_text, "string"),
-    REF_CODES: _ColumnKind(_is_int_lists, "list<list<integer>> ([num_codebooks][frames] codec codes)"),
-    VOICES: _ColumnKind(
-        _is_voices,
-        "list<struct<audio: binary, audio_path: string, text: string, codes: list<list<integer>>>> "
-        "(any of the four fields)",
-    ),
-    SPEAKER: _ColumnKind(_is_int_or_text, "string or integer"),
-    SEED: _ColumnKind(_is_int_or_text, "integer"),
-    MAX_FRAMES: _ColumnKind(_is_int_or_text, "integer"),
-    TEMPERATURE: _ColumnKind(_is_number_or_text, "number"),
-    TOP_P: _ColumnKind(_is_number_or_text, "number"),
-    TOP_K: _ColumnKind(_is_int_or_text, "integer"),
-}
-
-
-class InputSchemaError(ValueError):
-    """The input table cannot be used at all (a required column is missing or has a type no
-    row could be read from). Raised before any work starts."""
-
-
-def check_input_schema(schema: pa.Schema, columns: Mapping[str, str], source: str) -> dict[str, str]:
-    """Check `schema` against the column mapping (canonical name -> the table's name).
-
-    Returns {table column -> canonical name} for the columns present, to rename on read.
-    Raises InputSchemaError naming every missing or mistyped column."""
-    problems = []
-    present = {}
-    for canonical in INPUT_COLUMNS:
-        name = columns.get(canonical, canonical)
-        index = schema.get_field_index(name)
-        if index < 0:
-            if canonical in REQUIRED_INPUT:
-                hint = "" if name == canonical else f" (data.columns.{canonical})"
-                problems.append(f"required column '{name}'{hint} is missing")
-            continue
-        dtype = schema.field(index).type
-        if pa.types.is_dictionary(dtype):  # dictionary-encoded: judged (and read) by its values
-            dtype = dtype.value_type
-        kind = _KINDS[canonical]
-        if not (pa.types.is_null(dtype) or kind.accepts(dtype)):
-            problems.append(f"column '{name}' has type {dtype}, expected {kind.expected}")
-            continue
-        present[name] = canonical
-    if problems:
-        found = ", ".join(schema.names) or "none"
-        raise InputSchemaError(f"input {source}: " + "; ".join(problems) + f" (columns found: {found})")
-    return present
 
 
 ID_MAX_CHARS = 256
