@@ -18,6 +18,7 @@ from actors.engine.config import load_config, with_semantic_ids
 from actors.engine.prompt import PromptBuilder
 from actors.engine.tokenizer import load_tokenizer
 from actors.engine.types import SamplingParams
+from actors.lru import LRU
 from actors.quality import hearing
 from actors.quality.tiny import build_tiny_wavlm
 from actors.settings import ActorSettings, EngineSettings, ModelConfig, SamplingSettings
@@ -152,6 +153,30 @@ def test_a_dialogue_row_is_the_same_in_any_block(actor):
         }
     ]
     assert audio(batch["plain-0"]).ndim == 1  # plain rows stay mono
+
+
+def test_a_shared_voice_is_encoded_once_and_the_voices_prefix_reused(actor, monkeypatch):
+    encoded = []
+    real = actor.codec.encode_batch
+    monkeypatch.setattr(
+        actor.codec, "encode_batch", lambda waves, **kw: encoded.append(len(waves)) or real(waves, **kw)
+    )
+    monkeypatch.setattr(actor.references, "cache", LRU(8))
+    pair = [
+        dialogue(f"pair-{i}", "<|speaker:0|>Hi.<|speaker:1|>Hello.<|speaker:0|>Bye.", names=("ada", "ben"))
+        for i in range(2)
+    ]
+    out = actor(rows(*pair, dialogue("trio"))).to_pylist()
+    assert all(r[S.STATUS] == S.STATUS_OK for r in out) and sum(encoded) == 3  # three clips, five uses
+    # every turn after a row's first prefills only its history and its text: the voices' K/V,
+    # the prompts' shared prefix, is restored (two voices' prefix is shorter than three's)
+    reused = {
+        i: {r.prefix_reused_tokens for _, r in actor.recorder.segments[i][1:]} for i in ("pair-0", "pair-1", "trio")
+    }
+    assert reused["pair-0"] == reused["pair-1"] and len(reused["pair-0"]) == len(reused["trio"]) == 1
+    assert 0 < min(reused["pair-0"]) < min(reused["trio"])
+    actor(rows(*pair))
+    assert sum(encoded) == 3  # from the cache now
 
 
 def test_bad_dialogue_rows_are_errors_naming_the_problem(actor):
