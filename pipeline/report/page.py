@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from actors import schema as S
@@ -249,7 +250,7 @@ def _samples(run: ReportRun, max_audio_rows: int) -> str:
     columns = {name: run.strings(name) for name in (S.ID, S.STATUS, S.STOP_REASON, S.ERROR)}
     columns.update({name: run.floats(name) for name in (S.AUDIO_SECONDS, S.RTF, S.TOTAL_MS)})
     columns[S.TEXT] = run.strings(S.TEXT) if with_text else None
-    columns[S.TURNS] = run.strings(S.TURNS) if run.has(S.TURNS) else None
+    columns[S.TURNS] = _picked(run, S.TURNS, ok_picks + err_picks)
     ok = run.ok
     rows = [_sample_cells(columns, i, bool(ok[i]), audio.get(i, {}), run.output_dir) for i in ok_picks + err_picks]
     what = (
@@ -291,9 +292,16 @@ def _sample_cells(columns: dict, i: int, ok: bool, audio: dict, output_dir: Path
         cells.append(("msg", esc(note)))
         return cells
     player = f'<audio controls preload="metadata" src="{esc(src)}"></audio>' + (f"<br>{esc(note)}" if note else "")
-    turns = columns[S.TURNS][i] if columns[S.TURNS] is not None else None
-    cells.append(player + _turns_line(turns))
+    cells.append(player + _turns_line(columns[S.TURNS].get(i)))
     return cells
+
+
+def _picked(run: ReportRun, name: str, picks: list[int]) -> dict:
+    """{row -> value} of one column for the picked rows only (a list column of every row the
+    page read would be hundreds of thousands of Python objects)."""
+    if not run.has(name) or not picks:
+        return {}
+    return dict(zip(picks, run.table.column(name).take(pa.array(picks, pa.int64())).to_pylist()))
 
 
 def _turns_line(turns: Optional[list]) -> str:
