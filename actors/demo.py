@@ -1,5 +1,6 @@
-"""The built-in demo model: a tiny random S1-format checkpoint and a tiny codec that agree
-(10 codebooks of 128), built on first use into a cache directory.
+"""The built-in demo models: a tiny random checkpoint in the S1 format (model=demo) or the S2
+format (model=demo_s2: the chat prompt, several voices per row) and a tiny codec that agrees
+with both (10 codebooks of 128), built on first use into a cache directory.
 
 Several actors may start at once on one machine, so the build runs under a file lock and
 lands by renaming a finished temporary directory: a reader sees a complete build or none.
@@ -41,25 +42,27 @@ def _builders_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def _build(into: Path) -> None:
+def _build(into: Path, family: str) -> None:
     from actors.codec.tiny import make_tiny as make_tiny_codec
     from actors.engine.tiny import make_tiny as make_tiny_model
 
-    make_tiny_model(into / MODEL_DIR, fmt="s1", seed=0, num_codebooks=NUM_CODEBOOKS, codebook_size=CODEBOOK_SIZE)
+    make_tiny_model(into / MODEL_DIR, fmt=family, seed=0, num_codebooks=NUM_CODEBOOKS, codebook_size=CODEBOOK_SIZE)
     make_tiny_codec(into / CODEC_DIR, seed=0, semantic_codebook_size=CODEBOOK_SIZE, codebook_size=CODEBOOK_SIZE)
 
 
-def demo_assets(root: Path | None = None) -> tuple[Path, Path]:
-    """(checkpoint dir, codec dir) of the demo, building them once per cache directory."""
+def demo_assets(root: Path | None = None, family: str = "s1") -> tuple[Path, Path]:
+    """(checkpoint dir, codec dir) of the demo of `family` (s1 or s2), building them once per
+    cache directory."""
     root = Path(root) if root is not None else cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"demo-{DEMO_VERSION}-{_builders_fingerprint()}"
+    name = "demo" if family == "s1" else f"demo-{family}"  # the S1 demo's folder as it always was
+    final = root / f"{name}-{DEMO_VERSION}-{_builders_fingerprint()}"
     if not final.is_dir():
         with FileLock(str(final) + ".lock"):
             if not final.is_dir():  # another process may have finished while we waited
                 staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
                 try:
-                    _build(staging)
+                    _build(staging, family)
                     os.replace(staging, final)
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)

@@ -1,5 +1,5 @@
-"""The one place that names the columns chorus reads and writes (docs/architecture.md §7), and the
-checks a table must pass before any work starts.
+"""The one place that names the columns chorus reads and writes (docs/architecture.md §7); the
+types an input column may have, checked before any work starts, are actors/input_types.py's.
 
 Input columns have canonical names here; `data.columns` maps each to the user's column name
 and the driver renames them on read, so everything after the read speaks canonical names.
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Optional
 
 import pyarrow as pa
@@ -27,6 +25,14 @@ REF_ID = "ref_id"  # rows sharing one reference clip
 # makes them): used instead of ref_audio / ref_audio_path, nothing is encoded
 REF_CODES = "ref_codes"
 SPEAKER = "speaker"  # a label, copied to the output (rows may still differ in clip)
+# a dialogue row's voices: a list of structs, voices[i] the voice of <|speaker:i|> in the text;
+# each has a clip (bytes or path, as ref_audio / ref_audio_path) or codes (as ref_codes), and
+# the clip's transcript
+VOICES = "voices"
+VOICE_AUDIO = "audio"
+VOICE_AUDIO_PATH = "audio_path"
+VOICE_TEXT = "text"
+VOICE_CODES = "codes"
 SEED = "seed"
 # per-row overrides of the run's settings
 MAX_FRAMES = "max_frames"
@@ -41,6 +47,7 @@ OPTIONAL_INPUT = (
     REF_TEXT,
     REF_ID,
     REF_CODES,
+    VOICES,
     SPEAKER,
     SEED,
     MAX_FRAMES,
@@ -49,87 +56,6 @@ OPTIONAL_INPUT = (
     TOP_K,
 )
 INPUT_COLUMNS = REQUIRED_INPUT + OPTIONAL_INPUT
-
-
-def _is_text(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
-
-
-def _is_bytes(t: pa.DataType) -> bool:
-    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
-
-
-def _is_int_or_text(t: pa.DataType) -> bool:
-    # numbers stored as text are parsed per row, so one bad value fails one row, not the table
-    return pa.types.is_integer(t) or _is_text(t)
-
-
-def _is_int_lists(t: pa.DataType) -> bool:
-    def is_list(x: pa.DataType) -> bool:
-        return pa.types.is_list(x) or pa.types.is_large_list(x) or pa.types.is_fixed_size_list(x)
-
-    return is_list(t) and is_list(t.value_type) and pa.types.is_integer(t.value_type.value_type)
-
-
-def _is_number_or_text(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or _is_text(t)
-
-
-@dataclass(frozen=True)
-class _ColumnKind:
-    accepts: Callable[[pa.DataType], bool]
-    expected: str
-
-
-_KINDS = {
-    ID: _ColumnKind(_is_text, "string"),
-    TEXT: _ColumnKind(lambda t: _is_text(t) or _is_bytes(t), "string (or UTF-8 binary)"),
-    REF_AUDIO: _ColumnKind(_is_bytes, "binary (WAV/FLAC/OGG bytes)"),
-    REF_AUDIO_PATH: _ColumnKind(_is_text, "string"),
-    REF_TEXT: _ColumnKind(_is_text, "string"),
-    REF_ID: _ColumnKind(_is_text, "string"),
-    REF_CODES: _ColumnKind(_is_int_lists, "list<list<integer>> ([num_codebooks][frames] codec codes)"),
-    SPEAKER: _ColumnKind(_is_int_or_text, "string or integer"),
-    SEED: _ColumnKind(_is_int_or_text, "integer"),
-    MAX_FRAMES: _ColumnKind(_is_int_or_text, "integer"),
-    TEMPERATURE: _ColumnKind(_is_number_or_text, "number"),
-    TOP_P: _ColumnKind(_is_number_or_text, "number"),
-    TOP_K: _ColumnKind(_is_int_or_text, "integer"),
-}
-
-
-class InputSchemaError(ValueError):
-    """The input table cannot be used at all (a required column is missing or has a type no
-    row could be read from). Raised before any work starts."""
-
-
-def check_input_schema(schema: pa.Schema, columns: Mapping[str, str], source: str) -> dict[str, str]:
-    """Check `schema` against the column mapping (canonical name -> the table's name).
-
-    Returns {table column -> canonical name} for the columns present, to rename on read.
-    Raises InputSchemaError naming every missing or mistyped column."""
-    problems = []
-    present = {}
-    for canonical in INPUT_COLUMNS:
-        name = columns.get(canonical, canonical)
-        index = schema.get_field_index(name)
-        if index < 0:
-            if canonical in REQUIRED_INPUT:
-                hint = "" if name == canonical else f" (data.columns.{canonical})"
-                problems.append(f"required column '{name}'{hint} is missing")
-            continue
-        dtype = schema.field(index).type
-        if pa.types.is_dictionary(dtype):  # dictionary-encoded: judged (and read) by its values
-            dtype = dtype.value_type
-        kind = _KINDS[canonical]
-        if not (pa.types.is_null(dtype) or kind.accepts(dtype)):
-            problems.append(f"column '{name}' has type {dtype}, expected {kind.expected}")
-            continue
-        present[name] = canonical
-    if problems:
-        found = ", ".join(schema.names) or "none"
-        raise InputSchemaError(f"input {source}: " + "; ".join(problems) + f" (columns found: {found})")
-    return present
 
 
 ID_MAX_CHARS = 256
@@ -262,6 +188,20 @@ SPEAKER_SIMILARITY = "speaker_similarity"
 MOS = "mos"
 MOS_SIG = "mos_sig"
 MOS_BAK = "mos_bak"
+# a row's speaker turns in order (a plain row has one: voice 0, the whole text), each with its
+# voice (an index into the row's voices), its words, its span in the row's audio (seconds, at
+# frame seams) and its speaker similarity against its own voice (null without quality.speaker)
+TURNS = "turns"
+TURN_SPEAKER = "speaker"
+TURN_TEXT = "text"
+TURN_START_S = "start_s"
+TURN_END_S = "end_s"
+TURN_SPEAKER_SIMILARITY = SPEAKER_SIMILARITY
+# output.channels: the audio as one channel, or (dialogue rows) one channel per voice
+CHANNELS_MONO = "mono"
+CHANNELS_PER_SPEAKER = "per_speaker"
+CHANNEL_CHOICES = (CHANNELS_MONO, CHANNELS_PER_SPEAKER)
+FLAC_MAX_CHANNELS = 8  # what a FLAC stream holds: per_speaker rows with more voices are errors
 # a digest of everything the row's audio depends on (text, reference, settings, model): a
 # rerun redoes a row whose digest changed
 CONTENT_HASH = "content_hash"
@@ -285,6 +225,15 @@ BATCH_TYPE = pa.struct(
         pa.field(BATCH_SLOT_OCCUPANCY, pa.float64()),
         pa.field(BATCH_ENGINE_BUSY, pa.float64()),
         pa.field(BATCH_ACTOR_MODEL_BUSY_MS, pa.float64()),
+    ]
+)
+TURN_TYPE = pa.struct(
+    [
+        pa.field(TURN_SPEAKER, pa.int32()),
+        pa.field(TURN_TEXT, pa.string()),
+        pa.field(TURN_START_S, pa.float64()),
+        pa.field(TURN_END_S, pa.float64()),
+        pa.field(TURN_SPEAKER_SIMILARITY, pa.float64()),
     ]
 )
 AUDIO_TYPE = pa.struct([pa.field(AUDIO_BYTES, pa.binary()), pa.field(AUDIO_PATH, pa.string())])
@@ -328,6 +277,7 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field(SEGMENT_FRAMES, pa.list_(pa.int32())),
         pa.field(SEGMENT_STOP_REASONS, pa.list_(pa.string())),
         pa.field(TRUNCATED_SEGMENTS, pa.list_(pa.int32())),
+        pa.field(TURNS, pa.list_(TURN_TYPE)),
         pa.field(RETRYABLE, pa.bool_()),
         pa.field(CONTENT_HASH, pa.string()),
         pa.field(ATTEMPTS, pa.int32()),

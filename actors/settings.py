@@ -25,6 +25,7 @@ from actors.engine.types import SamplingParams
 from actors.errors import ConfigError
 from actors.quality.settings import QualitySettings
 
+DEMO_FAMILIES = ("s1", "s2")  # the built-in demo checkpoints (actors/demo.py)
 MISSING = "???"  # OmegaConf's mark of a required value (omegaconf.MISSING), without importing it
 
 INT32_MAX = (1 << 31) - 1  # top_k, max_frames: int32 output columns
@@ -83,11 +84,16 @@ class ModelConfig:
     # ~2x faster. Samples differ from torch's layers by float rounding (~1e-6), as they do
     # between CPU kinds, so this is not part of a row's identity
     codec_kernels: bool = True
+    # the family of the built-in demo checkpoint (model.checkpoint null): s1 (model=demo) or s2
+    # (model=demo_s2), each a tiny random model of that family's on-disk format
+    demo_family: str = "s1"
     # where the demo checkpoint is built on each actor's node (null = ~/.cache/chorus there);
     # the driver's $CHORUS_CACHE, when set, is passed on
     cache_dir: Optional[str] = "${oc.env:CHORUS_CACHE,null}"
 
     def validate(self) -> None:
+        if self.demo_family not in DEMO_FAMILIES:
+            raise ConfigError(f"model.demo_family must be one of {', '.join(DEMO_FAMILIES)}, got {self.demo_family!r}")
         if self.device != "auto" and not _DEVICE.match(self.device):
             raise ConfigError(f"model.device must be auto, cpu, cuda, cuda:N, mps, xpu or xpu:N, got {self.device!r}")
         names = ", ".join(DTYPE_NAMES)
@@ -108,6 +114,7 @@ class InputColumns:
     ref_text: str = schema.REF_TEXT
     ref_id: str = schema.REF_ID
     ref_codes: str = schema.REF_CODES
+    voices: str = schema.VOICES
     speaker: str = schema.SPEAKER
     seed: str = schema.SEED
     max_frames: str = schema.MAX_FRAMES
@@ -144,6 +151,9 @@ class DataConfig:
     # false: spellings of the tokenizer's special tokens in text (`<|im_end|>`, ...) are
     # escaped and read as plain characters; true: they act as control tokens (power users)
     allow_special_tokens: bool = False
+    # most voices a dialogue row may have (its `voices` list); each voice's clip and codes are
+    # in every turn's prompt
+    max_voices: int = 8
     # URI schemes a ref_audio_path may use (local paths and file:// always work)
     uri_schemes: list[str] = field(default_factory=lambda: ["s3", "gs", "gcs", "hdfs", "abfs", "abfss"])
 
@@ -153,7 +163,7 @@ class DataConfig:
         return self.max_text_bytes if self.max_text_bytes is not None else 4 * self.max_text_chars
 
     def validate(self) -> None:
-        for key in ("max_text_chars", "max_reference_bytes", "max_text_bytes"):
+        for key in ("max_text_chars", "max_reference_bytes", "max_text_bytes", "max_voices"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(f"data.{key} must be >= 1, got {getattr(self, key)}")
         for key in ("max_reference_seconds", "reference_timeout_s"):
@@ -298,6 +308,8 @@ class RunContext:
     input_dir: Optional[str] = None
     keep_codes: bool = True
     threads: Optional[int] = None
+    # output.channels: mono, or per_speaker (a dialogue row's audio gets one channel per voice)
+    channels: str = schema.CHANNELS_MONO
 
 
 @dataclass

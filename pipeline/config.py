@@ -21,6 +21,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from actors import schema as S
 from actors.demo import cache_root
 from actors.settings import (
     ConfigError,
@@ -46,6 +47,10 @@ class OutputSettings:
     dir: str = "outputs/${data.name}"
     # keep the generated codes next to the audio (re-decodable, small)
     keep_codes: bool = True
+    # mono: every row's audio is one channel; per_speaker: a dialogue row's audio has one
+    # channel per voice, each voice's turns on its channel and exact silence elsewhere (plain
+    # rows stay mono; FLAC holds at most 8 channels)
+    channels: str = S.CHANNELS_MONO
     # true: delete what the output holds and start over; false: resume it
     overwrite: bool = False
     # periodic progress line (when there is no terminal for a bar), seconds
@@ -74,6 +79,8 @@ class OutputSettings:
             raise ConfigError(
                 f"output.shard_bytes and output.shard_rows must be >= 1, got {self.shard_bytes} and {self.shard_rows}"
             )
+        if self.channels not in S.CHANNEL_CHOICES:
+            raise ConfigError(f"output.channels must be one of {', '.join(S.CHANNEL_CHOICES)}, got {self.channels!r}")
         if self.on_change not in ("redo", "refuse"):
             raise ConfigError(f"output.on_change must be redo or refuse, got {self.on_change!r}")
         if not 0 < self.lease_heartbeat_s < self.lease_stale_s:
@@ -155,6 +162,10 @@ class BenchSettings:
     # share of rows that are long text (long_chars characters, generated in segments)
     long_fraction: float = 0.0
     long_chars: int = 3000
+    # share of rows that are dialogues (2-3 of the demo's voices, 2-4 turns; model=demo_s2 or an
+    # S2 checkpoint); above 0 every configuration runs twice: the dialogues, then the same
+    # texts as single-voice rows (the first voice), so the cost of per-turn segments shows
+    dialogue_fraction: float = 0.0
     seed: int = 0
     # the sweep: every (actors, slots) pair runs end to end on the same rows
     actors: list[int] = field(default_factory=lambda: [1])

@@ -3,7 +3,7 @@
 Writes a copy of the input table with a `ref_codes` column (data.columns.ref_codes names it):
 each row's reference (ref_audio or ref_audio_path) encoded by the run's codec, as a run would
 encode it -- same clip checks, same root confinement, each distinct clip (or ref_id) encoded
-once. A run given that table reads no clip and encodes nothing: a row's `ref_codes` is used in
+once; a dialogue row's `voices` get each voice's `codes` the same way. A run given that table reads no clip and encodes nothing: a row's `ref_codes` is used in
 place of its audio. Rows without a reference get null; a row whose clip cannot be used gets
 null too and is listed (the run then reports the same error for it). Rows that already have
 ref_codes keep them. The model and codec load here, in this process (the actor's own code
@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import uuid
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,32 +43,24 @@ def encode_refs(out_path: str, overrides: list[str]) -> dict:
     scan = scan_input(plain["data"]["path"], columns)
     actor = SynthActor(**actor_arguments(cfg, scan.root, run_id="encode-refs"))
     codes_name = columns.get(S.REF_CODES, S.REF_CODES)
-    tables, failures, encoded = [], [], 0
+    voices_name = columns.get(S.VOICES, S.VOICES)
+    tables, failures, counts = [], [], {"encoded": 0}
     for path in scan.files:
         table = pq.read_table(path, filesystem=scan.filesystem)
         canonical = table.rename_columns([scan.rename.get(n, n) for n in table.column_names])
-        existing = canonical.column(S.REF_CODES).to_pylist() if S.REF_CODES in canonical.column_names else None
-        values = []
+        ref_codes, voices = [], []
         for start in range(0, table.num_rows, ROWS_PER_CALL):
             part = canonical.slice(start, ROWS_PER_CALL)
-            if existing is not None:  # encode only the rows that do not have codes yet
-                part = part.drop_columns([S.REF_CODES])
-            for offset, (codes, error) in enumerate(actor.encode_references(part)):
-                row = start + offset
-                if existing is not None and existing[row] is not None:
-                    values.append(existing[row])
-                elif codes is not None:
-                    values.append(codes.tolist())
-                    encoded += 1
-                else:
-                    values.append(None)
-                    if error is not None:
-                        failures.append(f"row {canonical.column(S.ID)[row].as_py()!r}: {error}")
-        column = pa.array(values, type=REF_CODES_TYPE)
-        if codes_name in table.column_names:
-            table = table.set_column(table.column_names.index(codes_name), codes_name, column)
-        else:
-            table = table.append_column(codes_name, column)
+            for row, encoded in zip(part.to_pylist(), actor.encode_references(_without_codes(part))):
+                ref_codes.append(_ref_codes(row, encoded, counts))
+                voices.append(_voices(row, encoded, counts))
+                if encoded.error is not None:
+                    failures.append(f"row {row.get(S.ID)!r}: {encoded.error}")
+        column = pa.array(ref_codes, type=REF_CODES_TYPE)
+        table = _with_column(table, codes_name, column)
+        voices_type = _voices_type(canonical.schema)
+        if voices_type is not None:
+            table = _with_column(table, voices_name, pa.array(voices, type=voices_type))
         tables.append(table)
     result = pa.concat_tables(tables, promote_options="default")
     if is_local(out_path):
@@ -80,7 +73,56 @@ def encode_refs(out_path: str, overrides: list[str]) -> dict:
         pq.write_table(result, out_path)
     for failure in failures:
         log.warning("no ref_codes for %s", failure)
-    return {"rows": result.num_rows, "encoded": encoded, "failed": len(failures), "output": out_path}
+    return {"rows": result.num_rows, "encoded": counts["encoded"], "failed": len(failures), "output": out_path}
+
+
+def _without_codes(part: pa.Table) -> pa.Table:
+    """The rows as the actor is to encode them: codes a row already has are kept as they are
+    (a ref_codes cell; a voice's codes), so only the clips without codes are encoded."""
+    if S.REF_CODES in part.column_names:
+        part = part.drop_columns([S.REF_CODES])
+    return part
+
+
+def _ref_codes(row: dict, encoded, counts: dict):
+    """A plain row's ref_codes cell: the codes it had, else its clip's, else null."""
+    if row.get(S.REF_CODES) is not None:
+        return row[S.REF_CODES]
+    if encoded.codes is None:
+        return None
+    counts["encoded"] += 1
+    return encoded.codes.tolist()
+
+
+def _voices(row: dict, encoded, counts: dict):
+    """A dialogue row's voices with each voice's codes filled in (those it had are kept)."""
+    voices = row.get(S.VOICES)
+    if not voices or encoded.voices is None:
+        return voices
+    out = []
+    for voice, codes in zip(voices, encoded.voices):
+        if voice.get(S.VOICE_CODES) is None:
+            voice = {**voice, S.VOICE_CODES: codes.tolist()}
+            counts["encoded"] += 1
+        out.append(voice)
+    return out
+
+
+def _voices_type(schema: pa.Schema) -> Optional[pa.DataType]:
+    """The voices column's type with a codes field (list<list<int16>>); None when the table has
+    no voices (or only nulls there)."""
+    index = schema.get_field_index(S.VOICES)
+    struct = getattr(schema.field(index).type, "value_type", None) if index >= 0 else None
+    if struct is None or not pa.types.is_struct(struct):
+        return None
+    fields = [f for f in struct if f.name != S.VOICE_CODES] + [pa.field(S.VOICE_CODES, REF_CODES_TYPE)]
+    return pa.list_(pa.struct(fields))
+
+
+def _with_column(table: pa.Table, name: str, column: pa.Array) -> pa.Table:
+    if name in table.column_names:
+        return table.set_column(table.column_names.index(name), name, column)
+    return table.append_column(name, column)
 
 
 def main(argv: list[str]) -> int:

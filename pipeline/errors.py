@@ -3,7 +3,7 @@ reported as one message naming the file, key or row and the fix, never as a trac
 
 from __future__ import annotations
 
-from actors.schema import InputSchemaError
+from actors.input_types import InputSchemaError
 from actors.settings import ConfigError
 
 

@@ -2,7 +2,9 @@
 overrides, planned by the same code (pipeline/plan/job.py plan_job), without a model, actors
 or writing anything into the output. Prints a table, then as its last line one JSON object:
 rows_total, to_synthesize, done, changed, retry, rejected (reason -> rows), text_chars,
-estimated_frames, estimated_hours (from preview.bench=PATH, a bench.json; else null).
+dialogue_rows, voices and turns (of the rows to synthesize: rows with a `voices` list, their
+voices, their speaker turns), estimated_frames, estimated_hours (from preview.bench=PATH, a
+bench.json; else null).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def result(summary: DecisionCounts, frames_per_s: Optional[float]) -> dict:
         "retry": summary.count(P.RETRY),
         "rejected": dict(sorted(summary.rejected.items())),
         "text_chars": summary.text_chars,
+        "dialogue_rows": summary.dialogue_rows,
+        "voices": summary.voices,
+        "turns": summary.turns,
         "estimated_frames": summary.estimated_frames,
         "estimated_hours": hours,
     }
@@ -63,6 +68,10 @@ def table(figures: dict, summary: DecisionCounts) -> str:
     for reason, rows in figures["rejected"].items():
         lines.append(f"| rejected: {reason} | {rows:,} |")
     lines.append(f"| text characters to synthesize | {figures['text_chars']:,} |")
+    if figures["dialogue_rows"]:
+        lines.append(
+            f"| dialogue rows (voices, turns) | {figures['dialogue_rows']:,} ({figures['voices']:,}, {figures['turns']:,}) |"
+        )
     lines.append(f"| estimated frames | {figures['estimated_frames']:,} |")
     hours = figures["estimated_hours"]
     lines.append(f"| estimated hours | {'-' if hours is None else f'{hours:.2f}'} |")

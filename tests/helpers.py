@@ -342,6 +342,46 @@ def write_run(out: Path, rows: list[dict], *, summary: dict | None = None, split
 
 
 # ---- an actor called directly (tests/synth, tests/quality) --------------------------------
+# the demo table's dialogue rows (several voices) need an S2 model: the S1 demo refuses them
+S1_DIALOGUE_REFUSAL = "an S1 checkpoint's prompt addresses one speaker"
+
+
+def demo_dialogue_ids() -> list[str]:
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(DEMO_TABLE, columns=["id", "voices"]).to_pylist()
+    return [row["id"] for row in rows if row["voices"]]
+
+
+def ok_or_refused_on_s1(row: dict) -> bool:
+    """An ok row, or a dialogue row the S1 demo refused (naming the limit)."""
+    return row["status"] == "ok" or row["status"] == "error" and S1_DIALOGUE_REFUSAL in (row["error"] or "")
+
+
+def plant(monkeypatch, actor, fault) -> list:
+    """Before a decoded row is measured, `fault(job, round, wave, task)` may give another wave in
+    its place (round: how many decoded rounds the row had before this one; task: its HearTask).
+    The actor must decode in its own process (engine.codec_process=false), so the planted
+    `hearing.listen` is the one the finisher's hearing calls. Returns the (id, round)s seen."""
+    from actors.quality import hearing
+
+    hear, listen, seen, in_hand = actor.finisher.hear, hearing.listen, [], {}
+
+    def planted_hear(jobs):
+        in_hand.clear()
+        in_hand.update({id(job.result.codes): job for job in jobs})
+        return hear(jobs)
+
+    def planted_listen(task, wave, *args):
+        job = in_hand[id(task.codes)]
+        seen.append((job.spec.id, len(job.rounds)))
+        return listen(task, fault(job, len(job.rounds), wave, task), *args)
+
+    monkeypatch.setattr(actor.finisher, "hear", planted_hear)
+    monkeypatch.setattr(hearing, "listen", planted_listen)
+    return seen
+
+
 def tune(monkeypatch, actor, group: str, **changes) -> None:
     """A variant of one of the actor's settings groups, for one test (every part reads it)."""
     from dataclasses import replace

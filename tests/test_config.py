@@ -142,6 +142,9 @@ def test_the_text_byte_cap_admits_every_text_within_max_text_chars():
         ("engine.max_concurrent_blocks=0", "engine.max_concurrent_blocks must be >= 1, got 0"),
         ("engine.feed_queue_rows=-1", "engine.feed_queue_rows must be >= 0, got -1"),
         ("engine.compile=sometimes", "engine.compile must be one of off, on, auto .* got 'sometimes'"),
+        ("output.channels=stereo", "output.channels must be one of mono, per_speaker, got 'stereo'"),
+        ("data.max_voices=0", "data.max_voices must be >= 1, got 0"),
+        ("model.demo_family=s3", "model.demo_family must be one of s1, s2, got 's3'"),
     ],
 )
 def test_bad_settings_are_refused_before_ray_starts(tmp_path, monkeypatch, override, message):

@@ -16,6 +16,9 @@ CLIPPING = "clipping"
 LOUDNESS = "loudness"
 MOS = "mos"
 FLAGS = (NO_AUDIO, TRUNCATED, REPETITION, WER, SPEAKER, SPEECH_RATE, SILENCE, CLIPPING, LOUDNESS, MOS)
+# the flags a stretch of a row's audio (a segment's, a turn's) shows on its own; the others
+# need the whole row
+LOCAL_FLAGS = (SILENCE, CLIPPING, LOUDNESS)
 
 ASR_BACKENDS = ("whisper",)  # Whisper through transformers (actors/quality/asr.py)
 SPEAKER_BACKENDS = ("wavlm",)  # a WavLM x-vector model through transformers (actors/quality/speaker.py)

@@ -15,7 +15,7 @@ import numpy as np
 
 from actors import schema as S
 from actors.quality import attempts, checks
-from actors.quality.flags import MOS, NO_AUDIO, SPEAKER, SPEECH_RATE, WER
+from actors.quality.flags import LOCAL_FLAGS, MOS, NO_AUDIO, SPEAKER, SPEECH_RATE, WER
 from actors.settings import QualitySettings
 
 
@@ -77,7 +77,9 @@ class RowQuality:
     regenerated_frames: int = 0  # of those, generated again because a check on the audio failed
     metrics: Optional[checks.AudioMetrics] = None
     asr: Any = None  # an asr.Transcript, when quality.asr is set
-    speaker_similarity: Optional[float] = None  # with quality.speaker and a reference
+    speaker_similarity: Optional[float] = None  # with quality.speaker and a reference: the lowest turn's
+    turn_similarities: list = field(default_factory=list)  # each turn's, against its own voice
+    turn_flags: list = field(default_factory=list)  # each turn's flags (a dialogue row's turns, measured alone)
     mos: Any = None  # a mos.MOSScore, when quality.mos is set
     audio_flags: list[str] = field(default_factory=list)  # what the decoded audio showed
 
@@ -89,21 +91,38 @@ class RowQuality:
         self.generated_frames += sum(a.frames for a in segment.attempts)
         return kept
 
-    def add_audio(self, metrics: checks.AudioMetrics) -> None:
-        """The decoded audio's measurements (checks.audio_metrics, made where it was decoded)."""
+    def add_audio(self, metrics: checks.AudioMetrics, turn_metrics: Optional[list] = None) -> None:
+        """The decoded audio's measurements (checks.audio_metrics, made where it was decoded);
+        with `turn_metrics` (a dialogue row's turns, each measured alone) a flag any turn's own
+        stretch shows (silence, clipping, loudness) flags the row too."""
         self.metrics = metrics
         self._flag(*checks.audio_flags(metrics, self.settings))
+        self.turn_flags = [
+            [flag for flag in checks.audio_flags(m, self.settings) if flag in LOCAL_FLAGS] for m in turn_metrics or []
+        ]
+        self._flag(*(flag for flags in self.turn_flags for flag in flags))
 
     def add_transcript(self, transcript: Any) -> None:
         self.asr = transcript
         if transcript.wer > self.settings.max_wer:
             self._flag(WER)
 
-    def add_speaker_similarity(self, similarity: Optional[float]) -> None:
-        """None (no reference, or a clip too short to embed) is not measured, not a flag."""
-        self.speaker_similarity = similarity
-        if similarity is not None and similarity < self.settings.min_speaker_similarity:
+    def add_speaker_similarities(self, similarities: list[Optional[float]]) -> None:
+        """Each turn's similarity to its own voice; the row's is the lowest. None (no reference,
+        or a stretch too short to embed) is not measured, not a flag."""
+        self.turn_similarities = list(similarities)
+        measured = [value for value in similarities if value is not None]
+        self.speaker_similarity = min(measured) if measured else None
+        if self.speaker_similarity is not None and self.speaker_similarity < self.settings.min_speaker_similarity:
             self._flag(SPEAKER)
+
+    def first_failing_turn(self, flag: str) -> Optional[int]:
+        """The first turn whose own measurement shows `flag` (a local flag, or speaker); None
+        when no turn was measured alone for it."""
+        if flag == SPEAKER and len(self.turn_similarities) > 1:
+            low = self.settings.min_speaker_similarity
+            return next((k for k, v in enumerate(self.turn_similarities) if v is not None and v < low), None)
+        return next((k for k, flags in enumerate(self.turn_flags) if flag in flags), None)
 
     def add_mos(self, score: Any) -> None:
         self.mos = score
@@ -144,10 +163,17 @@ class RowQuality:
         self.regenerated_frames += sum(kept.frames for kept in self.segments[segment:])
         del self.segments[segment:]
         self.metrics = self.asr = self.speaker_similarity = self.mos = None
-        self.audio_flags = []
+        self.audio_flags, self.turn_similarities, self.turn_flags = [], [], []
 
     def snapshot(self) -> RowQuality:
-        return replace(self, segments=list(self.segments), tries=dict(self.tries), audio_flags=list(self.audio_flags))
+        return replace(
+            self,
+            segments=list(self.segments),
+            tries=dict(self.tries),
+            audio_flags=list(self.audio_flags),
+            turn_similarities=list(self.turn_similarities),
+            turn_flags=list(self.turn_flags),
+        )
 
     @property
     def rejected(self) -> bool:

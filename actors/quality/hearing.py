@@ -20,23 +20,24 @@ import numpy as np
 
 from actors.alone import each_alone
 from actors.quality import checks
-from actors.quality.flags import CLIPPING, LOUDNESS, SILENCE
+from actors.quality.flags import LOCAL_FLAGS
 from actors.settings import QualitySettings
-
-# the flags a segment's own stretch of audio can show (the others need the whole row)
-LOCAL_FLAGS = (SILENCE, CLIPPING, LOUDNESS)
 
 
 @dataclass(frozen=True)
 class HearTask:
-    """One finished row to hear: its codes [C, frames], its text (for the speech rate), the
-    frames of each of its segments (for a stretch's own checks), and whether the wave itself
-    must come back."""
+    """One finished row to hear: its codes [C, frames], its words (for the speech rate), the
+    frames of each of its segments (for a stretch's own checks), its turns as (voice, frames)
+    in order (a dialogue row's turns are each measured alone too), the channels its file gets
+    (more than one: each voice's turns on its own channel, silence elsewhere), and whether the
+    wave itself must come back."""
 
     codes: np.ndarray
     text: Optional[str]
     segment_frames: tuple[int, ...]
     keep_wave: bool = False
+    turns: tuple[tuple[int, int], ...] = ()
+    channels: int = 1
 
 
 @dataclass
@@ -44,13 +45,15 @@ class Heard:
     """What hearing one row made. `failure` (with `retryable`): why it has no audio; then the
     other fields are empty. `segment_metrics`: each segment's stretch measured alone, only when
     the row has several and its audio shows a local flag `quality.reject` lists (the gate then
-    needs the first segment that shows it). Times in ms: the row's share of its decode call,
+    needs the first segment that shows it); `turn_metrics`: each turn's, for a row of several
+    turns (a dialogue's turn is a unit of its own: a silent turn fails the row). Times in ms: the row's share of its decode call,
     the checks' CPU time, the FLAC encoding's."""
 
     samples: int = 0
     flac: Optional[bytes] = None
     metrics: Optional[checks.AudioMetrics] = None
     segment_metrics: Optional[list] = None
+    turn_metrics: Optional[list] = None  # each turn's stretch measured alone (dialogue rows)
     wave: Optional[np.ndarray] = None
     failure: Optional[str] = None
     retryable: bool = False
@@ -134,12 +137,17 @@ def listen(task: HearTask, wave: np.ndarray, quality: QualitySettings, sample_ra
     began = time.thread_time()
     metrics = checks.audio_metrics(wave, sample_rate, task.text, quality)
     segment_metrics = _segment_metrics(task, wave, metrics, quality, sample_rate, frame_length)
+    turn_metrics = None
+    if len(task.turns) > 1:
+        spans = stretches([frames for _, frames in task.turns], frame_length)
+        turn_metrics = [checks.audio_metrics(wave[a:b], sample_rate, None, quality) for a, b in spans]
     checks_ms = (time.thread_time() - began) * 1000.0
     began = time.perf_counter()
     from actors import audio
 
     try:
-        flac = audio.encode_audio(wave, sample_rate, "flac")
+        placed = per_voice_channels(wave, task.turns, task.channels, frame_length) if task.channels > 1 else wave
+        flac = audio.encode_audio(placed, sample_rate, "flac")
     except Exception as e:
         return Heard(failure=f"FLAC encoding: {e!r}")
     return Heard(
@@ -147,6 +155,7 @@ def listen(task: HearTask, wave: np.ndarray, quality: QualitySettings, sample_ra
         flac=flac,
         metrics=metrics,
         segment_metrics=segment_metrics,
+        turn_metrics=turn_metrics,
         wave=wave if task.keep_wave else None,
         checks_ms=checks_ms,
         flac_ms=(time.perf_counter() - began) * 1000.0,
@@ -166,9 +175,26 @@ def _segment_metrics(
     shown = checks.audio_flags(metrics, quality)
     if len(task.segment_frames) < 2 or not any(f in quality.reject for f in shown if f in LOCAL_FLAGS):
         return None
-    stretches, start = [], 0
-    for frames in task.segment_frames:
-        stretch = wave[start * frame_length : (start + frames) * frame_length]
-        start += frames
-        stretches.append(checks.audio_metrics(stretch, sample_rate, None, quality))
-    return stretches
+    spans = stretches(task.segment_frames, frame_length)
+    return [checks.audio_metrics(wave[a:b], sample_rate, None, quality) for a, b in spans]
+
+
+def stretches(frames: Sequence[int], frame_length: int) -> list[tuple[int, int]]:
+    """The sample span [start, end) of each of consecutive stretches of `frames` frames."""
+    spans, start = [], 0
+    for n in frames:
+        spans.append((start * frame_length, (start + n) * frame_length))
+        start += n
+    return spans
+
+
+def per_voice_channels(
+    wave: np.ndarray, turns: Sequence[tuple[int, int]], channels: int, frame_length: int
+) -> np.ndarray:
+    """The row's one decoded wave placed on `channels` channels, [samples, channels]: each turn's
+    samples on its voice's channel, exact zeros everywhere else, so the channels sum to the wave
+    (the decode ran once over the whole row: no seam of its own at a turn's edge)."""
+    placed = np.zeros((len(wave), channels), dtype=wave.dtype)
+    for (voice, _), (start, end) in zip(turns, stretches([frames for _, frames in turns], frame_length)):
+        placed[start:end, voice] = wave[start:end]
+    return placed

@@ -24,6 +24,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -69,7 +70,11 @@ class SynthActor:
         base_sampling = loaded.sampling
         self.clock = BusyClock()  # engine steps and codec calls, overlap counted once
         self.writer = RowWriter(
-            settings, settings.model.name or self.lm.name, str(self.lm.device), self.codec.sample_rate
+            settings,
+            settings.model.name or self.lm.name,
+            str(self.lm.device),
+            self.codec.sample_rate,
+            self.codec.frame_length,
         )
         shape = CodecShape(
             self.lm.config.num_codebooks, self.lm.config.codebook_size, self.codec.sample_rate, self.codec.frame_length
@@ -119,8 +124,7 @@ class SynthActor:
         asr = load_asr(quality, device)
         speaker = load_speaker_check(quality, device, self._reference_wave)
         mos = load_mos(quality, settings.run.threads)
-        fps = self.codec.sample_rate / self.codec.frame_length
-        return QualityGate(settings, fps, self.codec.sample_rate, asr, speaker, mos)
+        return QualityGate(settings, self.codec.frame_length, self.codec.sample_rate, asr, speaker, mos)
 
     def _reference_wave(self, ref: RefSpec) -> tuple[np.ndarray, int]:
         """A reference's audio for the speaker check: its clip read as the run reads it, or,
@@ -177,26 +181,44 @@ class SynthActor:
             "steps": steps,
         }
 
-    def encode_references(self, batch: pa.Table) -> list[tuple[Optional[np.ndarray], Optional[str]]]:
-        """Per row of an input batch (canonical column names): (its reference's codes, None),
-        (None, None) when it has no reference, or (None, why it has none). The same checks,
-        loading and encoding as a synthesized row's reference, each distinct clip encoded once
+    def encode_references(self, batch: pa.Table) -> list[Encoded]:
+        """Per row of an input batch (canonical column names): its reference's codes (a plain
+        row), each of its voices' codes (a dialogue row), or why it has none. The same checks,
+        loading and encoding as a synthesized row's voices, each distinct clip encoded once
         (python -m pipeline.encode_refs)."""
-        specs: list = []  # per row: its RefSpec, None, or the RowError's message
+        rows: list = []  # per row: its voices, or the RowError's message
         for values in batch.to_pylist():
             try:
-                specs.append(self.references.spec(values))
+                rows.append((bool(values.get(S.VOICES)), self.references.voices(values)))
             except RowError as e:
-                specs.append(str(e))
-        resolved = self.references.resolve([s for s in specs if s is not None and not isinstance(s, str)])
+                rows.append((False, str(e)))
+        wanted = [voice.ref for _, voices in rows if not isinstance(voices, str) for voice in voices]
+        resolved = self.references.resolve(wanted)
         out = []
-        for spec in specs:
-            if spec is None or isinstance(spec, str):
-                out.append((None, spec))
+        for dialogue, voices in rows:
+            if isinstance(voices, str):
+                out.append(Encoded(error=voices))
                 continue
-            outcome = resolved[spec.key]
-            out.append((None, outcome.failure.message) if outcome.failure else (outcome.codes, None))
+            outcomes = [resolved[voice.ref.key] for voice in voices]
+            failed = [(i, o.failure.message) for i, o in enumerate(outcomes) if o.failure is not None]
+            if failed:
+                index, message = failed[0]
+                out.append(Encoded(error=f"voices[{index}]: {message}" if dialogue else message))
+            elif dialogue:
+                out.append(Encoded(voices=[o.codes for o in outcomes]))
+            else:
+                out.append(Encoded(codes=outcomes[0].codes if outcomes else None))
         return out
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A row's references encoded (SynthActor.encode_references): a plain row's `codes`, a
+    dialogue row's `voices` (each voice's), or the `error` that left it without."""
+
+    codes: Optional[np.ndarray] = None
+    voices: Optional[list] = None
+    error: Optional[str] = None
 
 
 class SynthStage(SynthActor):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +49,7 @@ class Preparer:
         jobs = []
         for index, values in enumerate(batch.to_pylist()):
             try:
-                spec, error = parse_row(index, values, self.settings, self.base_sampling, self.references.spec)
+                spec, error = parse_row(index, values, self.settings, self.base_sampling, self.references.voices)
             except Exception as e:  # a bug, not the row's content: this row fails, retryable
                 log.error("reading row %d failed:\n%s", index, traceback.format_exc())
                 job = Job(RowSpec(index, values.get(S.ID), values), block)
@@ -56,8 +57,9 @@ class Preparer:
                 jobs.append(job)
                 continue
             job = Job(spec, block)
-            if error is not None:
-                job.fail(str(error))
+            problem = str(error) if error is not None else self.planner.voices_problem(spec)
+            if problem:
+                job.fail(problem)
             jobs.append(job)
         return jobs
 
@@ -65,9 +67,12 @@ class Preparer:
         """References and chains for the jobs; a row that cannot run gets its failure here.
         Each wave goes to `ready` longest frame budget first (see longest_first)."""
         for job in jobs:
-            if job.ok and job.spec.reference and job.ref_codes is None:
-                job.ref_codes = self.references.cached(job.spec.reference.key)  # encoded before: no wait
-        waiting = {id(j) for j in jobs if j.ok and j.spec.reference and j.ref_codes is None}
+            if job.ok:  # encoded before: no wait
+                job.voice_codes = [
+                    codes if codes is not None else self.references.cached(voice.ref.key)
+                    for voice, codes in zip(job.spec.voices, job.voice_codes)
+                ]
+        waiting = {id(j) for j in jobs if j.ok and any(codes is None for codes in j.voice_codes)}
         self._plan([j for j in jobs if id(j) not in waiting], ready)
         with_clip = [j for j in jobs if id(j) in waiting]
         self.resolve(with_clip)
@@ -77,24 +82,26 @@ class Preparer:
         for job in wave:
             if job.ok:
                 try:
-                    job.chain = self.planner.plan(job.spec, job.ref_codes)
+                    job.chain = self.planner.plan(job.spec, job.voice_codes)
                 except (PromptError, RowError, ValueError) as e:
                     job.fail(str(e))
         ready(sorted(wave, key=longest_first))
 
     def resolve(self, jobs: list[Job]) -> None:
-        """The jobs' reference codes (or failures), each distinct clip read and encoded once."""
-        resolved = self.references.resolve([j.spec.reference for j in jobs])
-        sharing: dict[str, int] = {}
-        for job in jobs:
-            sharing[job.spec.reference.key] = sharing.get(job.spec.reference.key, 0) + 1
-        for job in jobs:
-            outcome = resolved[job.spec.reference.key]
+        """The jobs' voices' codes (or failures), each distinct clip read and encoded once; a
+        clip's encode time is shared by the voices using it."""
+        wanted = [(job, i) for job in jobs for i, codes in enumerate(job.voice_codes) if codes is None]
+        resolved = self.references.resolve([job.spec.voices[i].ref for job, i in wanted])
+        sharing = Counter(job.spec.voices[i].ref.key for job, i in wanted)
+        for job, i in wanted:
+            key = job.spec.voices[i].ref.key
+            outcome = resolved[key]
             if outcome.failure is not None:
-                job.fail(outcome.failure.message, outcome.failure.retryable)
+                label = f"voices[{i}]: " if job.spec.dialogue else ""
+                job.fail(label + outcome.failure.message, outcome.failure.retryable)
                 continue
-            job.ref_codes = outcome.codes
-            job.codec_ms += outcome.encode_ms / sharing[job.spec.reference.key]
+            job.voice_codes[i] = outcome.codes
+            job.codec_ms += outcome.encode_ms / sharing[key]
 
 
 def run_block(actor: Any, batch: pa.Table, number: int) -> pa.Table:

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import numpy as np
 
 from actors import schema as S
-from actors.engine.prompt import PreviousSegment, Prompt, PromptError, check_text
+from actors.engine.config import FAMILY_S2
+from actors.engine.dialogue import DialogueError, DialogueSegment, dialogue_segments, dialogue_turns, spoken_text
+from actors.engine.prompt import PreviousSegment, Prompt, PromptError, Reference, check_text
 from actors.engine.segment import segment_budget, segment_text, utf8_len
 from actors.engine.types import STOP_ERROR, Request, Result
 from actors.settings import ActorSettings
@@ -33,15 +36,33 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SegmentPlan:
     """A row's segments, the frame budget of each, and the key its prompts' reference part is
-    shared under (None without a reference)."""
+    shared under (None without a reference). `turns`: the row's speaker turns as the output
+    reports them, (voice, words), and `segment_turns` the turn each segment belongs to (a plain
+    row: one turn, the whole text); `spoken`: each segment's words, without speaker tags (what
+    its speech rate is measured against)."""
 
     texts: tuple[str, ...]
     frames: tuple[int, ...]
     prefix_key: Optional[str] = None
+    turns: tuple[tuple[int, str], ...] = ()
+    segment_turns: tuple[int, ...] = ()
+    spoken: tuple[str, ...] = ()
 
     @property
     def max_frames(self) -> int:
         return sum(self.frames)
+
+    @property
+    def words(self) -> str:
+        """The row's words as spoken: its turns' words, one turn a line."""
+        return "\n".join(text for _, text in self.turns)
+
+    def turn_frames(self, segment_frames: list[int]) -> list[int]:
+        """Frames per turn, from the frames of each segment (in order)."""
+        out = [0] * len(self.turns)
+        for turn, frames in zip(self.segment_turns, segment_frames):
+            out[turn] += frames
+        return out
 
 
 def segment_seed(seed: int, segment: int, attempt: int = 0) -> int:
@@ -60,9 +81,9 @@ class RowChain:
     `joined` is the row's result. Owned by one thread at a time (the caller builds it, then
     the engine feeder alone touches it)."""
 
-    def __init__(self, spec: RowSpec, plan: SegmentPlan, planner: ChainPlanner, ref_text: Any, ref_codes: Any):
+    def __init__(self, spec: RowSpec, plan: SegmentPlan, planner: ChainPlanner, references: list[Reference]):
         self.spec, self.plan, self.planner = spec, plan, planner
-        self.ref_text, self.ref_codes = ref_text, ref_codes
+        self.references = references  # one per voice, in voice order
         self.results: list[Result] = []
         self.steps: list[int] = []  # the actor's engine step at which each segment finished
         self.history: list[int] = []  # how many previous segments each segment's prompt kept
@@ -87,8 +108,7 @@ class RowChain:
                 self._prompt = self.planner.builder.build_segment(
                     self.plan.texts[k],
                     previous,
-                    ref_text=self.ref_text,
-                    ref_codes=self.ref_codes,
+                    references=self.references,
                     max_columns=self.planner.positions - self.plan.frames[k],
                 )
             except PromptError as e:
@@ -173,22 +193,44 @@ class ChainPlanner:
         self.settings, self.builder = settings, builder
         self.positions, self.special_tokens = positions, special_tokens
 
-    def plan(self, spec: RowSpec, ref_codes: Any) -> RowChain:
+    def plan(self, spec: RowSpec, voice_codes: Optional[list] = None) -> RowChain:
         """The row's chain with its first prompt built (in the caller's thread, so the engine
-        feeder only adds it); RowError, PromptError or ValueError when the row cannot run."""
-        text = spec.text if spec.text is not None else spec.values.get(S.TEXT)
-        ref_text = spec.values.get(S.REF_TEXT)
-        if not self.settings.data.allow_special_tokens:
-            text = escape_special_tokens(text, self.special_tokens)
-            ref_text = escape_special_tokens(ref_text, self.special_tokens)
-        plan = self.segments(spec, check_text(text), ref_text, ref_codes)
-        chain = RowChain(spec, plan, self, ref_text, ref_codes)
+        feeder only adds it); RowError, PromptError or ValueError when the row cannot run.
+        `voice_codes`: each of the row's voices' codes, in order."""
+        text = check_text(spec.text if spec.text is not None else spec.values.get(S.TEXT))
+        escape = self._escape
+        voice_texts = [escape(voice.text) for voice in spec.voices]
+        references = [Reference(t or "", codes) for t, codes in zip(voice_texts, voice_codes or [])]
+        problem = self.voices_problem(spec)
+        if problem:
+            raise RowError(problem)
+        self._check_length(text)
+        fixed = self.builder.build("x", references=references).tokens.shape[1] - len(self.builder.tokenizer.encode("x"))
+        if spec.dialogue:
+            plan = self._dialogue(spec, text, fixed)
+        else:
+            plan = self._plain(spec, text, fixed)
+        chain = RowChain(spec, replace(plan, prefix_key=_prefix_key(spec, voice_texts)), self, references)
         chain.prompt()
         return chain
 
-    def segments(self, spec: RowSpec, text: str, ref_text: Any, ref_codes: Any) -> SegmentPlan:
-        """The row's segments and each one's frame budget. A text that fits one segment stays
-        one segment, unchanged: its prompt is exactly that of a plain row."""
+    def voices_problem(self, spec: RowSpec) -> Optional[str]:
+        """Why the model cannot speak the row's voices (None when it can): an S1 prompt has one
+        speaker. Asked before any clip is read, so a refused row costs nothing."""
+        if len(spec.voices) > 1 and self.builder.config.family != FAMILY_S2:
+            return (
+                f"the row has {len(spec.voices)} voices, but an S1 checkpoint's prompt addresses one speaker "
+                f"(upstream's S1 code tags every reference <|speaker:0|>): dialogue rows need an S2 checkpoint "
+                f"(model=s2_pro, or model=demo_s2 to try)"
+            )
+        return None
+
+    def _escape(self, text: Any) -> Any:
+        if self.settings.data.allow_special_tokens:
+            return text
+        return escape_special_tokens(text, self.special_tokens)
+
+    def _check_length(self, text: str) -> None:
         if not text.strip():
             raise RowError("text is empty")
         limit = self.settings.data.max_text_chars
@@ -197,22 +239,55 @@ class ChainPlanner:
                 f"text is {len(text)} characters long, more than data.max_text_chars={limit}; "
                 f"split the row or raise data.max_text_chars"
             )
-        fixed = self.builder.build("x", ref_text=ref_text, ref_codes=ref_codes).tokens.shape[1] - len(
-            self.builder.tokenizer.encode("x")
-        )
-        texts = self._cut(spec, text, fixed)
+
+    def _plain(self, spec: RowSpec, text: str, fixed: int) -> SegmentPlan:
+        """A plain row's segments and each one's frame budget. A text that fits one segment
+        stays one segment, unchanged: its prompt is exactly that of a plain row."""
+        words, text = text, self._escape(text)
+        long_form = self.settings.long_form
+        texts = self._cut(spec, fixed, lambda max_bytes: segment_text(text, max_bytes, long_form.max_turns), [text])
         if len(texts) == 1:  # the text itself (unchanged when within the budget): a plain row
             frames = (spec.max_frames,)
         else:
             frames = tuple(spec.max_frames if spec.explicit_frames else frame_budget(self.settings, t) for t in texts)
             log.debug("row %s: %d bytes in %d segments", spec.id, utf8_len(text), len(texts))
-        prefix_key = None
-        if spec.reference is not None:
-            key = f"{spec.reference.key}\x00{ref_text or ''}".encode("utf-8", "replace")
-            prefix_key = hashlib.blake2b(key, digest_size=16).hexdigest()
-        return SegmentPlan(tuple(texts), frames, prefix_key)
+        return SegmentPlan(
+            tuple(texts), frames, turns=((0, words),), segment_turns=(0,) * len(texts), spoken=tuple(texts)
+        )
 
-    def _cut(self, spec: RowSpec, text: str, fixed: int) -> list[str]:
+    def _dialogue(self, spec: RowSpec, text: str, fixed: int) -> SegmentPlan:
+        """A dialogue row: each turn its own segment (a turn too long for one request in pieces,
+        each repeating its tag), so every turn starts and ends at a frame seam. S1's prompt has
+        its own <|speaker:0|> before each text, so there a segment's text is its words alone."""
+        try:
+            turns = dialogue_turns(text, len(spec.voices))
+        except DialogueError as e:
+            raise RowError(str(e)) from None
+        prompt_turns = [replace(turn, prompt_text=self._escape(turn.prompt_text)) for turn in turns]
+        whole = [turn.prompt_text for turn in prompt_turns]
+        pieces: list = []
+
+        def cut(max_bytes: int) -> list[str]:
+            pieces[:] = dialogue_segments(prompt_turns, max_bytes)
+            return [piece.text for piece in pieces]
+
+        self._cut(spec, fixed, cut, whole)
+        if not pieces:  # no room to cut in, but every turn fits as it is
+            pieces = [DialogueSegment(turn.prompt_text, index) for index, turn in enumerate(prompt_turns)]
+        spoken = tuple(spoken_text(piece.text) for piece in pieces)
+        s2 = self.builder.config.family == FAMILY_S2
+        return SegmentPlan(
+            texts=tuple(piece.text for piece in pieces) if s2 else spoken,
+            frames=tuple(spec.max_frames if spec.explicit_frames else frame_budget(self.settings, t) for t in spoken),
+            turns=tuple((turn.speaker, turn.spoken) for turn in turns),
+            segment_turns=tuple(piece.turn for piece in pieces),
+            spoken=spoken,
+        )
+
+    def _cut(self, spec: RowSpec, fixed: int, cut: Callable[[int], list[str]], whole: list[str]) -> list[str]:
+        """`cut(max_bytes)`'s pieces at the largest budget the slot allows (with room kept for
+        history once there are several); `whole`, the uncut pieces, when no budget leaves room
+        to cut in but each fits as it is; RowError when one does not."""
         engine, long_form = self.settings.engine, self.settings.long_form
         explicit = spec.explicit_frames  # a max_frames column caps each segment
         sizing = dict(
@@ -224,20 +299,29 @@ class ChainPlanner:
             min_frames=0 if explicit else engine.min_frames,
         )
         try:
-            texts = segment_text(text, segment_budget(**sizing).max_bytes, long_form.max_turns)
+            texts = cut(segment_budget(**sizing).max_bytes)
             if len(texts) > 1:  # a chain: each prompt keeps room for the segment before it
                 try:
-                    budget = segment_budget(**sizing, history_fraction=long_form.history_fraction)
-                    texts = segment_text(text, budget.max_bytes, long_form.max_turns)
+                    texts = cut(segment_budget(**sizing, history_fraction=long_form.history_fraction).max_bytes)
                 except ValueError:  # no room to keep history: segments fill the budget, each on its own
-                    pass
+                    texts = cut(segment_budget(**sizing).max_bytes)
             return texts
         except ValueError as e:
-            if fixed + utf8_len(text) + spec.max_frames > self.positions:
+            longest = max(utf8_len(piece) for piece in whole)
+            if fixed + longest + spec.max_frames > self.positions:
                 if explicit:
                     raise RowError(
                         f"max_frames {spec.max_frames} + the prompt ({fixed} positions before the text) exceeds "
                         f"the per-row budget (engine.max_tokens={engine.max_tokens}); lower max_frames"
                     ) from None
                 raise RowError(str(e)) from None
-            return [text]  # too little room to cut in, but this short text fits as it is
+            return whole  # too little room to cut in, but this short text fits as it is
+
+
+def _prefix_key(spec: RowSpec, voice_texts: list) -> Optional[str]:
+    """The key the prompts' reference part is shared under: the voices' clips and texts (None
+    without a voice). A plain row's is its one clip's, as it always was."""
+    if not spec.voices:
+        return None
+    parts = [f"{voice.ref.key}\x00{text or ''}" for voice, text in zip(spec.voices, voice_texts)]
+    return hashlib.blake2b("\x01".join(parts).encode("utf-8", "replace"), digest_size=16).hexdigest()

@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from actors import schema as S
 from actors.quality import hearing
 from actors.settings import ActorSettings
 from actors.synth.clock import BusyClock
@@ -127,20 +128,26 @@ class Finisher:
                 pass
         return jobs
 
+    def _task(self, job: Job) -> hearing.HearTask:
+        """What hearing a row needs: its codes, words, segments' and turns' frames, channels."""
+        plan = job.chain.plan
+        segment_frames = [r.frames for r in job.chain.results]
+        per_speaker = job.spec.dialogue and self.settings.run.channels == S.CHANNELS_PER_SPEAKER
+        return hearing.HearTask(
+            job.result.codes,
+            plan.words,
+            tuple(kept.frames for kept in job.quality.segments) if job.quality is not None else (),
+            keep_wave=self.gate.needs_wave,
+            turns=tuple((voice, frames) for (voice, _), frames in zip(plan.turns, plan.turn_frames(segment_frames))),
+            channels=len(job.spec.voices) if per_speaker else 1,
+        )
+
     def hear(self, jobs: list[Job]) -> None:
         """The rows decoded, measured and FLAC-encoded, codec_batch_rows per decode call: by the
         codec's child process when there is one, else here. A row whose codes break a batch
         fails alone (retryable), after its batch is decoded row by row."""
         settings = self.settings
-        tasks = [
-            hearing.HearTask(
-                job.result.codes,
-                job.spec.text,
-                tuple(kept.frames for kept in job.quality.segments) if job.quality is not None else (),
-                keep_wave=self.gate.needs_wave,
-            )
-            for job in jobs
-        ]
+        tasks = [self._task(job) for job in jobs]
         runner, engine = self.codec_runner, settings.engine
         # the codec's child process hears in the child (actors/codec/worker.py); a codec in
         # this process, here

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from actors.engine.types import STOP_ERROR
-from actors.quality import attempts, checks
+from actors.quality import attempts, checks, hearing
+from actors.quality.flags import LOCAL_FLAGS
 from actors.quality.gate import RowQuality, SegmentAttempts
-from actors.quality.hearing import LOCAL_FLAGS, Heard
+from actors.quality.hearing import Heard
 from actors.settings import ActorSettings
 from actors.synth.jobs import Job
 
@@ -49,13 +50,14 @@ class QualityGate:
     def __init__(
         self,
         settings: ActorSettings,
-        frames_per_second: float,
+        frame_length: int,
         sample_rate: int,
         asr: Any = None,
         speaker: Any = None,
         mos: Any = None,
     ):
-        self.settings, self.frames_per_second, self.sample_rate = settings, frames_per_second, sample_rate
+        self.settings, self.frame_length, self.sample_rate = settings, frame_length, sample_rate
+        self.frames_per_second = sample_rate / frame_length
         self.asr = asr  # an actors.quality.asr backend, or None
         self.speaker = speaker  # an actors.synth.listening.SpeakerCheck, or None
         self.mos = mos  # an actors.quality.mos predictor, or None
@@ -71,7 +73,7 @@ class QualityGate:
             job.quality = RowQuality(quality)
         chain = job.chain
         if job.tries is None:
-            text = chain.plan.texts[chain.segment]
+            text = chain.plan.spoken[chain.segment]
             job.tries = SegmentAttempts(quality, text, self.frames_per_second, first_attempt=chain.attempt)
         if job.tries.offer(result, result.codes, result.stop_reason):
             chain.retry()
@@ -97,23 +99,38 @@ class QualityGate:
 
     def _measure(self, heard: list[Job]) -> None:
         for job in heard:
-            job.quality.add_audio(job.heard.metrics)
+            job.quality.add_audio(job.heard.metrics, job.heard.turn_metrics)
         if not self.needs_wave:
             return
         waves = [j.heard.wave for j in heard]
         if self.asr is not None:
-            scored = self.asr.score(waves, self.sample_rate, [j.spec.text or "" for j in heard])
+            scored = self.asr.score(waves, self.sample_rate, [j.chain.plan.words or "" for j in heard])
             for job, transcript in zip(heard, scored):
                 job.quality.add_transcript(transcript)
         if self.speaker is not None:
-            similarities = self.speaker.similarities(waves, [j.spec.reference for j in heard], self.sample_rate)
-            for job, similarity in zip(heard, similarities):
-                job.quality.add_speaker_similarity(similarity)
+            self._speakers(heard)
         if self.mos is not None:
             for job, score in zip(heard, self.mos.score(waves, self.sample_rate)):
                 job.quality.add_mos(score)
         for job in heard:
             job.heard.wave = None  # measured: the FLAC is what is kept
+
+    def _speakers(self, heard: list[Job]) -> None:
+        """Each turn's similarity to its own voice (a plain row: one turn, its one reference),
+        every turn of the batch embedded in one call."""
+        waves, refs = [], []
+        for job in heard:
+            plan, voices = job.chain.plan, job.spec.voices
+            frames = plan.turn_frames([r.frames for r in job.chain.results])
+            for (voice, _), (start, end) in zip(plan.turns, hearing.stretches(frames, self.frame_length)):
+                waves.append(job.heard.wave[start:end])
+                refs.append(voices[voice].ref if voice < len(voices) else None)
+        similarities = self.speaker.similarities(waves, refs, self.sample_rate)
+        at = 0
+        for job in heard:
+            turns = len(job.chain.plan.turns)
+            job.quality.add_speaker_similarities(similarities[at : at + turns])
+            at += turns
 
     def _again(self, job: Job) -> bool:
         """Whether the row goes back to the engine; if not, the round to write is in place."""
@@ -141,8 +158,14 @@ class QualityGate:
         return True
 
     def _first_failing_segment(self, job: Job, failing: list[str]) -> int:
-        """The first segment whose own stretch of audio shows a rejected local flag (measured
-        where the row was heard); 0 when the row has one segment or only whole-row checks failed."""
+        """The first segment whose own stretch of audio shows a rejected flag (measured where
+        the row was heard); 0 when the row has one segment or only whole-row checks failed. A
+        dialogue row's turns were each measured (silence, clipping, loudness, speaker): a turn
+        that fails goes back from its own first segment, the turns before it kept."""
+        plan = job.chain.plan
+        if len(plan.turns) > 1:
+            firsts = [self._turn_start(job, flag) for flag in failing]
+            return min(firsts, default=0)
         local = [flag for flag in failing if flag in LOCAL_FLAGS]
         stretches = job.heard.segment_metrics
         if not local or not stretches:
@@ -152,6 +175,12 @@ class QualityGate:
             if any(flag in shown for flag in local):
                 return k
         return 0
+
+    @staticmethod
+    def _turn_start(job: Job, flag: str) -> int:
+        """The first segment of the first turn showing `flag` (0 for whole-row flags)."""
+        turn = job.quality.first_failing_turn(flag)
+        return 0 if turn is None else job.chain.plan.segment_turns.index(turn)
 
     def _keep_best_round(self, job: Job) -> None:
         """Every round failed: write the best (least severe flags, the earliest among equals)."""

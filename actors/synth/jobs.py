@@ -25,7 +25,7 @@ class Failure:
 
 class Job:
     """One row on its way through the actor. Each part writes its own fields: the caller the
-    reference codes and the chain, the engine feeder the chain's results and `result`, the
+    voices' codes and the chain, the engine feeder the chain's results and `result`, the
     quality gate `quality` and `tries`, the finisher `heard` (actors/quality/hearing.py: the
     FLAC, the audio's measurements). `fail` keeps the first failure only: later ones are consequences."""
 
@@ -33,7 +33,9 @@ class Job:
         self.spec = spec
         self.block = block
         self.failure: Optional[Failure] = None
-        self.ref_codes: Optional[np.ndarray] = spec.reference.codes if spec.reference else None
+        # each voice's codes (given as codes, or from the actor's cache or the encode): the
+        # prompt's references
+        self.voice_codes: list[Optional[np.ndarray]] = [voice.ref.codes for voice in spec.voices]
         self.chain: Any = None  # the RowChain, once planned
         self.result: Any = None  # the engine's result for the whole row (or its failing segment)
         self.quality: Any = None  # the quality gate's RowQuality (actors/quality/gate.py)

@@ -35,7 +35,7 @@ def model_paths(model: ModelConfig) -> tuple[Path, Path]:
         from actors.demo import demo_assets
 
         cache_dir = model.cache_dir
-        checkpoint, demo_codec = demo_assets(Path(cache_dir).expanduser() if cache_dir else None)
+        checkpoint, demo_codec = demo_assets(Path(cache_dir).expanduser() if cache_dir else None, model.demo_family)
         codec_path = codec_path or demo_codec
     checkpoint = Path(checkpoint)
     return checkpoint, Path(codec_path) if codec_path else checkpoint / "codec.pth"

@@ -76,8 +76,8 @@ def provenance() -> tuple[str, str]:
 
 
 class RowWriter:
-    def __init__(self, settings: ActorSettings, model_name: str, device: str, sample_rate: int):
-        self.settings, self.sample_rate = settings, sample_rate
+    def __init__(self, settings: ActorSettings, model_name: str, device: str, sample_rate: int, frame_length: int):
+        self.settings, self.sample_rate, self.frame_length = settings, sample_rate, frame_length
         actor, node = provenance()
         self.provenance = dict(zip(PROVENANCE, (actor, node, device, model_name, settings.run.run_id)))
 
@@ -133,6 +133,7 @@ class RowWriter:
         result, seconds = job.result, job.heard.samples / self.sample_rate
         total_ms = result.total_ms + job.codec_ms
         audio = {
+            S.TURNS: self._turns(job),
             S.STATUS: S.STATUS_OK,
             S.AUDIO: {S.AUDIO_BYTES: flac, S.AUDIO_PATH: S.audio_file_stem(job.spec.id) + ".flac"},
             S.SAMPLE_RATE: self.sample_rate,
@@ -146,9 +147,36 @@ class RowWriter:
             audio[S.CODES] = np.asarray(result.codes, dtype=np.int16).tolist()
         return audio
 
+    def _turns(self, job: Job) -> list[dict]:
+        """The row's turns in order, each its voice, words, span in the audio (at the frame
+        seams between its segments and the next turn's) and similarity to its own voice."""
+        plan, quality = job.chain.plan, job.quality
+        frames = plan.turn_frames([r.frames for r in job.chain.results])
+        similarities = quality.turn_similarities if quality is not None else []
+
+        def seconds(frame: int) -> float:  # as audio_seconds is: samples / rate
+            return frame * self.frame_length / self.sample_rate
+
+        out, start = [], 0
+        for k, ((voice, words), n) in enumerate(zip(plan.turns, frames)):
+            out.append(
+                {
+                    S.TURN_SPEAKER: voice,
+                    S.TURN_TEXT: words,
+                    S.TURN_START_S: seconds(start),
+                    S.TURN_END_S: seconds(start + n),
+                    S.TURN_SPEAKER_SIMILARITY: similarities[k] if k < len(similarities) else None,
+                }
+            )
+            start += n
+        return out
+
 
 def _reference_source(spec: Any) -> Optional[str]:
-    source = spec.reference.source if spec.reference is not None else None
+    """The clip path or URI of a row's one voice (null for several: each turn names its voice)."""
+    if len(spec.voices) != 1:
+        return None
+    source = spec.voices[0].ref.source
     return source if isinstance(source, str) else None
 
 

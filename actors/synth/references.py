@@ -17,15 +17,30 @@ import numpy as np
 
 from actors import schema as S
 from actors.alone import each_alone
+from actors.engine.dialogue import voice_text_problem
 from actors.lru import LRU
 from actors.settings import ActorSettings, uri_scheme
 from actors.synth.jobs import Failure
-from actors.synth.rows import RefSpec, RowError
+from actors.synth.rows import RefSpec, RowError, VoiceSpec
 
 
 class ReferenceTooLarge(ValueError):
     def __init__(self, source: str, size: int, limit: int):
         super().__init__(f"{source} is {size} bytes; the limit is {limit} (data.max_reference_bytes)")
+
+
+@dataclass(frozen=True)
+class ClipColumns:
+    """What a clip's three ways of being given are called in messages."""
+
+    audio: str
+    path: str
+    codes: str
+
+
+REF_CLIP = ClipColumns(S.REF_AUDIO, S.REF_AUDIO_PATH, S.REF_CODES)
+# a dialogue row gives its voices in `voices` only: any of these beside it is an error
+REF_COLUMNS = (S.REF_AUDIO, S.REF_AUDIO_PATH, S.REF_CODES, S.REF_TEXT, S.REF_ID)
 
 
 @dataclass(frozen=True)
@@ -72,45 +87,99 @@ class ReferenceStore:
         return self.settings.data.audio_root or self.settings.run.input_dir
 
     # ---- reading a row's reference columns (the caller's thread) ---------------------
+    def voices(self, values: dict) -> tuple[VoiceSpec, ...]:
+        """The row's voices: each entry of its `voices` list (a dialogue row), else the one voice
+        its ref_* columns give (none without a reference); RowError naming a bad one."""
+        listed = values.get(S.VOICES)
+        if not listed:  # null or []: a plain row
+            ref = self.spec(values)
+            if ref is None:
+                if values.get(S.REF_TEXT):
+                    raise RowError(
+                        "ref_text was given without a reference clip/codes (ref_audio, ref_audio_path or ref_codes)"
+                    )
+                return ()
+            return (VoiceSpec(ref, values.get(S.REF_TEXT) or ""),)
+        both = [column for column in REF_COLUMNS if values.get(column) is not None]
+        if both:
+            raise RowError(
+                f"the row sets both voices and {', '.join(both)}: a dialogue row's voices are all in `voices` "
+                f"(voices[0] is <|speaker:0|>); move the reference into voices[0] or leave voices null"
+            )
+        limit = self.settings.data.max_voices
+        if len(listed) > limit:
+            raise RowError(f"the row has {len(listed)} voices, more than data.max_voices={limit}; split the dialogue")
+        if self.settings.run.channels == S.CHANNELS_PER_SPEAKER and len(listed) > S.FLAC_MAX_CHANNELS:
+            raise RowError(
+                f"the row has {len(listed)} voices, but output.channels=per_speaker gives each its channel and a "
+                f"FLAC file holds at most {S.FLAC_MAX_CHANNELS}; split the dialogue or use output.channels=mono"
+            )
+        return tuple(self._voice(voice, index) for index, voice in enumerate(listed))
+
+    def _voice(self, voice: Any, index: int) -> VoiceSpec:
+        name = f"voices[{index}]"
+        if not isinstance(voice, dict):
+            raise RowError(f"{name} is null: give every voice a clip (audio or audio_path) or its codes")
+        ref = self._clip(
+            voice.get(S.VOICE_AUDIO),
+            voice.get(S.VOICE_AUDIO_PATH),
+            voice.get(S.VOICE_CODES),
+            ClipColumns(f"{name}.{S.VOICE_AUDIO}", f"{name}.{S.VOICE_AUDIO_PATH}", f"{name}.{S.VOICE_CODES}"),
+        )
+        if ref is None:
+            raise RowError(
+                f"{name} has no audio, audio_path or codes: give it a clip, or its codes (python -m pipeline.encode_refs)"
+            )
+        text = voice.get(S.VOICE_TEXT) or ""
+        problem = voice_text_problem(text, index) if isinstance(text, str) else None
+        if problem:
+            raise RowError(problem)
+        return VoiceSpec(ref, text)
+
     def spec(self, values: dict) -> Optional[RefSpec]:
-        """The row's reference (None when it has none); RowError for a bad one."""
-        data = self.settings.data
-        if values.get(S.REF_CODES) is not None:  # already encoded: no clip is read, nothing is encoded
-            codes = self._check_codes(values[S.REF_CODES])
-            digest = hashlib.blake2b(str(codes.shape).encode() + codes.tobytes(), digest_size=16)
-            return RefSpec("codes:" + digest.hexdigest(), codes=codes)  # same codes, same prompt prefix
-        audio_bytes, audio_path = values.get(S.REF_AUDIO), values.get(S.REF_AUDIO_PATH)
-        if audio_bytes is not None:
-            if len(audio_bytes) > data.max_reference_bytes:
-                raise RowError(
-                    f"ref_audio is {len(audio_bytes)} bytes; the limit is {data.max_reference_bytes} "
-                    f"(data.max_reference_bytes)"
-                )
-            source = bytes(audio_bytes)
-            identity = "bytes:" + hashlib.blake2b(source, digest_size=16).hexdigest()
-        elif audio_path is not None:
-            if not audio_path.strip():
-                raise RowError("ref_audio_path is empty")
-            scheme = uri_scheme(audio_path)
-            if scheme is not None and scheme != "file" and scheme not in data.uri_schemes:
-                raise RowError(
-                    f"ref_audio_path {audio_path!r}: URI scheme {scheme!r} is not allowed "
-                    f"(data.uri_schemes={list(data.uri_schemes)})"
-                )
-            source = self.confine(audio_path)
-            identity = "path:" + source
-        else:
-            return None
+        """The clip of the row's ref_* columns (None when it has none); RowError for a bad one."""
+        ref = self._clip(values.get(S.REF_AUDIO), values.get(S.REF_AUDIO_PATH), values.get(S.REF_CODES), REF_CLIP)
         # rows naming the same ref_id share one clip by contract, so one encode serves them all;
         # a `speaker` label is not trusted that far (tables often give each row its own clip)
         shared_id = values.get(S.REF_ID)
-        return RefSpec(f"ref_id:{shared_id}" if shared_id else identity, source=source)
+        if ref is None or ref.codes is not None or not shared_id:
+            return ref
+        return RefSpec(f"ref_id:{shared_id}", source=ref.source)
 
-    def _check_codes(self, value: Any) -> np.ndarray:
-        """A ref_codes cell as the codec's codes array: [num_codebooks][frames] integers within
+    def _clip(self, audio_bytes: Any, audio_path: Any, codes: Any, columns: ClipColumns) -> Optional[RefSpec]:
+        """A clip given as codes (nothing read, nothing encoded), bytes or a path/URI (confined);
+        None when none is given. `columns` names the values in messages."""
+        data = self.settings.data
+        if codes is not None:  # already encoded: no clip is read, nothing is encoded
+            codes = self._check_codes(codes, columns.codes)
+            digest = hashlib.blake2b(str(codes.shape).encode() + codes.tobytes(), digest_size=16)
+            return RefSpec("codes:" + digest.hexdigest(), codes=codes)  # same codes, same prompt prefix
+        if audio_bytes is not None:
+            if len(audio_bytes) > data.max_reference_bytes:
+                raise RowError(
+                    f"{columns.audio} is {len(audio_bytes)} bytes; the limit is {data.max_reference_bytes} "
+                    f"(data.max_reference_bytes)"
+                )
+            source = bytes(audio_bytes)
+            return RefSpec("bytes:" + hashlib.blake2b(source, digest_size=16).hexdigest(), source=source)
+        if audio_path is None:
+            return None
+        if not audio_path.strip():
+            raise RowError(f"{columns.path} is empty")
+        scheme = uri_scheme(audio_path)
+        if scheme is not None and scheme != "file" and scheme not in data.uri_schemes:
+            raise RowError(
+                f"{columns.path} {audio_path!r}: URI scheme {scheme!r} is not allowed "
+                f"(data.uri_schemes={list(data.uri_schemes)})"
+            )
+        source = self.confine(audio_path, columns.path)
+        return RefSpec("path:" + source, source=source)
+
+    def _check_codes(self, value: Any, column: str) -> np.ndarray:
+        """A codes cell as the codec's codes array: [num_codebooks][frames] integers within
         the codebooks, at most max_reference_seconds long; RowError naming what is off."""
         shape, seconds = self.shape, self.settings.data.max_reference_seconds
-        expected = f"ref_codes must be [{shape.codebooks}][frames] integers (python -m pipeline.encode_refs makes them)"
+        expected = f"{column} must be [{shape.codebooks}][frames] integers (python -m pipeline.encode_refs makes them)"
         try:
             codes = np.asarray(value)
         except ValueError:  # ragged lists
@@ -118,26 +187,26 @@ class ReferenceStore:
         if codes.ndim != 2 or codes.shape[0] != shape.codebooks:
             raise RowError(f"{expected}; got shape {list(codes.shape)}")
         if codes.shape[1] == 0:
-            raise RowError("ref_codes has no frames")
+            raise RowError(f"{column} has no frames")
         if not np.issubdtype(codes.dtype, np.integer):
             raise RowError(f"{expected}; got {codes.dtype} values")
         if codes.min() < 0 or codes.max() >= shape.codebook_size:
-            raise RowError(f"ref_codes values must lie in [0, {shape.codebook_size}) (the model's codebook size)")
+            raise RowError(f"{column} values must lie in [0, {shape.codebook_size}) (the model's codebook size)")
         frames_limit = math.ceil(seconds * shape.sample_rate / shape.frame_length)
         if codes.shape[1] > frames_limit:
             raise RowError(
-                f"ref_codes has {codes.shape[1]} frames, more than data.max_reference_seconds="
+                f"{column} has {codes.shape[1]} frames, more than data.max_reference_seconds="
                 f"{seconds:g} allows ({frames_limit})"
             )
         return codes.astype(np.int64)
 
-    def confine(self, path: str) -> str:
-        """The clip a ref_audio_path names, as an absolute path or URI inside the root; RowError
+    def confine(self, path: str, column: str = S.REF_AUDIO_PATH) -> str:
+        """The clip a path column names, as an absolute path or URI inside the root; RowError
         for anything outside it. Runs before any filesystem access, so a row cannot learn what
         exists outside the root."""
         root = self.root
         outside = RowError(
-            f"ref_audio_path {path!r} is outside the allowed directory {root} (data.audio_root, by default "
+            f"{column} {path!r} is outside the allowed directory {root} (data.audio_root, by default "
             f"the input's directory); move the clip under it or set data.audio_root"
         )
         if path.startswith("file://"):

@@ -17,6 +17,7 @@ from typing import Any, Optional
 import numpy as np
 
 from actors import schema as S
+from actors.engine.segment import SPEAKER_TAG
 from actors.settings import INT32_MAX, ActorSettings, sampling_problem
 
 SEED_MASK = (1 << 63) - 1  # seeds are stored as int64
@@ -48,6 +49,15 @@ class RefSpec:
 
 
 @dataclass(frozen=True)
+class VoiceSpec:
+    """One voice of a row: its clip (or codes) and the clip's transcript ("" when none). A plain
+    row has at most one (its ref_* columns); a dialogue row one per entry of its `voices`."""
+
+    ref: RefSpec
+    text: Any = ""
+
+
+@dataclass(frozen=True)
 class RowSpec:
     """One input row as the actor reads it. A row whose content fails a check keeps what was
     read before the check (its output row shows it) and gets its `RowError` beside it."""
@@ -59,7 +69,12 @@ class RowSpec:
     seed: Optional[int] = None
     sampling: Any = None
     max_frames: Optional[int] = None
-    reference: Optional[RefSpec] = None
+    voices: tuple[VoiceSpec, ...] = ()
+
+    @property
+    def dialogue(self) -> bool:
+        """A dialogue row: its voices come from a `voices` list, and each turn is a segment."""
+        return bool(self.values.get(S.VOICES))
 
     @property
     def explicit_frames(self) -> bool:
@@ -85,10 +100,10 @@ def parse_row(
     values: dict,
     settings: ActorSettings,
     base_sampling: Any,
-    reference: Callable[[dict], Optional[RefSpec]],
+    voices: Callable[[dict], Optional[tuple[VoiceSpec, ...]]],
 ) -> tuple[RowSpec, Optional[RowError]]:
     """The row's spec, and the RowError of the first check it fails (None when it passes).
-    `reference` reads the row's reference columns (ReferenceStore.spec)."""
+    `voices` reads the row's voices: its ref_* columns or its `voices` list (ReferenceStore.voices)."""
     spec = RowSpec(index, values.get(S.ID), values)
     try:
         spec = _read_text(spec, settings)
@@ -101,7 +116,7 @@ def parse_row(
         frames = values.get(S.MAX_FRAMES)
         budget = _int(frames, S.MAX_FRAMES, 0, MAX_FRAMES_LIMIT) if frames is not None else None
         spec = replace(spec, max_frames=budget if budget is not None else frame_budget(settings, spec.text))
-        return replace(spec, reference=reference(values)), None
+        return replace(spec, voices=tuple(voices(values) or ())), None
     except RowError as e:
         return spec, e
 
@@ -142,13 +157,19 @@ def _sampling(values: dict, sampling: Any) -> Any:
 def escape_special_tokens(text: Any, special_tokens: frozenset) -> Any:
     """A row's text is words to speak, never prompt structure: every spelling of one of the
     tokenizer's special tokens (`<|im_end|>`, `<|semantic:5|>`, ...) gets an invisible WORD
-    JOINER after its '<', so the tokenizer encodes it as plain characters. Text without such
+    JOINER after its '<', so the tokenizer encodes it as plain characters. Speaker tags stay:
+    they are the one structure a row's text carries (who speaks each turn). Text without such
     spellings (or not a string) is unchanged."""
     if not isinstance(text, str) or "<|" not in text:
         return text
-    return _SPECIAL_SPELLING.sub(
-        lambda m: "<" + WORD_JOINER + m.group(0)[1:] if m.group(0) in special_tokens else m.group(0), text
-    )
+
+    def escaped(match: re.Match) -> str:
+        token = match.group(0)
+        if token not in special_tokens or SPEAKER_TAG.fullmatch(token):
+            return token
+        return "<" + WORD_JOINER + token[1:]
+
+    return _SPECIAL_SPELLING.sub(escaped, text)
 
 
 def _int(value: Any, column: str, low: int, high: int) -> int:

@@ -1,15 +1,19 @@
 """How data/demo/ was made (run once; the results are committed, espeak-ng is not needed to
 use them):  apt-get install espeak-ng && python data/demo/make_demo.py
+(`--table-only`: the table again from the clips already here, without espeak-ng)
 
 refs/*.flac   short clips of real (synthetic-voice) speech from espeak-ng, one per speaker
 demo.parquet  sentences to synthesize: some rows without a reference, some naming a clip by
-              path (relative to this directory), one speaker's clip embedded as bytes
+              path (relative to this directory), one speaker's clip embedded as bytes; and a
+              few dialogue rows, whose `voices` are the path speakers' clips (they need an S2
+              checkpoint: model=demo_s2 runs them, model=demo's S1 refuses them)
 """
 
 from __future__ import annotations
 
 import io
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -72,7 +76,23 @@ def make_clip(voice: str, speed: int, text: str) -> tuple[bytes, float]:
     return buffer.getvalue(), len(audio) / rate
 
 
-def main() -> None:
+# dialogues between the path speakers: (voices, text), voices[i] the voice of <|speaker:i|>
+DIALOGUES = [
+    (
+        ["ada", "ben"],
+        "<|speaker:0|>Did you catch the early train?<|speaker:1|>I did, and it was on time.<|speaker:0|>"
+        "That makes a nice change.",
+    ),
+    (
+        ["cal", "ada", "ben"],
+        "<|speaker:0|>Welcome back to the show.<|speaker:1|>Thanks for having us.<|speaker:2|>"
+        "It is good to be here.<|speaker:0|>Then let us begin.",
+    ),
+    (["ben", "cal"], "<|speaker:1|>Is the museum open today?<|speaker:0|>From nine until five."),
+]
+
+
+def make_clips() -> dict[str, bytes]:
     refs = HERE / "refs"
     refs.mkdir(exist_ok=True)
     clips = {}
@@ -82,6 +102,27 @@ def main() -> None:
         if speaker != EMBEDDED:
             (refs / f"{speaker}.flac").write_bytes(flac)
         print(f"{speaker}: {seconds:.2f} s")
+    return clips
+
+
+def clips_here() -> dict[str, bytes]:
+    """The clips as committed: the path speakers' files, the embedded one from the table."""
+    table = pq.read_table(HERE / "demo.parquet", columns=["speaker", "ref_audio"]).to_pylist()
+    embedded = next(row["ref_audio"] for row in table if row["speaker"] == EMBEDDED)
+    clips = {s: (HERE / "refs" / f"{s}.flac").read_bytes() for s in SPEAKERS if s != EMBEDDED}
+    return {**clips, EMBEDDED: embedded}
+
+
+def dialogue_rows() -> list[dict]:
+    rows = []
+    for index, (speakers, text) in enumerate(DIALOGUES):
+        voices = [{"audio_path": f"refs/{s}.flac", "text": SPEAKERS[s][2]} for s in speakers]
+        rows.append({"id": f"demo-dialogue-{index}", "text": text, "speaker": "+".join(speakers), "voices": voices})
+    return rows
+
+
+def main() -> None:
+    clips = clips_here() if "--table-only" in sys.argv[1:] else make_clips()
     speakers = [None, *SPEAKERS]  # every fifth row without a reference, the rest cycle
     rows = []
     for index, sentence in enumerate(SENTENCES):
@@ -104,6 +145,8 @@ def main() -> None:
         if index % 10 == 3:
             row["seed"] = 1000 + index  # a few rows pin their seed explicitly
         rows.append(row)
+    rows += dialogue_rows()
+    voice = pa.struct([("audio_path", pa.string()), ("text", pa.string())])
     schema = pa.schema(
         [
             ("id", pa.string()),
@@ -113,6 +156,7 @@ def main() -> None:
             ("ref_audio_path", pa.string()),
             ("ref_audio", pa.binary()),
             ("seed", pa.int64()),
+            ("voices", pa.list_(voice)),
         ]
     )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), HERE / "demo.parquet")

@@ -98,8 +98,9 @@ def markdown(report: dict) -> str:
         vs_engine = (
             "-" if c["vs_engine_only"] is None else f"{c['vs_engine_only']:.2f} ({c['vs_engine_only_whole_run']:.2f})"
         )
+        label = f" ({c['rows_as']})" if c.get("rows_as") else ""
         lines.append(
-            f"| {c['num_actors']} | {c['slots']} | {m['rows_per_s']:.2f} | {m['frames_per_s']:.1f} | "
+            f"| {c['num_actors']}{label} | {c['slots']} | {m['rows_per_s']:.2f} | {m['frames_per_s']:.1f} | "
             f"{m['audio_s_per_wall_s']:.2f} | {ratio} | {vs_engine} | {m['latency_ms_p50']:.0f} / "
             f"{m['latency_ms_p95']:.0f} / {m['latency_ms_p99']:.0f} | {m['time_to_first_row_s']:.1f} | "
             f"{share(m['slot_occupancy'])} | {share(m['engine_busy'])} | "
@@ -117,10 +118,12 @@ def _saved(single: dict | None) -> str:
     return "-" if single is None else f"{single['rows_saved']} ({single['rows_rejected']})"
 
 
-def _bench_config(cfg: DictConfig, actors: int, slots: int, cpus: float, root: Path, workload: Path) -> dict:
+def _bench_config(
+    cfg: DictConfig, actors: int, slots: int, cpus: float, root: Path, workload: Path, rows_as: str = ""
+) -> dict:
     """One configuration: the job on a fresh output, its figures, and the same rows through
-    the engine alone for comparison."""
-    out = root / "runs" / f"a{actors}-s{slots}"
+    the engine alone for comparison. `rows_as` names the workload when there are several."""
+    out = root / "runs" / (f"a{actors}-s{slots}" + (f"-{rows_as}" if rows_as else ""))
     run_cfg = _settings(cfg, actors, slots, cpus, str(workload), str(out))
     log.info("bench: %d actor(s) x %d slots on %d rows", actors, slots, cfg.bench.rows)
     t0, unix0 = time.monotonic(), time.time()
@@ -132,6 +135,7 @@ def _bench_config(cfg: DictConfig, actors: int, slots: int, cpus: float, root: P
     entry = {
         "num_actors": actors,
         "slots": slots,
+        "rows_as": rows_as or None,
         "cpus_per_actor": run_cfg.cluster.cpus_per_actor,
         "output": str(out),
         **measure(str(out), wall, unix0, stream),
@@ -164,14 +168,35 @@ def _single_attempt(cfg: DictConfig, actors: int, slots: int, cpus: float, root:
     return {"wall_s": wall, "rows_per_s": cfg.bench.rows / wall, **rows_saved(str(single_out), out)}
 
 
+def _workloads(b: DictConfig, root: Path) -> dict[str, Path]:
+    """The generated workload(s), by what their rows are: one table, or with dialogues, the
+    dialogues and the same texts as single-voice rows."""
+    args = (b.rows, b.text_words, b.reference_fraction, b.seed, b.long_fraction, b.long_chars, b.dialogue_fraction)
+    if not b.dialogue_fraction:
+        make_workload(root / "workload.parquet", *args)
+        return {"": root / "workload.parquet"}
+    tables = {"dialogue": root / "workload.parquet", "single_voice": root / "workload-single-voice.parquet"}
+    for rows_as, path in tables.items():
+        make_workload(path, *args, single_voice=rows_as == "single_voice")
+    return tables
+
+
+def _against_single_voice(results: list[dict]) -> None:
+    """Each dialogue run's frames/s and rows/s over its single-voice twin's (same configuration)."""
+    twins = {(r["num_actors"], r["slots"]): r for r in results if r["rows_as"] == "single_voice"}
+    for r in results:
+        twin = twins.get((r["num_actors"], r["slots"])) if r["rows_as"] == "dialogue" else None
+        if twin:
+            r["vs_single_voice"] = {key: r[key] / twin[key] for key in ("frames_per_s", "rows_per_s") if twin[key]}
+
+
 def run_bench(cfg: DictConfig) -> dict:
     b = cfg.bench
     if not is_local(cfg.output.dir):
         raise ValueError("the benchmark writes its tables locally: give a local output.dir")
     root = Path(local_path(cfg.output.dir))
     root.mkdir(parents=True, exist_ok=True)
-    workload = root / "workload.parquet"
-    make_workload(workload, b.rows, b.text_words, b.reference_fraction, b.seed, b.long_fraction, b.long_chars)
+    workloads = _workloads(b, root)
     configs = [(a, s) for a in b.actors for s in b.slots]
     if b.baseline and (1, 1) not in configs:
         configs.insert(0, (1, 1))
@@ -181,10 +206,15 @@ def run_bench(cfg: DictConfig) -> dict:
     cluster = connect(plain_cluster)  # one Ray for every configuration: ray.init is ~9 s
     try:
         cpus = ray.cluster_resources().get("CPU", 1.0)
-        results = [_bench_config(cfg, actors, slots, cpus, root, workload) for actors, slots in configs]
+        results = [
+            _bench_config(cfg, actors, slots, cpus, root, workload, rows_as)
+            for actors, slots in configs
+            for rows_as, workload in workloads.items()
+        ]
     finally:
         cluster.close()
     baseline = next((r for r in results if r["num_actors"] == 1 and r["slots"] == 1), None)
+    _against_single_voice(results)
     for r in results:
         r["vs_one_row_loop"] = (
             r["frames_per_s"] / baseline["frames_per_s"] if baseline and baseline["frames_per_s"] else None

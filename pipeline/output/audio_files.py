@@ -1,13 +1,16 @@
 """One audio file per ok row of a chorus output, named after the row id
 (schema.audio_file_stem: plain ids as they are, anything else reduced to safe characters plus
 a hash, so no id can climb out of the directory or collide with another), and `files.csv`
-mapping each id to its file; error rows are listed in files.csv without a file. Reads the live
+mapping each id to its file and its turns (who speaks when, as JSON); error rows are listed in
+files.csv without a file. A file is the row's audio as written: a dialogue row's of
+output.channels=per_speaker has one channel per voice. Reads the live
 files a row group at a time. `python -m pipeline.export` is its command line."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 from dataclasses import dataclass
 from typing import Optional
 
@@ -59,6 +62,12 @@ def live_rows(layout: OutputLayout, columns: list[str]):
                     yield from batch.to_pylist()
 
 
+def turns_cell(turns: Optional[list]) -> str:
+    """A row's turns for files.csv: a JSON list of {speaker, text, start_s, end_s,
+    speaker_similarity} (empty for output written before turns existed)."""
+    return json.dumps(turns, ensure_ascii=False) if turns else ""
+
+
 def export(output_dir: str, target: Optional[str] = None, overwrite: bool = False) -> ExportReport:
     """One FLAC file per ok row of the output at `output_dir` (local or URI) into `target`
     (default <output>/audio), and the index file mapping every row id to its file."""
@@ -68,14 +77,14 @@ def export(output_dir: str, target: Optional[str] = None, overwrite: bool = Fals
     fs.create_dir(base, recursive=True)
     index = io.StringIO()
     writer = csv.writer(index)
-    writer.writerow([S.ID, S.STATUS, "file", S.AUDIO_SECONDS, S.ERROR])
+    writer.writerow([S.ID, S.STATUS, "file", S.AUDIO_SECONDS, S.TURNS, S.ERROR])
     written = skipped = errors = 0
     names = FileNames()
-    columns = [S.ID, S.STATUS, S.ERROR, S.AUDIO, S.AUDIO_SECONDS]
+    columns = [S.ID, S.STATUS, S.ERROR, S.AUDIO, S.AUDIO_SECONDS, S.TURNS]
     for row in live_rows(layout, columns):
         if row[S.STATUS] != S.STATUS_OK:
             errors += 1
-            writer.writerow([row[S.ID], row[S.STATUS], "", "", row[S.ERROR]])
+            writer.writerow([row[S.ID], row[S.STATUS], "", "", "", row[S.ERROR]])
             continue
         name = names(row[S.ID]) + ".flac"
         path = f"{base}/{name}"
@@ -85,7 +94,7 @@ def export(output_dir: str, target: Optional[str] = None, overwrite: bool = Fals
             with fs.open_output_stream(path) as f:
                 f.write(row[S.AUDIO][S.AUDIO_BYTES])
             written += 1
-        writer.writerow([row[S.ID], row[S.STATUS], name, row[S.AUDIO_SECONDS], ""])
+        writer.writerow([row[S.ID], row[S.STATUS], name, row[S.AUDIO_SECONDS], turns_cell(row.get(S.TURNS)), ""])
     with fs.open_output_stream(f"{base}/{EXPORT_INDEX_FILE}") as f:
         f.write(index.getvalue().encode("utf-8"))
     return ExportReport(directory=target, written=written, skipped=skipped, errors=errors)

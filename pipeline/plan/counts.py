@@ -31,6 +31,9 @@ class DecisionCounts:
     rejected: dict = field(default_factory=dict)  # reason -> rows
     text_chars: int = 0  # of the rows to synthesize
     estimated_frames: int = 0
+    dialogue_rows: int = 0  # of the rows to synthesize: those with voices, their voices and turns
+    voices: int = 0
+    turns: int = 0
     changed_examples: list = field(default_factory=list)
 
     @property
@@ -65,6 +68,9 @@ def count_decisions(decided: Decided, rows_total: int, engine: dict) -> Decision
         elif decision in P.TO_SYNTHESIZE:
             counts.text_chars += row["chars_sum"]
             counts.estimated_frames += estimate_frames(row["chars_sum"], rows, engine)
+            counts.dialogue_rows += row["dialogue_rows_sum"]
+            counts.voices += row["voices_sum"]
+            counts.turns += row["turns_sum"]
     if counts.count(P.CHANGED):
         counts.changed_examples = sorted(i for batch in changed_ids(decided, limit=SHOWN_IDS) for i in batch)[
             :SHOWN_IDS

@@ -29,7 +29,7 @@ from ..cluster import PARTITION_ROWS, TASK_CPUS
 from ..names import is_rejected_part
 from . import rules as P
 from .inputs import InputScan, read_fragment
-from .keys import CLIP, REASON, TEXT_CHARS, RowHasher, annotate
+from .keys import CLIP, REASON, TEXT_CHARS, TURNS, VOICES, RowHasher, annotate
 
 
 @dataclass
@@ -69,29 +69,26 @@ class Decided:
                 _decision_sums, batch_format="pyarrow", batch_size=None, num_cpus=TASK_CPUS
             )
             parts = [pa.Table.from_pylist(partial.take_all(), schema=_SUMS_SCHEMA)]
-        table = pa.concat_tables(parts).group_by([P.DECISION, REASON]).aggregate([("rows", "sum"), ("chars", "sum")])
+        sums = [(name, "sum") for name in _SUMS_SCHEMA.names[2:]]
+        table = pa.concat_tables(parts).group_by([P.DECISION, REASON]).aggregate(sums)
         return table.to_pylist()
 
 
 _SUMS_SCHEMA = pa.schema(
-    [(P.DECISION, pa.string()), (REASON, pa.string()), ("rows", pa.int64()), ("chars", pa.int64())]
+    [(P.DECISION, pa.string()), (REASON, pa.string())]
+    + [(name, pa.int64()) for name in ("rows", "chars", "dialogue_rows", "voices", "turns")]
 )
 
 
 def _decision_sums(decided: pa.Table) -> pa.Table:
-    table = decided.select([P.DECISION, REASON, TEXT_CHARS]).append_column(
-        "one", pa.array([1] * decided.num_rows, pa.int64())
-    )
-    grouped = table.group_by([P.DECISION, REASON]).aggregate([("one", "sum"), (TEXT_CHARS, "sum")])
-    return pa.table(
-        {
-            P.DECISION: grouped.column(P.DECISION),
-            REASON: grouped.column(REASON),
-            "rows": grouped.column("one_sum"),
-            "chars": pc.fill_null(grouped.column(f"{TEXT_CHARS}_sum"), 0),
-        },
-        schema=_SUMS_SCHEMA,
-    )
+    table = decided.select([P.DECISION, REASON, TEXT_CHARS, VOICES, TURNS])
+    table = table.append_column("one", pa.array([1] * decided.num_rows, pa.int64()))
+    table = table.append_column("dialogue", pc.cast(pc.greater(pc.fill_null(table.column(VOICES), 0), 0), pa.int64()))
+    summed = ("one", TEXT_CHARS, "dialogue", VOICES, TURNS)
+    grouped = table.group_by([P.DECISION, REASON]).aggregate([(name, "sum") for name in summed])
+    columns = [grouped.column(P.DECISION), grouped.column(REASON)]
+    columns += [pc.cast(pc.fill_null(grouped.column(f"{name}_sum"), 0), pa.int64()) for name in summed]
+    return pa.Table.from_arrays(columns, schema=_SUMS_SCHEMA)
 
 
 def output_key_files(live_files: list[str]) -> list[str]:

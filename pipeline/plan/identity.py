@@ -97,6 +97,7 @@ def model_fingerprint(model: dict) -> str:
     file of the checkpoint and codec (hashed whole; see _file_hashes for the cache)."""
     digest = hashlib.blake2b(digest_size=16)
     if model["checkpoint"] is None:
+        digest.update(f"demo:{model.get('demo_family', 's1')}\x00".encode())
         for source in _DEMO_SOURCES:
             digest.update(source.encode() + b"\x00" + (REPO_ROOT / source).read_bytes())
     else:

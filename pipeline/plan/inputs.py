@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from actors import schema as S
+from actors.input_types import check_input_schema
 
 from ..errors import InputError
 from ..location import is_local, local_path, open_location
@@ -141,7 +141,7 @@ def scan_input(location: str, columns: Mapping[str, str]) -> InputScan:
             file_schema = metadata.schema.to_arrow_schema()
         except Exception as e:
             raise InputError(f"input file {path} is not readable Parquet: {e}") from None
-        found = S.check_input_schema(file_schema, columns, path)
+        found = check_input_schema(file_schema, columns, path)
         if rename and found != rename:
             raise InputError(
                 f"input files disagree on their columns: {files[0]} has {sorted(rename)}, {path} has {sorted(found)}"

@@ -33,7 +33,7 @@ def plan_job(plain: dict, scan: InputScan, layout: OutputLayout, digest: str, di
     as Ray Data work (pipeline/cluster.py decides, once per run). Raises OutputMismatch for
     changed rows under output.on_change=refuse."""
     output = plain["output"]
-    hasher = RowHasher(digest, absolute(plain["data"]["audio_root"]), scan.root)
+    hasher = RowHasher(digest, absolute(plain["data"]["audio_root"]), scan.root, output["channels"])
     present = layout.fs.get_file_info(layout.data_dir).type == pafs.FileType.Directory
     files = output_key_files(layout.live_files()) if present else []
     decided = decide(

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from actors import schema as S
+from actors.engine.segment import SPEAKER_TAG
 
 from ..location import is_local
 from .inputs import Fragment
@@ -63,6 +64,8 @@ PROBLEM = "_problem"  # why the id cannot name an output row (null when it can)
 REASON = "_reason"  # the problem's kind, for the counts: null_id, malformed_id, long_id, ...
 CLIP = "_clip"  # binary: which reference clip the row names (see _clip_identity)
 TEXT_CHARS = "_text_chars"  # int64
+VOICES = "_voices"  # int32: a dialogue row's voices (0: a plain row)
+TURNS = "_turns"  # int32: a dialogue row's speaker turns (0: a plain row)
 KEY_SCHEMA = pa.schema(
     [
         (S.ID, pa.string()),
@@ -74,6 +77,8 @@ KEY_SCHEMA = pa.schema(
         (FRAGMENT, pa.int32()),
         (ROW, pa.int64()),
         (TEXT_CHARS, pa.int64()),
+        (VOICES, pa.int32()),
+        (TURNS, pa.int32()),
     ]
 )
 
@@ -89,19 +94,22 @@ def _reason(problem: str) -> str:
 @dataclass(frozen=True)
 class RowHasher:
     """Everything a row's content hash depends on besides the row: picklable, so each planning
-    task builds its own (its clip cache lives as long as the task)."""
+    task builds its own (its clip cache lives as long as the task). `channels` (output.channels)
+    counts for dialogue rows only: a plain row's audio is mono either way."""
 
     settings_digest: str
     audio_root: Optional[str]
     input_dir: Optional[str]
+    channels: str = S.CHANNELS_MONO
 
     def hashes(self, table: pa.Table) -> list[Optional[str]]:
         """Each row's digest of everything its audio depends on: every input column (clip
-        bytes by hash, clip paths with the file's mtime and size) and the run's settings +
-        model fingerprint; None for a row whose id is unusable. `table` has canonical names."""
+        bytes by hash, clip paths with the file's mtime and size, a dialogue row's every voice
+        alike) and the run's settings + model fingerprint; None for a row whose id is unusable.
+        `table` has canonical names."""
         clip_stat = _ClipStat(self.audio_root, self.input_dir)
         order = sorted(table.column_names)
-        columns = [(name.encode() + b"=", table.column(name).to_pylist(), name == S.REF_AUDIO_PATH) for name in order]
+        columns = [(name.encode() + b"=", table.column(name).to_pylist(), name) for name in order]
         ids = table.column(S.ID).to_pylist()
         out: list[Optional[str]] = []
         for r, row_id in enumerate(ids):
@@ -109,13 +117,38 @@ class RowHasher:
                 out.append(None)
                 continue
             digest = hashlib.blake2b(self.settings_digest.encode(), digest_size=16)
-            for prefix, values, is_path in columns:
+            for prefix, values, name in columns:
                 value = values[r]
+                if name == S.VOICES:
+                    digest.update(prefix + _voices_bytes(value, clip_stat, self.channels) + b"\x00")
+                    continue
                 digest.update(prefix + _value_bytes(value) + b"\x00")
-                if is_path and isinstance(value, str):
-                    digest.update(clip_stat(value))
+                if name == S.REF_AUDIO_PATH:
+                    digest.update(_path_stamp(value, clip_stat))
             out.append(digest.hexdigest())
         return out
+
+
+def _path_stamp(value, clip_stat: _ClipStat) -> bytes:
+    return clip_stat(value) if isinstance(value, str) else b""
+
+
+def _voices_bytes(voices, clip_stat: _ClipStat, channels: str) -> bytes:
+    """A voices cell for hashing: each voice's fields (its clip by hash, its path with the
+    file's mtime and size), and the channels its audio gets; null or [] as a plain row's."""
+    if not voices:
+        return _value_bytes(None)
+    parts = [f"channels:{channels}".encode()]
+    for voice in voices:
+        if not isinstance(voice, dict):
+            parts.append(_value_bytes(voice))
+            continue
+        for key in sorted(voice):
+            value = voice[key]
+            stamp = _path_stamp(value, clip_stat) if key == S.VOICE_AUDIO_PATH else b""
+            parts.append(key.encode() + b":" + _value_bytes(value) + stamp)
+        parts.append(b"|")
+    return b"v" + hashlib.blake2b(b"\x00".join(parts), digest_size=16).digest()
 
 
 def _text_chars(texts) -> pa.Array:
@@ -146,9 +179,23 @@ def annotate(table: pa.Table, fragment: Fragment, hasher: RowHasher) -> pa.Table
             FRAGMENT: pa.array([fragment.index] * n, pa.int32()),
             ROW: pa.array(range(fragment.first_row, fragment.first_row + n), pa.int64()),
             TEXT_CHARS: pc.cast(chars, pa.int64()),
+            **_dialogue_counts(table),
         },
         schema=KEY_SCHEMA,
     )
+
+
+def _dialogue_counts(table: pa.Table) -> dict:
+    """Per row: its voices (the length of its `voices` list) and, for a dialogue row, its turns
+    (its speaker tags; an untagged one-voice text is one turn), for the plan's sums."""
+    n = table.num_rows
+    if S.VOICES not in table.column_names or pa.types.is_null(table.column(S.VOICES).type):
+        zeros = pa.array([0] * n, pa.int32())
+        return {VOICES: zeros, TURNS: zeros}
+    voices = pc.cast(pc.fill_null(pc.list_value_length(table.column(S.VOICES)), 0), pa.int32())
+    tags = pc.fill_null(pc.count_substring_regex(table.column(S.TEXT), SPEAKER_TAG.pattern), 0)
+    turns = pc.if_else(pc.greater(voices, 0), pc.max_element_wise(tags, 1), 0)
+    return {VOICES: voices, TURNS: pc.cast(turns, pa.int32())}
 
 
 def _clip_identities(table: pa.Table) -> list[Optional[bytes]]:

@@ -176,6 +176,7 @@ audio { width: 260px; height: 34px; }
 .status-error { color: var(--err); font-weight: 600; } .status-ok { color: var(--ok); }
 .notes { background: #fff8e6; border: 1px solid #f0d48a; border-radius: 6px; padding: 8px 12px; }
 details { margin: 6px 0; } summary { cursor: pointer; color: var(--muted); }
+details.summary-file > summary h2 { display: inline; } .turns { font-size: 0.85em; color: var(--muted); }
 pre { background: #fff; border: 1px solid var(--line); padding: 8px; overflow: auto; }
 footer { color: var(--muted); font-size: 12px; margin-top: 32px; }
 """

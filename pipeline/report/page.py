@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from actors import schema as S
@@ -83,11 +84,12 @@ def _pick_spread(candidates: np.ndarray, k: int) -> list[int]:
 
 
 def _render(run: ReportRun, *, title: str, max_audio_rows: int, bench: Optional[dict]) -> str:
+    # the first screen: the headline figures and the plots; the raw summary.json folded below
     body = [
         _summary_section(run),
+        _plots_section(run),
         _provenance_section(run),
         _summary_file_section(run.summary),
-        _plots_section(run),
         _timing_section(run),
         _errors_section(run),
         _per_actor_section(run),
@@ -166,9 +168,10 @@ def _summary_file_section(summ: dict) -> str:
         return ""
     scalars = [[f"<b>{esc(k)}</b>", ("num", esc(fmt(v)))] for k, v in summ.items() if is_scalar(v)]
     return (
-        f"<h2>{esc(SUMMARY_FILE)}</h2>"
+        f'<details class="summary-file"><summary><h2>{esc(SUMMARY_FILE)}</h2></summary>'
         + (html_table(["field", "value"], scalars, "kv") if scalars else "")
-        + (nested_summary(summ))
+        + nested_summary(summ)
+        + "</details>"
     )
 
 
@@ -247,6 +250,7 @@ def _samples(run: ReportRun, max_audio_rows: int) -> str:
     columns = {name: run.strings(name) for name in (S.ID, S.STATUS, S.STOP_REASON, S.ERROR)}
     columns.update({name: run.floats(name) for name in (S.AUDIO_SECONDS, S.RTF, S.TOTAL_MS)})
     columns[S.TEXT] = run.strings(S.TEXT) if with_text else None
+    columns[S.TURNS] = _picked(run, S.TURNS, ok_picks + err_picks)
     ok = run.ok
     rows = [_sample_cells(columns, i, bool(ok[i]), audio.get(i, {}), run.output_dir) for i in ok_picks + err_picks]
     what = (
@@ -288,8 +292,28 @@ def _sample_cells(columns: dict, i: int, ok: bool, audio: dict, output_dir: Path
         cells.append(("msg", esc(note)))
         return cells
     player = f'<audio controls preload="metadata" src="{esc(src)}"></audio>' + (f"<br>{esc(note)}" if note else "")
-    cells.append(player)
+    cells.append(player + _turns_line(columns[S.TURNS].get(i)))
     return cells
+
+
+def _picked(run: ReportRun, name: str, picks: list[int]) -> dict:
+    """{row -> value} of one column for the picked rows only (a list column of every row the
+    page read would be hundreds of thousands of Python objects)."""
+    if not run.has(name) or not picks:
+        return {}
+    return dict(zip(picks, run.table.column(name).take(pa.array(picks, pa.int64())).to_pylist()))
+
+
+def _turns_line(turns: Optional[list]) -> str:
+    """A dialogue row's turns under its player: who speaks when (a plain row's one turn: nothing)."""
+    if not turns or len(turns) < 2:
+        return ""
+    spans = [
+        f"{t[S.TURN_SPEAKER]}: {t[S.TURN_START_S]:.2f}–{t[S.TURN_END_S]:.2f} s"
+        for t in turns
+        if isinstance(t, dict) and t.get(S.TURN_START_S) is not None
+    ]
+    return f'<div class="turns">speaker: {esc(" · ".join(spans))}</div>'
 
 
 def _quality_section(run: ReportRun, max_audio_rows: int) -> str:

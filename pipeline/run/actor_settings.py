@@ -58,6 +58,7 @@ def actor_arguments(
         run_id=run_id,
         input_dir=input_dir,
         keep_codes=bool(cfg.output.keep_codes),
+        channels=str(cfg.output.channels),
         threads=cluster.threads_per_actor or max(1, math.floor(cluster.cpus_per_actor)),
     )
     crash = CrashSettings(

@@ -195,7 +195,9 @@ def test_ref_codes_give_the_codes_of_the_audio_they_encode(small_settings, tmp_p
         r[S.REF_AUDIO] is not None or r[S.REF_AUDIO_PATH] is not None for r in pq.read_table(DEMO_TABLE).to_pylist()
     ]
     assert [c is not None for c in with_codes.column(S.REF_CODES).to_pylist()] == has_audio
-    assert counts["encoded"] == sum(has_audio) and counts["failed"] == 0
+    voices = [v for vs in with_codes.column(S.VOICES).to_pylist() if vs for v in vs]  # the dialogue rows'
+    assert voices and all(v[S.VOICE_CODES] is not None for v in voices)
+    assert counts["encoded"] == sum(has_audio) + len(voices) and counts["failed"] == 0
 
     actor = SynthActor(**actor_arguments(compose(settings), str(DEMO_TABLE.parent), run_id="codes"))
     picked = [i for i, audio in enumerate(has_audio) if audio][:4] + [has_audio.index(False)]

@@ -16,11 +16,10 @@ import pytest
 import soundfile as sf
 
 from actors import schema as S
-from actors.quality import hearing
 from actors.quality.tiny import build_tiny_dnsmos, build_tiny_wavlm
 from actors.synth import SynthActor, Trace
 from actors.synth.chain import segment_seed
-from helpers import REPO, text_rows, tune
+from helpers import REPO, plant, text_rows, tune
 from pipeline.config import compose
 from pipeline.run.actor_settings import actor_arguments
 
@@ -40,29 +39,7 @@ def audio(row: dict) -> np.ndarray:
     return sf.read(io.BytesIO(row[S.AUDIO][S.AUDIO_BYTES]), dtype="float32")[0]
 
 
-def plant(monkeypatch, actor: SynthActor, fault) -> list:
-    """Before a decoded row is measured, `fault(job, round, wave)` may give another wave in its
-    place (round: how many decoded rounds the row had before this one). The actor decodes in
-    its own process here (engine.codec_process=false), so the planted `hearing.listen` is the
-    one the finisher's hearing calls. Returns the rounds seen."""
-    hear, listen, seen, in_hand = actor.finisher.hear, hearing.listen, [], {}
-
-    def planted_hear(jobs):
-        in_hand.clear()
-        in_hand.update({id(job.result.codes): job for job in jobs})
-        return hear(jobs)
-
-    def planted_listen(task, wave, *args):
-        job = in_hand[id(task.codes)]
-        seen.append((job.spec.id, len(job.rounds)))
-        return listen(task, fault(job, len(job.rounds), wave), *args)
-
-    monkeypatch.setattr(actor.finisher, "hear", planted_hear)
-    monkeypatch.setattr(hearing, "listen", planted_listen)
-    return seen
-
-
-def silence_first_round(job, round_: int, wave: np.ndarray) -> np.ndarray:
+def silence_first_round(job, round_: int, wave: np.ndarray, task) -> np.ndarray:
     return np.zeros_like(wave) if job.spec.id == "row" and round_ == 0 else wave
 
 
@@ -90,7 +67,7 @@ def test_a_row_silent_on_its_first_round_comes_out_ok_from_its_second(actor, mon
 
 
 def test_a_row_failing_every_round_is_rejected_with_its_best_round(actor, monkeypatch):
-    def fault(job, round_: int, wave: np.ndarray) -> np.ndarray:
+    def fault(job, round_: int, wave: np.ndarray, task) -> np.ndarray:
         if job.spec.id != "bad":
             return wave
         planted = np.zeros_like(wave)
@@ -113,7 +90,7 @@ def test_a_row_failing_every_round_is_rejected_with_its_best_round(actor, monkey
 def segment_stretch_silencer(segment: int):
     """Silence one segment's stretch of the row's first round."""
 
-    def fault(job, round_: int, wave: np.ndarray) -> np.ndarray:
+    def fault(job, round_: int, wave: np.ndarray, task) -> np.ndarray:
         if job.spec.id != "four" or round_ != 0:
             return wave
         frames = [r.frames for r in job.chain.results]

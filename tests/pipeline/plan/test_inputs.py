@@ -10,7 +10,7 @@ import pytest
 
 from actors import schema as S
 from pipeline.config import compose
-from pipeline.errors import InputError
+from pipeline.errors import InputError, InputSchemaError
 from pipeline.plan.inputs import scan_input
 from pipeline.run.sequence import run
 from tests.helpers import decide_rows
@@ -33,21 +33,35 @@ def test_missing_column_fails_before_any_work(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pipeline.cluster.Cluster, "connect", connect)
     path = write(tmp_path, pa.table({"id": ["a", "b"], "sentence": ["x", "y"]}))
-    with pytest.raises(S.InputSchemaError, match="required column 'text' is missing"):
+    with pytest.raises(InputSchemaError, match="required column 'text' is missing"):
         run(compose([f"data.path={path}", f"output.dir={tmp_path}/out"]))
     assert not (tmp_path / "out").exists()
 
 
 def test_renamed_columns_and_wrong_types_are_named(tmp_path):
     path = write(tmp_path, pa.table({"utt": ["a"], "sentence": ["x"], "seed": [[1]]}))
-    with pytest.raises(S.InputSchemaError) as info:
+    with pytest.raises(InputSchemaError) as info:
         scan_input(str(path), {"id": "utt", "text": "sentence"})
     assert "column 'seed' has type list<element: int64>, expected integer" in str(info.value)
     path = write(tmp_path, pa.table({"utt": ["a"], "sentence": ["x"]}))
     scan = scan_input(str(path), {"id": "utt", "text": "sentence"})
     assert scan.rename == {"utt": "id", "sentence": "text"}
-    with pytest.raises(S.InputSchemaError, match=r"'utt' \(data.columns.id\) is missing"):
+    with pytest.raises(InputSchemaError, match=r"'utt' \(data.columns.id\) is missing"):
         scan_input(str(write(tmp_path, pa.table({"id": ["a"], "text": ["x"]}))), {"id": "utt"})
+
+
+def test_a_voices_column_takes_any_of_its_fields_each_of_its_type(tmp_path):
+    def voices_of(*fields) -> pa.Table:
+        voice = pa.struct(list(fields))
+        return pa.table({"id": ["a"], "text": ["x"], "voices": pa.array([None], pa.list_(voice))})
+
+    talk = voices_of(("audio_path", pa.string()), ("text", pa.string()))  # the fields a table has
+    assert scan_input(str(write(tmp_path, talk)), {"voices": "voices"}).rename["voices"] == "voices"
+    coded = voices_of(("codes", pa.list_(pa.list_(pa.int16()))), ("audio", pa.binary()))
+    scan_input(str(write(tmp_path, coded, "coded.parquet")), {})
+    for bad in (voices_of(("audio_path", pa.int64())), voices_of(("wav", pa.string()))):
+        with pytest.raises(InputSchemaError, match="column 'voices' has type .* expected list<struct<audio: binary"):
+            scan_input(str(write(tmp_path, bad, "bad.parquet")), {})
 
 
 def test_input_forms(tmp_path):
