@@ -13,6 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_TABLE = REPO / "data" / "demo" / "demo.parquet"
+DIALOGUE_TABLE = DEMO_TABLE.with_name("dialogue.parquet")  # the demo's dialogue rows (model=demo_s2)
 VECTORS = Path(__file__).resolve().parent / "vectors"  # vendored: see tests/vectors/PROVENANCE.md
 DUALAR_SETS = ["dualar-s1-tiny", "dualar-s2-tiny"]
 
@@ -342,22 +343,6 @@ def write_run(out: Path, rows: list[dict], *, summary: dict | None = None, split
 
 
 # ---- an actor called directly (tests/synth, tests/quality) --------------------------------
-# the demo table's dialogue rows (several voices) need an S2 model: the S1 demo refuses them
-S1_DIALOGUE_REFUSAL = "an S1 checkpoint's prompt addresses one speaker"
-
-
-def demo_dialogue_ids() -> list[str]:
-    import pyarrow.parquet as pq
-
-    rows = pq.read_table(DEMO_TABLE, columns=["id", "voices"]).to_pylist()
-    return [row["id"] for row in rows if row["voices"]]
-
-
-def ok_or_refused_on_s1(row: dict) -> bool:
-    """An ok row, or a dialogue row the S1 demo refused (naming the limit)."""
-    return row["status"] == "ok" or row["status"] == "error" and S1_DIALOGUE_REFUSAL in (row["error"] or "")
-
-
 def plant(monkeypatch, actor, fault) -> list:
     """Before a decoded row is measured, `fault(job, round, wave, task)` may give another wave in
     its place (round: how many decoded rounds the row had before this one; task: its HearTask).

@@ -4,9 +4,9 @@ use them):  apt-get install espeak-ng && python data/demo/make_demo.py
 
 refs/*.flac   short clips of real (synthetic-voice) speech from espeak-ng, one per speaker
 demo.parquet  sentences to synthesize: some rows without a reference, some naming a clip by
-              path (relative to this directory), one speaker's clip embedded as bytes; and a
-              few dialogue rows, whose `voices` are the path speakers' clips (they need an S2
-              checkpoint: model=demo_s2 runs them, model=demo's S1 refuses them)
+              path (relative to this directory), one speaker's clip embedded as bytes
+dialogue.parquet  a few dialogue rows, whose `voices` are the path speakers' clips (an S2
+              checkpoint speaks them: `model=demo_s2 data=demo_dialogue`; S1 refuses them)
 """
 
 from __future__ import annotations
@@ -145,8 +145,6 @@ def main() -> None:
         if index % 10 == 3:
             row["seed"] = 1000 + index  # a few rows pin their seed explicitly
         rows.append(row)
-    rows += dialogue_rows()
-    voice = pa.struct([("audio_path", pa.string()), ("text", pa.string())])
     schema = pa.schema(
         [
             ("id", pa.string()),
@@ -156,11 +154,15 @@ def main() -> None:
             ("ref_audio_path", pa.string()),
             ("ref_audio", pa.binary()),
             ("seed", pa.int64()),
-            ("voices", pa.list_(voice)),
         ]
     )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), HERE / "demo.parquet")
-    print(f"{len(rows)} rows -> {HERE / 'demo.parquet'}")
+    voice = pa.struct([("audio_path", pa.string()), ("text", pa.string())])
+    dialogue = pa.schema(
+        [("id", pa.string()), ("text", pa.string()), ("speaker", pa.string()), ("voices", pa.list_(voice))]
+    )
+    pq.write_table(pa.Table.from_pylist(dialogue_rows(), schema=dialogue), HERE / "dialogue.parquet")
+    print(f"{len(rows)} rows -> {HERE / 'demo.parquet'}, {len(DIALOGUES)} -> {HERE / 'dialogue.parquet'}")
 
 
 if __name__ == "__main__":

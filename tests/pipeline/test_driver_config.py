@@ -24,6 +24,10 @@ def test_defaults_run_the_demo():
     assert plain["data"]["path"] == str(REPO / "data" / "demo" / "demo.parquet")
     assert plain["output"]["dir"] == "outputs/demo"
     assert 0 < plain["cluster"]["cpus_per_actor"] < 1  # never a whole CPU on the default local run
+    # the demo's dialogue rows are a table of their own, for the S2 demo (S1 refuses several voices)
+    dialogue = to_plain(compose(["model=demo_s2", "data=demo_dialogue"]))
+    assert dialogue["data"]["path"] == str(REPO / "data" / "demo" / "dialogue.parquet")
+    assert dialogue["model"]["name"] == "demo-s2-tiny"
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import io
 import re
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
@@ -18,23 +19,22 @@ import soundfile as sf
 from actors import schema as S
 from pipeline.config import compose
 from pipeline.run.sequence import run
-from tests.helpers import DEMO_TABLE
+from tests.helpers import DEMO_TABLE, DIALOGUE_TABLE
 
 pytestmark = pytest.mark.slow
 
 SPEAKER_TAG = re.compile(r"<\|speaker:(\d+)\|>")
-_DEMO = pq.read_table(DEMO_TABLE, columns=[S.ID, S.VOICES]).to_pylist()
-VOICES = {row[S.ID]: len(row[S.VOICES]) for row in _DEMO if row[S.VOICES]}  # the demo's dialogue rows
+VOICES = {row[S.ID]: len(row[S.VOICES]) for row in pq.read_table(DIALOGUE_TABLE, columns=[S.ID, S.VOICES]).to_pylist()}
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> str:
     """Six plain demo rows (with and without clips) and the demo's three dialogue rows."""
-    table = pq.read_table(DEMO_TABLE)
-    dialogue = [i for i, v in enumerate(table.column(S.VOICES).to_pylist()) if v]
-    assert len(dialogue) == len(VOICES) == 3
+    dialogues = pq.read_table(DIALOGUE_TABLE)
+    assert dialogues.num_rows == len(VOICES) == 3
+    table = pa.concat_tables([pq.read_table(DEMO_TABLE).slice(0, 6), dialogues], promote_options="default")
     path = tmp_path_factory.mktemp("dialogue-in") / "in.parquet"
-    pq.write_table(table.take(list(range(6)) + dialogue), path)
+    pq.write_table(table, path)
     return str(path)
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from actors import schema as S
 from actors.files import TEMP_PREFIX
-from helpers import CHROMIUM, REPO, audio_check, demo_dialogue_ids, ok_or_refused_on_s1, run_module
+from helpers import CHROMIUM, REPO, audio_check, run_module
 from pipeline.config import compose
 from pipeline.names import CONFIG_FILE, IDENTITY_FILE, LEASE_FILE, REPORT_FILE, SUMMARY_FILE, is_shard
 from pipeline.output.layout import OutputLayout
@@ -45,7 +45,7 @@ def output_rows(location: str) -> list[dict]:
 def assert_each_once_ok(rows: list[dict], ids) -> None:
     counts = Counter(r[S.ID] for r in rows)
     assert sorted(counts) == sorted(ids) and max(counts.values()) == 1
-    assert all(ok_or_refused_on_s1(r) for r in rows), [(r[S.ID], r[S.ERROR]) for r in rows if r[S.ERROR]]
+    assert all(r[S.STATUS] == S.STATUS_OK for r in rows), [(r[S.ID], r[S.ERROR]) for r in rows if r[S.ERROR]]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_a_job_from_s3_to_s3_resumes_and_redoes_changed_rows(
         is_shard(k.removeprefix("data/")) for k in keys if k.startswith("data/")
     )
     summary = json.loads(s3_store.get(f"{output}/{SUMMARY_FILE}"))
-    assert summary["rows_ok"] == len(DEMO_IDS) - len(demo_dialogue_ids())  # S1 refuses the dialogues
+    assert summary["rows_ok"] == len(DEMO_IDS)
 
     # a rerun resumes: nothing to do
     again = run(compose(settings))
@@ -142,8 +142,7 @@ def test_preview_export_and_the_hf_load_on_uris(s3_store, s3_input, s3_output, s
     exported = run_module("pipeline.export", f"output.dir={s3_output}")
     assert exported.returncode == 0, exported.stderr[-3000:]
     files = s3_store.keys(f"{s3_output}/audio")
-    ok_rows = len(DEMO_IDS) - len(demo_dialogue_ids())  # S1 refuses the dialogue rows
-    assert "files.csv" in files and len([f for f in files if f.endswith(".flac")]) == ok_rows
+    assert "files.csv" in files and len([f for f in files if f.endswith(".flac")]) == len(DEMO_IDS)
 
     shards = s3_store.download(f"{s3_output}/data", tmp_path / "data")
     loaded = datasets.load_dataset("parquet", data_files=[str(p) for p in shards], split="train")
