@@ -233,9 +233,9 @@ class ReferenceStore:
         data = self.settings.data
         limit = data.max_reference_bytes
         if isinstance(source, str) and uri_scheme(source) is not None:  # s3://, gs://, ...: fetch the bytes
-            import pyarrow.fs as pafs
+            from actors.storage import open_uri
 
-            filesystem, path = pafs.FileSystem.from_uri(source)
+            filesystem, path = open_uri(source)
             size = filesystem.get_file_info(path).size
             if size is not None and size > limit:
                 raise ReferenceTooLarge(source, size, limit)
