@@ -53,7 +53,8 @@ class OutputSettings:
     # auto: a bar on a terminal, log lines otherwise
     progress_bar: str = "auto"
     # the driver's lease on output.dir (one driver at a time): heartbeat period, and after how
-    # long without one a lease held from another host counts as dead (same host: pid checked)
+    # long without one a lease held from another host counts as dead (same host: pid checked);
+    # a driver whose renewals fail for half of lease_stale_s stops (pipeline/output/lease.py)
     lease_heartbeat_s: float = 5.0
     lease_stale_s: float = 60.0
     # a rerun over rows whose content (text, reference, settings, model) changed since they
@@ -76,8 +77,12 @@ class OutputSettings:
             )
         if self.on_change not in ("redo", "refuse"):
             raise ConfigError(f"output.on_change must be redo or refuse, got {self.on_change!r}")
-        if not 0 < self.lease_heartbeat_s < self.lease_stale_s:
-            raise ConfigError("output.lease_heartbeat_s must be > 0 and below output.lease_stale_s")
+        if not 0 < self.lease_heartbeat_s <= self.lease_stale_s / 4:
+            raise ConfigError(
+                f"output.lease_heartbeat_s must be > 0 and at most a quarter of output.lease_stale_s (a failed "
+                f"renewal is tried at every beat until half of it has passed), got {self.lease_heartbeat_s:g} "
+                f"and {self.lease_stale_s:g}"
+            )
         if self.progress_bar not in ("auto", "on", "off"):
             raise ConfigError(f"output.progress_bar must be auto, on or off, got {self.progress_bar!r}")
 

@@ -2,7 +2,8 @@
 file, an S3 object written with preconditions, or a record written and read back. Each
 `take`s the lease (or raises OutputInUse), `beat`s (renews it; returns the record of whoever
 took it instead, else None) and `give_back`s it; the `Lease` judges records and runs the
-heartbeat."""
+heartbeat. Each holder is made by its Lease and given it (`lease`: no import back, the
+layering allows no cycle)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,11 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from ..errors import OutputInUse
 from ..names import LEASE_FILE
 from .conditional import ConditionalObject
-
-if TYPE_CHECKING:
-    from .lease import Lease
 
 log = logging.getLogger("chorus")
 
@@ -36,7 +34,7 @@ class LockedFile:
 
     RECORD_BYTES = 1024  # records are rewritten in place, padded to one size: never seen torn
 
-    def __init__(self, lease: Lease):
+    def __init__(self, lease):
         self.lease = lease
         self.fd: Optional[int] = None
 
@@ -101,7 +99,7 @@ class ExactObject:
     delete only the version seen. A record holding this run's id is this run's own, whatever
     an error said about the write that put it there."""
 
-    def __init__(self, lease: Lease, obj: ConditionalObject):
+    def __init__(self, lease, obj: ConditionalObject):
         self.lease, self.obj = lease, obj
         self.etag: Optional[str] = None
 
@@ -150,7 +148,7 @@ class ReadBack:
 
     SETTLE_S = 1.0  # let a concurrent writer's object land, then see whose survived
 
-    def __init__(self, lease: Lease):
+    def __init__(self, lease):
         self.lease = lease
 
     def take(self) -> None:
