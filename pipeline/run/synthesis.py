@@ -83,9 +83,11 @@ def _synth_stage(ds, plain: dict, arguments: dict, rows: int):
         compute=ActorPoolStrategy(
             size=cluster["num_actors"], max_concurrent_calls_per_actor=blocks, max_tasks_in_flight_per_actor=blocks
         ),
-        # bounded: a row that kills its actor must end as an error row, not loop forever
+        # bounded restarts: a row that kills its actor must end as an error row, not loop forever;
+        # a block's own retries (null: unbounded) then end with its actor's, and outlast the
+        # tries Ray spends at an actor on a lost node before it notices (config.py)
         max_restarts=actor_restarts(cluster, rows),
-        max_task_retries=cluster["max_task_retries"],
+        max_task_retries=-1 if cluster["max_task_retries"] is None else cluster["max_task_retries"],
         num_cpus=cluster["cpus_per_actor"],
         num_gpus=cluster["gpus_per_actor"],
         batch_size=cluster["rows_per_block"],
