@@ -11,6 +11,13 @@ with the upstream's answer, except where it injects a fault:
   the client is told `500 InternalError` -- the outcome a client cannot tell from a failure.
 - `drop`: the connection is closed without an answer; the request never reaches the store.
 
+Targeted rules may also give what a store refusing chorus would answer (never at random):
+
+- `denied`: `403 AccessDenied`; the request never reaches the store.
+- `not_implemented`: `501 NotImplemented` (a store without conditional writes).
+- `unconditional`: forwarded without its If-Match / If-None-Match headers (a store that
+  ignores them).
+
 Faults come at random rates (one seeded generator: the same seed gives the same sequence of
 decisions for the same sequence of requests) and from targeted rules (`Rule`: a method, a key
 pattern, a fault, how many times), which go first. Every request and fault is counted.
@@ -31,7 +38,10 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 SLOWDOWN, AMBIGUOUS, DROP = "slowdown", "ambiguous", "drop"
-FAULTS = (SLOWDOWN, AMBIGUOUS, DROP)
+FAULTS = (SLOWDOWN, AMBIGUOUS, DROP)  # at random rates or by rule
+DENIED, NOT_IMPLEMENTED, UNCONDITIONAL = "denied", "not_implemented", "unconditional"
+REFUSALS = {DENIED: (403, "AccessDenied", "Access Denied"), NOT_IMPLEMENTED: (501, "NotImplemented", "Not implemented")}
+_CONDITIONS = frozenset({"if-match", "if-none-match"})
 WRITES = frozenset({"PUT", "POST", "DELETE"})
 # not forwarded: they describe one hop (the proxy de-chunks bodies and keeps its own connections)
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connection", "te"})
@@ -51,8 +61,9 @@ class Rule:
     _pattern: re.Pattern = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.fault not in FAULTS:
-            raise ValueError(f"unknown fault {self.fault!r}; one of {FAULTS}")
+        known = (*FAULTS, DENIED, NOT_IMPLEMENTED, UNCONDITIONAL)
+        if self.fault not in known:
+            raise ValueError(f"unknown fault {self.fault!r}; one of {known}")
         self._pattern = re.compile(self.key)
 
     def takes(self, method: str, path: str) -> bool:
@@ -127,7 +138,7 @@ class FaultProxy:
                 by_fault[fault] += n
             return {
                 "requests": self.requests,
-                "faults": {f: by_fault[f] for f in FAULTS},
+                "faults": {f: by_fault[f] for f in (*FAULTS, *sorted(set(by_fault) - set(FAULTS)))},
                 "faults_by_method": {f"{f} {m}": n for (f, m), n in sorted(self.faults.items())},
                 "rules": [{"fault": r.fault, "method": r.method, "key": r.key, "hits": r.hits} for r in self.rules],
             }
@@ -209,7 +220,12 @@ class _Handler(BaseHTTPRequestHandler):
         if fault == SLOWDOWN:
             self._answer(503, [], error_body("SlowDown", "Please reduce your request rate."))
             return
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
+        if fault in REFUSALS:
+            status, code, message = REFUSALS[fault]
+            self._answer(status, [], error_body(code, message))
+            return
+        dropped = _HOP_HEADERS | (_CONDITIONS if fault == UNCONDITIONAL else frozenset())
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
         headers["Content-Length"] = str(len(body))
         status, answer_headers, data = proxy.forward(self.command, self.path, headers, body)
         if fault == AMBIGUOUS:  # it took effect; the client is told otherwise

@@ -27,7 +27,7 @@ from typing import Optional
 import pyarrow.fs as pafs
 
 from actors.files import TEMP_PREFIX
-from actors.storage import retrying, unwrap
+from actors.storage import StoreError, retrying, unwrap
 
 log = logging.getLogger("chorus")
 
@@ -171,4 +171,7 @@ class ConditionalObject:
         except Unsupported as e:
             return f"the store does not implement conditional writes ({e})"
         finally:
-            scratch.remove()
+            try:
+                scratch.remove()
+            except StoreError as e:  # a leftover scratch object is named as a lease temp: never foreign
+                log.warning("could not delete the probe's scratch object: %s", e)
