@@ -31,7 +31,7 @@ from ..cluster import Cluster
 from ..config import check_for_run, to_plain
 from ..errors import ConfigError
 from ..names import ATTEMPTS_DIR, CONFIG_FILE, DATA_DIR, PLAN_DIR, REJECTED_PART, SUMMARY_FILE
-from ..output import shards, supersede
+from ..output import shards, space, supersede
 from ..output.layout import OutputLayout
 from ..output.lease import Lease
 from ..plan import rules as P
@@ -78,6 +78,11 @@ def run(cfg: DictConfig) -> RunReport:
         lease.acquire()
         try:
             return _run_leased(job, lease)
+        except OSError as e:
+            full = space.full_disk(e)  # the driver's own writes (the run's end)
+            if full is None or not layout.local:
+                raise
+            raise space.output_full(layout, full, rows_left=0) from e
         finally:
             lease.release()
 

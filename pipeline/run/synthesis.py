@@ -13,6 +13,7 @@ import warnings
 from actors.storage import retries_spent
 
 from ..cluster import TASK_CPUS
+from ..output import space
 from ..output.compaction import RunningCompaction
 from ..output.parts import write_block
 from . import readahead
@@ -175,6 +176,11 @@ def synthesize(job: Job, todo: list, arguments: dict, pending: int, check=lambda
         for seen, stats in enumerate(watched(dataset.iter_rows(), every_second), 1):
             driver.take(seen, stats, dataset)
         ended = True
+    except Exception as e:
+        full = space.full_disk(e)  # a task's or an actor's write beside a local output
+        if full is None or not job.layout.local:
+            raise
+        raise space.output_full(job.layout, full, pending - driver.progress.rows) from e
     finally:
         stream = driver.close(wait=ended)
     return stream
