@@ -31,10 +31,8 @@ from fault_proxy import AMBIGUOUS, DROP, SLOWDOWN, Rule
 from actors import schema as S
 from actors.files import TEMP_PREFIX
 from helpers import REPO
-from pipeline.errors import OutputInUse
 from pipeline.names import LEASE_FILE, REPORT_FILE, SUMMARY_FILE
 from pipeline.output.layout import OutputLayout
-from pipeline.output.lease import Lease
 
 pytestmark = pytest.mark.slow
 
@@ -130,12 +128,11 @@ def test_a_driver_whose_lease_cannot_be_renewed_stops_before_it_could_go_stale(
     assert driver.returncode == 2, log[-4000:]
     assert "could not be renewed" in log and "launches no more work" in log and "Rerun the same command" in log
     record = json.loads(s3_store.get(f"{output}/{LEASE_FILE}"))  # its last renewal, read past the proxy
-    assert stopped_at - record["heartbeat"] < 8.0  # stopped before the lease could be judged dead
+    # stopped before a driver on another host could judge its lease dead (on this host its pid,
+    # gone, says so at once)
+    assert stopped_at - record["heartbeat"] < 8.0
     fault_proxy.remove(refused)
-    with pytest.raises(OutputInUse, match=record["run"]):  # so no second driver could have taken it over
-        Lease(OutputLayout(output), "second-driver").acquire()
     assert len(each_id_once(output)) < len(ids)  # it stopped mid-run
-    time.sleep(8.0)  # past the stale time: the rerun takes the dead driver's lease over and resumes
     log = finish(start_driver(args, env))
     assert "chorus: output written to" in log, log[-4000:]
     counts = each_id_once(output)
