@@ -16,39 +16,22 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fault_proxy import AMBIGUOUS, DROP, SLOWDOWN, Rule
 
 from actors import schema as S
 from actors.files import TEMP_PREFIX
-from helpers import REPO
+from helpers import REPO, demo_copies
 from pipeline.names import LEASE_FILE, REPORT_FILE, SUMMARY_FILE
 from pipeline.output.layout import OutputLayout
 
 pytestmark = pytest.mark.slow
-
-DEMO = REPO / "data" / "demo"
-
-
-def demo_input(folder: Path, copies: int) -> list[str]:
-    """The demo table `copies` times over (ids made unique) beside a copy of its clips, in
-    `folder`; the ids."""
-    table = pq.read_table(DEMO / "demo.parquet")
-    ids = table.column(S.ID).to_pylist()
-    tables = [table.set_column(0, S.ID, pa.array([f"{i}-{k}" for i in ids])) for k in range(copies)]
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(DEMO / "refs", folder / "refs", dirs_exist_ok=True)
-    pq.write_table(pa.concat_tables(tables), folder / "demo.parquet")
-    return [f"{i}-{k}" for k in range(copies) for i in ids]
 
 
 def settings(small_settings, source: str, output: str, *more: str) -> list[str]:
@@ -83,7 +66,7 @@ def each_id_once(location: str) -> Counter:
 
 
 def test_a_job_through_a_faulty_store_and_its_rerun_complete(s3_store, fault_proxy, small_settings, tmp_path):
-    ids = demo_input(tmp_path / "in", copies=2)
+    ids = demo_copies(tmp_path / "in", copies=2)
     source = f"{s3_store.bucket()}/in"
     s3_store.upload(tmp_path / "in", source)
     output = f"{s3_store.bucket()}/out"
@@ -113,7 +96,7 @@ def test_a_job_through_a_faulty_store_and_its_rerun_complete(s3_store, fault_pro
 def test_a_driver_whose_lease_cannot_be_renewed_stops_before_it_could_go_stale(
     s3_store, fault_proxy, driver_env, small_settings, tmp_path
 ):
-    ids = demo_input(tmp_path / "in", copies=3)
+    ids = demo_copies(tmp_path / "in", copies=3)
     source = f"{s3_store.bucket()}/in"
     s3_store.upload(tmp_path / "in", source)
     output = f"{s3_store.bucket()}/out"
@@ -140,7 +123,7 @@ def test_a_driver_whose_lease_cannot_be_renewed_stops_before_it_could_go_stale(
 
 
 def test_a_driver_whose_local_lease_is_taken_stops(driver_env, small_settings, tmp_path):
-    ids = demo_input(tmp_path / "in", copies=3)
+    ids = demo_copies(tmp_path / "in", copies=3)
     output = tmp_path / "out"
     args = settings(small_settings, str(tmp_path / "in" / "demo.parquet"), str(output), "output.lease_heartbeat_s=1")
     driver = start_driver(args, driver_env)
@@ -175,7 +158,7 @@ def small_disk(tmp_path):
 
 
 def test_a_full_disk_stops_cleanly_and_the_rerun_completes_once(driver_env, small_settings, tmp_path, small_disk):
-    ids = demo_input(tmp_path / "in", copies=2)
+    ids = demo_copies(tmp_path / "in", copies=2)
     output = small_disk / "out"
     ballast = small_disk / "ballast"
     ballast.write_bytes(b"\0" * (14 << 20))  # ~2 MB left: the job needs more
