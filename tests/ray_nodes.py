@@ -98,6 +98,7 @@ def kill_node(node: subprocess.Popen) -> list[int]:
 @dataclass
 class Cluster:
     env: dict  # what a client of the cluster runs with
+    address: str  # the head's GCS, for RAY_ADDRESS
     dashboard: str
     head: subprocess.Popen
     workers: list = field(default_factory=list)
@@ -136,7 +137,7 @@ def ray_cluster(tmp_path: Path, head_cpus: int, worker_cpus: list[int], env: dic
         env,
         tmp_path / "head.log",
     )
-    cluster = Cluster(env, f"http://127.0.0.1:{dashboard_port}", head)
+    cluster = Cluster(env, f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dashboard_port}", head)
     try:
         for k, cpus in enumerate(worker_cpus):
             node = start_node(
