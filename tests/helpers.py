@@ -43,6 +43,19 @@ def demo_copies(folder: Path, copies: int) -> list[str]:
     return [f"{i}-{k}" for k in range(copies) for i in ids]
 
 
+def start_driver(overrides: list[str], env: dict) -> subprocess.Popen:
+    """`python -m pipeline <overrides>` started in the background, its output in `.stdout`
+    (text, stderr with it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *overrides],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def run_module(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `python -m <args>` from the repo root, as a user would."""
     env = dict(os.environ, PYTHONPATH=str(REPO))

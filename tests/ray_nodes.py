@@ -158,8 +158,8 @@ def ray_cli(env: dict, *args: str, timeout: float = 300) -> subprocess.Completed
     )
 
 
-def submit(cluster: Cluster, job_id: str, *command: str) -> None:
-    """`ray job submit --no-wait --working-dir . -- <command>`."""
+def submit_pipeline(cluster: Cluster, job_id: str, *overrides: str) -> None:
+    """`ray job submit --no-wait --working-dir . -- python -m pipeline <overrides>`."""
     done = ray_cli(
         cluster.env,
         "job",
@@ -170,7 +170,10 @@ def submit(cluster: Cluster, job_id: str, *command: str) -> None:
         "--working-dir",
         ".",
         "--",
-        *command,
+        "python",
+        "-m",
+        "pipeline",
+        *overrides,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 

@@ -148,7 +148,22 @@ class RetryingHandler(pafs.FileSystemHandler):
         raise NotImplementedError(f"{self.uri(path)}: object stores do not append")
 
 
-class _Reader:
+class _ObjectFile:
+    """What pa.PythonFile asks a file-like object: a reader reads and seeks, a writer writes."""
+
+    READS = True
+
+    def readable(self) -> bool:
+        return self.READS
+
+    def seekable(self) -> bool:
+        return self.READS
+
+    def writable(self) -> bool:
+        return not self.READS
+
+
+class _Reader(_ObjectFile):
     """A file-like reader of one object: each read a request of its own at the position it was
     at, retried (reopening the object) as the handler's policy says."""
 
@@ -188,24 +203,17 @@ class _Reader:
     def tell(self) -> int:
         return self.position
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
         self.closed = True
 
 
-class _Upload:
+class _Upload(_ObjectFile):
     """A file-like writer of one object: the bytes are spooled and uploaded whole at close,
     the upload retried as the handler's policy says (the module doc)."""
+
+    READS = False
 
     def __init__(self, handler: RetryingHandler, path: str, metadata: Optional[dict]):
         self.handler, self.path, self.metadata = handler, path, metadata
@@ -220,15 +228,6 @@ class _Upload:
 
     def tell(self) -> int:
         return self.spool.tell()
-
-    def readable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return False
-
-    def writable(self) -> bool:
-        return True
 
     def _upload(self) -> None:
         self.spool.seek(0)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections import Counter
 
@@ -27,7 +26,7 @@ from fault_proxy import AMBIGUOUS, DROP, SLOWDOWN, Rule
 
 from actors import schema as S
 from actors.files import TEMP_PREFIX
-from helpers import REPO, demo_copies
+from helpers import REPO, demo_copies, start_driver
 from pipeline.names import LEASE_FILE, REPORT_FILE, SUMMARY_FILE
 from pipeline.output.layout import OutputLayout
 
@@ -36,17 +35,6 @@ pytestmark = pytest.mark.slow
 
 def settings(small_settings, source: str, output: str, *more: str) -> list[str]:
     return [*small_settings, f"data.path={source}", f"output.dir={output}", "cluster.rows_per_block=3", *more]
-
-
-def start_driver(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipeline", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 def finish(driver: subprocess.Popen, timeout: float = 600) -> str:

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 
 import pytest
-from ray_nodes import job_logs, kill_node, ray_cli, ray_cluster, submit, wait_for_job
+from ray_nodes import job_logs, kill_node, ray_cli, ray_cluster, submit_pipeline, wait_for_job
 
 from actors import schema as S
 from helpers import demo_copies
@@ -37,12 +37,9 @@ def test_a_node_lost_mid_run_the_job_finishes_on_the_rest(tmp_path, small_settin
     # the head has room for both actors (0.9 CPU each) and the tasks once the worker is gone;
     # Ray's scheduler puts the second actor on the idle worker node while the head is busy
     with ray_cluster(tmp_path, head_cpus=3, worker_cpus=[1]) as cluster:
-        submit(
+        submit_pipeline(
             cluster,
             job_id,
-            "python",
-            "-m",
-            "pipeline",
             *small_settings,
             f"data.path={tmp_path / 'in' / 'demo.parquet'}",
             f"output.dir={out}",

@@ -8,7 +8,7 @@ import secrets
 
 import pyarrow.parquet as pq
 import pytest
-from ray_nodes import job_logs, ray_cli, ray_cluster, submit, wait_for_job
+from ray_nodes import job_logs, ray_cli, ray_cluster, submit_pipeline, wait_for_job
 
 from actors import schema as S
 from pipeline.output.layout import OutputLayout
@@ -28,12 +28,9 @@ def test_demo_as_a_ray_job_on_two_nodes(two_node_cluster, tmp_path):
     env, dashboard = cluster.env, cluster.dashboard
     out = tmp_path / "job-output"
     job_id = f"chorus-test-{secrets.token_hex(4)}"
-    submit(
+    submit_pipeline(
         cluster,
         job_id,
-        "python",
-        "-m",
-        "pipeline",
         f"output.dir={out}",
         "cluster.num_actors=2",
         "cluster.cpus_per_actor=0.6",
