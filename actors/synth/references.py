@@ -19,6 +19,7 @@ from actors import schema as S
 from actors.alone import each_alone
 from actors.lru import LRU
 from actors.settings import ActorSettings, uri_scheme
+from actors.storage import StoreError
 from actors.synth.jobs import Failure
 from actors.synth.rows import RefSpec, RowError
 
@@ -49,8 +50,9 @@ class Resolved:
 
 
 def is_transient(error: BaseException) -> bool:
-    """A failure a rerun may not meet again: I/O, a timeout, a clip that is not there (yet)."""
-    return isinstance(error, (OSError, TimeoutError)) or "not found" in str(error)
+    """A failure a rerun may not meet again: I/O (an object store's too), a timeout, a clip that
+    is not there (yet)."""
+    return isinstance(error, (OSError, TimeoutError, StoreError)) or "not found" in str(error)
 
 
 class ReferenceStore:
