@@ -152,8 +152,9 @@ class Lease:
             return ExactObject(self, exact)
         self.kind = "read-back"
         log.warning(
-            "%s: this store offers no conditional create chorus can use (%s), so the lease is written and read back (two drivers started within the same second "
-            "could both run); S3 with conditional writes (and boto3 installed) makes it exact",
+            "%s: this store offers no conditional create chorus can use (%s), so the lease is written and "
+            "read back (two drivers started within the same second could both run); S3 with conditional "
+            "writes (and boto3 installed) makes it exact",
             self.layout.location,
             self.weaker_because,
         )

@@ -99,7 +99,8 @@ def _run_leased(job: Job, lease: Lease) -> RunReport:
     lease.check()
     _settle_output(job, plan, refused.ids)
     lease.check()
-    return _finish(job, {**stream, "infrastructure": _infrastructure(job, lease, stream)})
+    infrastructure = _infrastructure(job, lease, stream)  # takes its figures out of the stream's
+    return _finish(job, {**stream, "infrastructure": infrastructure})
 
 
 def _infrastructure(job: Job, lease: Lease, stream: dict) -> dict:

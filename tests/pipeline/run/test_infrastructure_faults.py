@@ -71,6 +71,7 @@ def test_a_job_through_a_faulty_store_and_its_rerun_complete(s3_store, fault_pro
     assert first_lease_write.hits == 1
     assert [s["run_rows"] for s in summaries] == [len(ids), 0]  # the rerun redoes nothing
     assert [s["infrastructure"]["lease"] for s in summaries] == ["exact-object", "exact-object"]
+    assert summaries[0]["infrastructure"]["store_retries"] >= 1 and "store_retries" not in summaries[0]
     assert "no conditional create" not in log
     counts = each_id_once(output)
     assert sorted(counts) == sorted(ids) and set(counts.values()) == {1}
