@@ -4,8 +4,8 @@ process as a user runs it:
 - an S3 store (tests/object_store.py) behind a fault-injecting proxy (tests/fault_proxy.py)
   answering 10% of requests `503 SlowDown`, 10% of writes `500` after they took effect (the
   first lease write among them) and closing 5% of connections unanswered: the job and its rerun
-  complete, every id once, the lease exact throughout. The driver starts its own local Ray, so
-  that its workers reach the store through the proxy too.
+  complete, every id once, the lease exact throughout. The driver joins a Ray of its own
+  (tests/ray_nodes.py, on 127.0.0.1), so that its workers reach the store through the proxy too.
 - every lease request refused for longer than the stale time: the driver stops before its
   lease could be judged dead, and a rerun resumes; the same for a local lease found taken.
 - a local output on a small tmpfs that fills mid-run: a clear error naming the output and the
@@ -23,6 +23,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 from fault_proxy import AMBIGUOUS, DROP, SLOWDOWN, Rule
+from ray_nodes import ray_cluster
 
 from actors import schema as S
 from actors.files import TEMP_PREFIX
@@ -60,14 +61,15 @@ def test_a_job_through_a_faulty_store_and_its_rerun_complete(s3_store, fault_pro
     output = f"{s3_store.bucket()}/out"
     fault_proxy.set_rates(slowdown=0.10, ambiguous=0.10, drop=0.05)
     first_lease_write = fault_proxy.add(Rule(AMBIGUOUS, r"/out/_chorus\.lock$", method="PUT", times=1))
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    env.pop("RAY_ADDRESS", None)  # a Ray of its own, whose workers inherit the proxy's endpoint
-    args = settings(small_settings, f"{source}/demo.parquet", output, "cluster.address=local")
+    args = settings(small_settings, f"{source}/demo.parquet", output)
     summaries = []
-    for _ in range(2):  # the job, then its rerun
-        log = finish(start_driver(args, env))
-        assert "chorus: output written to" in log, log[-6000:]
-        summaries.append(json.loads(s3_store.get(f"{output}/{SUMMARY_FILE}")))
+    # a Ray of its own on 127.0.0.1, whose workers reach the store through the proxy too
+    with ray_cluster(tmp_path, head_cpus=2, worker_cpus=[], env={"AWS_ENDPOINT_URL": fault_proxy.endpoint}) as ray:
+        env = dict(ray.env, PYTHONPATH=str(REPO), RAY_ADDRESS=ray.address)
+        for _ in range(2):  # the job, then its rerun
+            log = finish(start_driver(args, env))
+            assert "chorus: output written to" in log, log[-6000:]
+            summaries.append(json.loads(s3_store.get(f"{output}/{SUMMARY_FILE}")))
     assert first_lease_write.hits == 1
     assert [s["run_rows"] for s in summaries] == [len(ids), 0]  # the rerun redoes nothing
     assert [s["infrastructure"]["lease"] for s in summaries] == ["exact-object", "exact-object"]
