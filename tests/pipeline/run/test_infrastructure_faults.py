@@ -114,7 +114,7 @@ def test_a_driver_whose_lease_cannot_be_renewed_stops_before_it_could_go_stale(
 
 
 def test_a_driver_whose_local_lease_is_taken_stops(driver_env, small_settings, tmp_path):
-    ids = demo_copies(tmp_path / "in", copies=3)
+    ids = demo_copies(tmp_path / "in", copies=2)
     output = tmp_path / "out"
     args = settings(small_settings, str(tmp_path / "in" / "demo.parquet"), str(output), "output.lease_heartbeat_s=1")
     driver = start_driver(args, driver_env)
