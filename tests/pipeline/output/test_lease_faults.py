@@ -104,12 +104,14 @@ def test_a_heartbeat_that_cannot_renew_loses_the_lease_before_it_could_go_stale(
 
 def test_heartbeats_answered_500_after_they_took_effect_keep_the_lease(fault_proxy, s3_store):
     location = f"{s3_store.bucket()}/out"
-    lease = Lease(OutputLayout(location), "kept", heartbeat_s=0.2, stale_s=4.0)
+    lease = Lease(OutputLayout(location), "kept", heartbeat_s=0.2, stale_s=6.0)
     lease.acquire()
-    rule = fault_proxy.add(Rule(AMBIGUOUS, RECORD, method="PUT", times=5))
+    # three answers in a row: the first beat's write took effect, its retries were refused by
+    # that very write (told 500 as well), and the next read-back finds the record its own
+    rule = fault_proxy.add(Rule(AMBIGUOUS, RECORD, method="PUT", times=3))
     time.sleep(2.5)
     try:
-        assert rule.hits == 5 and lease.lost is None
+        assert rule.hits == 3 and lease.lost is None
         held = record(s3_store, location)
         assert held["run"] == "kept" and time.time() - held["heartbeat"] < 1.0
     finally:
