@@ -58,7 +58,8 @@ class OutputSettings:
     # auto: a bar on a terminal, log lines otherwise
     progress_bar: str = "auto"
     # the driver's lease on output.dir (one driver at a time): heartbeat period, and after how
-    # long without one a lease held from another host counts as dead (same host: pid checked)
+    # long without one a lease held from another host counts as dead (same host: pid checked);
+    # a driver whose renewals fail for half of lease_stale_s stops (pipeline/output/lease.py)
     lease_heartbeat_s: float = 5.0
     lease_stale_s: float = 60.0
     # a rerun over rows whose content (text, reference, settings, model) changed since they
@@ -83,8 +84,12 @@ class OutputSettings:
             raise ConfigError(f"output.channels must be one of {', '.join(S.CHANNEL_CHOICES)}, got {self.channels!r}")
         if self.on_change not in ("redo", "refuse"):
             raise ConfigError(f"output.on_change must be redo or refuse, got {self.on_change!r}")
-        if not 0 < self.lease_heartbeat_s < self.lease_stale_s:
-            raise ConfigError("output.lease_heartbeat_s must be > 0 and below output.lease_stale_s")
+        if not 0 < self.lease_heartbeat_s <= self.lease_stale_s / 4:
+            raise ConfigError(
+                f"output.lease_heartbeat_s must be > 0 and at most a quarter of output.lease_stale_s (a failed "
+                f"renewal is tried at every beat until half of it has passed), got {self.lease_heartbeat_s:g} "
+                f"and {self.lease_stale_s:g}"
+            )
         if self.progress_bar not in ("auto", "on", "off"):
             raise ConfigError(f"output.progress_bar must be auto, on or off, got {self.progress_bar!r}")
 
@@ -114,9 +119,12 @@ class ClusterSettings:
     # (Ray Data's default is forever); a block that killed its actor this many times has its
     # rows run alone, and the row that kills it alone becomes an error row (quarantined).
     # max_actor_restarts null = 10 + (crash_quarantine_after + 1) per 100 blocks an actor takes
-    # (pipeline/run/synthesis.py actor_restarts): room for a few such rows in a long job
+    # (pipeline/run/synthesis.py actor_restarts): room for a few such rows in a long job.
+    # max_task_retries null = as long as the block's actor restarts (bounded above): Ray counts
+    # every try at an actor on a lost node until it notices the loss (15-30 s with its default
+    # health checks), and 4 tries were spent within that and failed the job (measured, Ray 2.60)
     max_actor_restarts: Optional[int] = None
-    max_task_retries: int = 4
+    max_task_retries: Optional[int] = None
     crash_quarantine_after: int = 2
     # watchdog: an actor whose block runs longer than this is stuck and exits (then counts as
     # a crash above); null = no watchdog. Size it for the slowest block (rows_per_block rows
@@ -139,7 +147,8 @@ class ClusterSettings:
             raise ConfigError("cluster.read_ahead_rows must be >= 1 (or null: from the actors' blocks)")
         if self.distributed_plan_rows < 0:
             raise ConfigError("cluster.distributed_plan_rows must be >= 0")
-        if self.crash_quarantine_after < 1 or self.max_task_retries <= self.crash_quarantine_after:
+        retries = self.max_task_retries
+        if self.crash_quarantine_after < 1 or (retries is not None and retries <= self.crash_quarantine_after):
             raise ConfigError(
                 "cluster.max_task_retries must exceed cluster.crash_quarantine_after (>= 1): a block is retried "
                 "crash_quarantine_after times, then once more row by row to find the row that kills its actor"

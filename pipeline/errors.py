@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from actors.input_types import InputSchemaError
 from actors.settings import ConfigError
+from actors.storage import StoreError
 
 
 class InputError(ValueError):
@@ -19,7 +20,35 @@ class OutputInUse(RuntimeError):
     """Another live driver holds the output directory's lease."""
 
 
-# what the entry points print as a message (ConfigError: a setting; InputSchemaError: a column)
-USER_ERRORS = (ConfigError, InputError, InputSchemaError, OutputMismatch, OutputInUse)
+class LeaseLost(RuntimeError):
+    """This driver's lease could not be renewed in time, or was taken: it stopped launching work."""
 
-__all__ = ["USER_ERRORS", "ConfigError", "InputError", "InputSchemaError", "OutputInUse", "OutputMismatch"]
+
+class OutputFull(RuntimeError):
+    """The output's filesystem has no space left for the next write."""
+
+
+# what the entry points print as a message (ConfigError: a setting; InputSchemaError: a column;
+# StoreError: an object store that refused a request or kept failing, naming the URI)
+USER_ERRORS = (
+    ConfigError,
+    InputError,
+    InputSchemaError,
+    OutputMismatch,
+    OutputInUse,
+    LeaseLost,
+    OutputFull,
+    StoreError,
+)
+
+__all__ = [
+    "USER_ERRORS",
+    "ConfigError",
+    "InputError",
+    "InputSchemaError",
+    "LeaseLost",
+    "OutputFull",
+    "OutputInUse",
+    "OutputMismatch",
+    "StoreError",
+]

@@ -10,6 +10,7 @@ from typing import Optional
 import pyarrow.fs as pafs
 
 from actors.demo import cache_root
+from actors.storage import open_uri
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -32,10 +33,11 @@ def absolute(location: Optional[str]) -> Optional[str]:
 
 
 def open_location(location: str) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path inside it) for a local path or any URI pyarrow understands."""
+    """(filesystem, path inside it) for a local path or any URI pyarrow understands; a URI's
+    filesystem retries every call as chorus's one retry policy says (actors/storage)."""
     if is_local(location):
         return pafs.LocalFileSystem(), local_path(location)
-    return pafs.FileSystem.from_uri(location)
+    return open_uri(location)
 
 
 def scratch_dir(output_location: str, folder: str, run_id: str) -> str:

@@ -1,7 +1,8 @@
 """Shared fixtures of the pipeline tests.
 
 `s3_store`: an S3-compatible server on 127.0.0.1 (tests/object_store.py) and the AWS
-environment pointed at it, for the session.
+environment pointed at it, for the session; `fault_proxy`: a fault-injecting proxy in front of
+it for one test (tests/fault_proxy.py).
 
 `ray_cluster`: ONE local Ray per test session (ray.init costs ~9 s here); the Ray tests run
 the driver in-process against it, and the subprocess drivers (kill test, no-argument run)
@@ -39,6 +40,19 @@ def s3_store():
     store = S3Store()
     yield store
     store.stop()
+
+
+@pytest.fixture
+def fault_proxy(s3_store, monkeypatch):
+    """A fault-injecting proxy on 127.0.0.1 (tests/fault_proxy.py) in front of the session's S3
+    server, without faults until the test sets them; AWS_ENDPOINT_URL points at it for the test
+    (processes started earlier, the session's Ray workers among them, keep the server's own)."""
+    from fault_proxy import FaultProxy
+
+    proxy = FaultProxy(s3_store.endpoint, seed=47)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    yield proxy
+    proxy.stop()
 
 
 @pytest.fixture(scope="session")

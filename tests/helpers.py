@@ -27,6 +27,36 @@ def vector_set(name: str) -> Path:
     return path
 
 
+def demo_copies(folder: Path, copies: int) -> list[str]:
+    """The demo table `copies` times over (ids made unique: `<id>-<k>`) beside a copy of its
+    clips, written to `folder/demo.parquet`; the ids, in order."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(DEMO_TABLE)
+    ids = table.column("id").to_pylist()
+    tables = [table.set_column(0, "id", pa.array([f"{i}-{k}" for i in ids])) for k in range(copies)]
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(DEMO_TABLE.parent / "refs", folder / "refs", dirs_exist_ok=True)
+    pq.write_table(pa.concat_tables(tables), folder / "demo.parquet")
+    return [f"{i}-{k}" for k in range(copies) for i in ids]
+
+
+def start_driver(overrides: list[str], env: dict) -> subprocess.Popen:
+    """`python -m pipeline <overrides>` started in the background, its output in `.stdout`
+    (text, stderr with it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *overrides],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def run_module(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `python -m <args>` from the repo root, as a user would."""
     env = dict(os.environ, PYTHONPATH=str(REPO))

@@ -20,6 +20,7 @@ from actors.alone import each_alone
 from actors.engine.dialogue import voice_text_problem
 from actors.lru import LRU
 from actors.settings import ActorSettings, uri_scheme
+from actors.storage import StoreError
 from actors.synth.jobs import Failure
 from actors.synth.rows import RefSpec, RowError, VoiceSpec
 
@@ -64,8 +65,9 @@ class Resolved:
 
 
 def is_transient(error: BaseException) -> bool:
-    """A failure a rerun may not meet again: I/O, a timeout, a clip that is not there (yet)."""
-    return isinstance(error, (OSError, TimeoutError)) or "not found" in str(error)
+    """A failure a rerun may not meet again: I/O (an object store's too), a timeout, a clip that
+    is not there (yet)."""
+    return isinstance(error, (OSError, TimeoutError, StoreError)) or "not found" in str(error)
 
 
 class ReferenceStore:
@@ -302,9 +304,9 @@ class ReferenceStore:
         data = self.settings.data
         limit = data.max_reference_bytes
         if isinstance(source, str) and uri_scheme(source) is not None:  # s3://, gs://, ...: fetch the bytes
-            import pyarrow.fs as pafs
+            from actors.storage import open_uri
 
-            filesystem, path = pafs.FileSystem.from_uri(source)
+            filesystem, path = open_uri(source)
             size = filesystem.get_file_info(path).size
             if size is not None and size > limit:
                 raise ReferenceTooLarge(source, size, limit)

@@ -25,6 +25,7 @@ class RunningCompaction:
         self.in_flight: list = []
         self.shards = 0  # committed by this run's tasks
         self.failed = 0
+        self.store_retries = 0  # the object-store calls its tasks retried
 
     def add(self, stats: dict) -> None:
         """One finished block (write_block's stats row)."""
@@ -49,9 +50,11 @@ class RunningCompaction:
                 log.warning("a shard compaction failed (its blocks stay as parts until the run's end): %r", e)
                 continue
             self.shards += 1
+            self.store_retries += result.get("store_retries", 0)
             log.debug("packed %d parts (%d rows) into %s", result["parts"], result["rows"], result["shard"])
 
-    def finish(self) -> dict:
-        """Wait for the compactions in flight; what the run's figures say about them."""
-        self.poll(wait=True)
-        return {"shards_while_running": self.shards, "shard_failures": self.failed}
+    def finish(self, wait: bool = True) -> dict:
+        """Wait for the compactions in flight (or only collect those done); what the run's
+        figures say about them."""
+        self.poll(wait=wait)
+        return {"shards_while_running": self.shards, "shard_failures": self.failed, "store_retries": self.store_retries}

@@ -183,6 +183,13 @@ class OutputLayout:
         temporary file's name starts with the writing run (`owner`), so a cleaner knows
         whose it is."""
         final = f"{self.data_dir}/{name}"
+        if not self.local:  # encoded whole first: a failed encode never reaches the store
+            encoded = pa.BufferOutputStream()
+            pq.write_table(hf_features.with_features(table), encoded)
+            table_bytes = encoded.getvalue()
+            with self.fs.open_output_stream(final) as f:
+                f.write(table_bytes)
+            return final
         with self._part_sink(final, owner) as f:
             pq.write_table(hf_features.with_features(table), f)
         return final

@@ -3,12 +3,18 @@
 A run holds a lease on the directory (`_chorus.lock`: owner, host, pid, run, heartbeat); a
 second driver refuses to start, and a lease whose driver is dead (its lock free, its pid gone
 on this host, or no heartbeat for `lease_stale_s`) is taken over. How the lease is held
-depends on the store (`Lease`: a local lock, S3 conditional writes, or write-and-read-back). pipeline/output/layout.py's directory is what it guards.
+depends on the store (`Lease`: a local lock, S3 conditional writes, or write-and-read-back;
+pipeline/output/lease_holders.py). pipeline/output/layout.py's directory is what it guards.
+
+A heartbeat that cannot fail silently: a renewal that fails is tried again (the store's calls
+retried by chorus's policy, the beats themselves every heartbeat) until half of `lease_stale_s`
+has passed since the last renewal; then, or when the record is found taken, the lease is lost
+(`lost` says why) and the driver stops (`check` raises LeaseLost) -- with the other half of the
+stale time left for it to stop before any other driver may judge the lease dead.
 """
 
 from __future__ import annotations
 
-import fcntl
 import getpass
 import json
 import logging
@@ -18,10 +24,13 @@ import threading
 import time
 from typing import Optional
 
-from ..errors import OutputInUse
+from actors.storage import give_up_by
+
+from ..errors import LeaseLost, OutputInUse
 from ..names import LEASE_FILE
 from .conditional import ConditionalObject
 from .layout import OutputLayout
+from .lease_holders import ExactObject, LockedFile, ReadBack, parse_record
 
 log = logging.getLogger("chorus")
 
@@ -41,25 +50,28 @@ class Lease:
     the strongest means the directory's store offers:
 
     - a local directory: an exclusive `flock` on the lock file for the driver's whole run
-      (`_LockedFile`). The kernel drops the lock when the process dies, so a dead driver's lock
+      (`LockedFile`). The kernel drops the lock when the process dies, so a dead driver's lock
       is free at once, and every judgement of the record inside (whose it is, whether it is
       stale) and its replacement happen with the lock held. The record still counts where the
       lock cannot see: a live heartbeat from another host (a shared filesystem whose locks are
       not shared) is respected.
     - an S3 store that honours conditional writes: the record is created only if absent, each
       heartbeat and a takeover replace only the exact version seen, release deletes only ours
-      (`_ExactObject`). Two drivers can never both hold it.
+      (`ExactObject`). Two drivers can never both hold it.
     - any other store: the record is written, read back after a pause, and kept only if it is
-      still ours (`_ReadBack`; a second driver started within that second could slip in: the
+      still ours (`ReadBack`; a second driver started within that second could slip in: the
       log says when this weaker lease is used)."""
 
     def __init__(self, layout: OutputLayout, run_id: str, heartbeat_s: float = 5.0, stale_s: float = 60.0):
         self.layout, self.run_id = layout, run_id
         self.heartbeat_s, self.stale_s = float(heartbeat_s), float(stale_s)
         self.path = layout.path(LEASE_FILE)
+        self.renew_within_s = self.stale_s / 2  # a renewal failing for longer loses the lease
         self.lost: Optional[str] = None  # why the lease was lost mid-run, if it was
         self.took_over: Optional[dict] = None  # the stale lease this one replaced
         self.kind: Optional[str] = None  # which holder holds it: locked-file, exact-object, read-back
+        self.weaker_because: Optional[str] = None  # why an object store's lease is read-back
+        self._renewed = time.monotonic()  # when the record was last written
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._holder = None
@@ -124,25 +136,29 @@ class Lease:
     def acquire(self) -> None:
         self.layout.fs.create_dir(self.layout.base, recursive=True)
         self._holder = self._choose_holder()
+        self._renewed = time.monotonic()
         self._holder.take()
         self._start_heartbeat()
 
     def _choose_holder(self):
         if self.layout.local:
             self.kind = "locked-file"
-            return _LockedFile(self)
+            return LockedFile(self)
         exact = ConditionalObject.for_path(self.layout.fs, self.path)
-        if exact is not None and exact.probe():
+        # the probe retries what fails for a while; only the store's own answers decide
+        self.weaker_because = "not an S3 store, or boto3 not installed" if exact is None else exact.probe()
+        if self.weaker_because is None:
             self.kind = "exact-object"
-            return _ExactObject(self, exact)
+            return ExactObject(self, exact)
         self.kind = "read-back"
         log.warning(
-            "%s: this store offers no conditional create chorus can use, so the lease is written and read "
-            "back (two drivers started within the same second could both run); S3 with conditional writes "
-            "(and boto3 installed) makes it exact",
+            "%s: this store offers no conditional create chorus can use (%s), so the lease is written and "
+            "read back (two drivers started within the same second could both run); S3 with conditional "
+            "writes (and boto3 installed) makes it exact",
             self.layout.location,
+            self.weaker_because,
         )
-        return _ReadBack(self)
+        return ReadBack(self)
 
     def _start_heartbeat(self) -> None:
         if self._holder is None:  # a lease never taken (tests): its beats only watch the record
@@ -152,163 +168,56 @@ class Lease:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
+            began = time.monotonic()
+            deadline = self._renewed + self.renew_within_s
             try:
-                lost = self._holder.beat()
-            except OSError as e:  # a transient write failure: the next beat tries again
-                log.warning("lease heartbeat failed: %r", e)
-                continue
-            if lost:
-                self.lost = f"the lease of {self.layout.location} was taken by {lost}"
-                log.error("%s; this driver's further writes may be superseded", self.lost)
+                with give_up_by(deadline):
+                    taken_by = self._holder.beat()
+            except Exception as e:  # not renewed this time
+                if time.monotonic() < deadline:
+                    log.warning(
+                        "lease heartbeat failed (tried again until %.0f s after the last renewal): %s",
+                        self.renew_within_s,
+                        e,
+                    )
+                    continue
+                since = time.monotonic() - self._renewed
+                self._lose(f"the lease of {self.layout.location} could not be renewed for {since:.0f} s ({e})")
                 return
+            if taken_by is not None:
+                self._lose(f"the lease of {self.layout.location} was taken by {taken_by}")
+                return
+            self._renewed = began
+
+    def _lose(self, why: str) -> None:
+        self.lost = why
+        log.error("%s; this driver stops", why)
+
+    def check(self) -> None:
+        """Raise LeaseLost once the lease is lost: the driver must launch no more work."""
+        if self.lost is not None:
+            raise LeaseLost(
+                f"stopped: {self.lost}. Past output.lease_stale_s={self.stale_s:g} s another driver may take "
+                f"{self.layout.location} over, so this driver launches no more work; the parts written so far "
+                f"stand. Rerun the same command to resume (once the store accepts writes again)"
+            )
 
     def release(self) -> None:
+        """Stop the heartbeat and give the lease back. A lost lease is given back only if that is
+        quick (it may be another's now: the holder checks; or the store may still refuse); a
+        lease that cannot be given back is taken over by the next run after lease_stale_s."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.heartbeat_s + 5)
-        if self._holder is not None:
-            self._holder.give_back()
-            self._holder = None
-
-
-class _LockedFile:
-    """A local directory's lease: the lock file flock'ed for the run (see Lease)."""
-
-    RECORD_BYTES = 1024  # records are rewritten in place, padded to one size: never seen torn
-
-    def __init__(self, lease: Lease):
-        self.lease = lease
-        self.fd: Optional[int] = None
-
-    def take(self) -> None:
-        path = self.lease.path
-        for _ in range(10):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise self.lease.in_use(self.lease.held_by() or {}) from None
-            try:
-                # the holder before us unlinks the file on release while holding the lock: the
-                # inode we locked must still be the one at the path, else a newcomer's is
-                if os.fstat(fd).st_ino != os.stat(path).st_ino:
-                    os.close(fd)
-                    continue
-            except FileNotFoundError:
-                os.close(fd)
-                continue
-            held = parse_record(os.pread(fd, 1 << 16, 0).decode("utf-8", "replace"))
-            if held:  # a record nobody locks: its driver died, or it lives on a host whose locks we cannot see
-                try:
-                    self.lease.take_over_or_refuse(held)
-                except OutputInUse:
-                    os.close(fd)
-                    raise
-            self.fd = fd
-            self._write()
+        if self._holder is None:
             return
-        raise self.lease.contended()
-
-    def _write(self) -> None:
-        data = json.dumps(self.lease.record()).encode("utf-8").ljust(self.RECORD_BYTES)
-        os.pwrite(self.fd, data, 0)
-        os.ftruncate(self.fd, len(data))
-        os.fsync(self.fd)
-
-    def beat(self) -> Optional[dict]:
-        held = self.lease.held_by()
-        if not held or held.get("run") != self.lease.run_id:
-            return held
-        self._write()
-        return None
-
-    def give_back(self) -> None:
-        if self.fd is None:  # never taken
-            return
-        # unlinked while still locked: a driver that opened the old file finds its inode gone
-        # from the path and starts over (see take)
+        holder, self._holder = self._holder, None
         try:
-            os.unlink(self.lease.path)
-        except FileNotFoundError:
-            pass
-        os.close(self.fd)
-        self.fd = None
-
-
-class _ExactObject:
-    """An S3 store's lease by conditional writes (see Lease): create if absent, replace and
-    delete only the version seen."""
-
-    def __init__(self, lease: Lease, obj: ConditionalObject):
-        self.lease, self.obj = lease, obj
-        self.etag: Optional[str] = None
-
-    def take(self) -> None:
-        for _ in range(10):
-            self.etag = self.obj.create(self.lease.encoded())
-            if self.etag is not None:
-                return
-            seen = self.obj.read()
-            if seen is None:  # released meanwhile
-                continue
-            body, etag = seen
-            self.lease.take_over_or_refuse(parse_record(body.decode("utf-8", "replace")))
-            self.etag = self.obj.replace(self.lease.encoded(), etag)
-            if self.etag is not None:
-                return
-            self.lease.took_over = None  # another driver replaced it first: judge its record anew
-        raise self.lease.contended()
-
-    def beat(self) -> Optional[dict]:
-        etag = self.obj.replace(self.lease.encoded(), self.etag)
-        if etag is None:
-            return self.lease.held_by() or {}
-        self.etag = etag
-        return None
-
-    def give_back(self) -> None:
-        self.obj.delete(self.etag)
-
-
-class _ReadBack:
-    """A store without conditional writes: write the record, wait, read it back (see Lease)."""
-
-    SETTLE_S = 1.0  # let a concurrent writer's object land, then see whose survived
-
-    def __init__(self, lease: Lease):
-        self.lease = lease
-
-    def take(self) -> None:
-        lease = self.lease
-        for _ in range(3):
-            held = lease.held_by()
-            if held is None:
-                lease.layout.write_text(LEASE_FILE, lease.encoded().decode("utf-8"))
-                time.sleep(self.SETTLE_S)
-                if (lease.held_by() or {}).get("run") == lease.run_id:
-                    return
-                continue
-            lease.take_over_or_refuse(held)
-            lease.layout.fs.delete_file(lease.path)
-        raise lease.contended()
-
-    def beat(self) -> Optional[dict]:
-        held = self.lease.held_by()
-        if not held or held.get("run") != self.lease.run_id:
-            return held
-        self.lease.layout.write_text(LEASE_FILE, self.lease.encoded().decode("utf-8"))
-        return None
-
-    def give_back(self) -> None:
-        held = self.lease.held_by()
-        if held and held.get("run") == self.lease.run_id:
-            self.lease.layout.fs.delete_file(self.lease.path)
-
-
-def parse_record(text: str) -> dict:
-    try:
-        record = json.loads(text) if text.strip() else {}
-    except ValueError:
-        return {}
-    return record if isinstance(record, dict) else {}
+            with give_up_by(time.monotonic() + (self.heartbeat_s if self.lost else self.renew_within_s)):
+                holder.give_back()
+        except Exception as e:
+            log.warning(
+                "could not give the lease of %s back (%s): the next run takes it over after output.lease_stale_s",
+                self.layout.location,
+                e,
+            )

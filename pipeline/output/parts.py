@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from actors import schema as S
+from actors.storage import retries_spent
 
 from ..names import part_name
 from .layout import OutputLayout
@@ -28,6 +29,7 @@ STATS_SCHEMA = pa.schema(
         ("write_ms", pa.float64()),
         ("slot_rows", pa.float64()),
         ("slot_steps", pa.float64()),
+        ("store_retries", pa.int64()),  # object-store calls the task retried (actors/storage)
     ]
 )
 
@@ -70,11 +72,16 @@ def write_block(batch: pa.Table, location: str, run_id: str = "") -> pa.Table:
     the driver gets back a one-row stats table for progress."""
     if batch.num_rows == 0:
         return pa.Table.from_pylist([], schema=STATS_SCHEMA)
-    began = time.perf_counter()
+    began, retried = time.perf_counter(), retries_spent()
     batch = batch.select(S.OUTPUT_SCHEMA.names).cast(S.OUTPUT_SCHEMA)
     name = part_name(batch.column(S.ID).to_pylist(), run_id)
     layout = OutputLayout(location)
     path = layout.write_part(batch, name, owner=run_id)
     size = layout.fs.get_file_info(path).size
-    stats = dict(block_stats(batch, name), bytes=size, write_ms=(time.perf_counter() - began) * 1000.0)
+    stats = dict(
+        block_stats(batch, name),
+        bytes=size,
+        write_ms=(time.perf_counter() - began) * 1000.0,
+        store_retries=retries_spent() - retried,
+    )
     return pa.Table.from_pylist([stats], schema=STATS_SCHEMA)

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from actors import schema as S
 from actors.files import TEMP_PREFIX, atomic_open
+from actors.storage import retries_spent
 
 from ..names import base_name, is_rejected_part, is_shard, shard_name
 from . import hf_features
@@ -166,8 +167,9 @@ def _write_committed(layout: OutputLayout, final: str, owner: str, write: Callab
 
 def compact(location: str, parts: list[str], owner: str, hook: Hook = None) -> dict:
     """Pack the named parts (base names, in data/) into one shard and delete them. Returns
-    {"shard", "rows", "parts", "bytes"}. Runs in a Ray task during the job, in the driver at
-    its end; memory: one part plus one row group."""
+    {"shard", "rows", "parts", "bytes", "store_retries"}. Runs in a Ray task during the job, in
+    the driver at its end; memory: one part plus one row group."""
+    retried = retries_spent()
     layout = OutputLayout(location)
     name = shard_name(parts)
     final = f"{layout.data_dir}/{name}"
@@ -185,6 +187,7 @@ def compact(location: str, parts: list[str], owner: str, hook: Hook = None) -> d
         "rows": pq.read_metadata(final, filesystem=layout.fs).num_rows,
         "parts": len(parts),
         "bytes": info.size,
+        "store_retries": retries_spent() - retried,
     }
 
 

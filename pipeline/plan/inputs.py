@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from actors.input_types import check_input_schema
 
-from ..errors import InputError
+from ..errors import InputError, StoreError
 from ..location import is_local, local_path, open_location
 
 _GLOB_CHARS = "*?["
@@ -139,6 +139,8 @@ def scan_input(location: str, columns: Mapping[str, str]) -> InputScan:
         try:
             metadata = pq.ParquetFile(path, filesystem=fs).metadata
             file_schema = metadata.schema.to_arrow_schema()
+        except StoreError:  # the store's own message names the URI and the fix
+            raise
         except Exception as e:
             raise InputError(f"input file {path} is not readable Parquet: {e}") from None
         found = check_input_schema(file_schema, columns, path)

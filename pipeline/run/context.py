@@ -32,6 +32,7 @@ class Job:
     cluster: Cluster
     started: float
     started_unix: float
+    store_retries_from: int = 0  # this process's object-store retries when the run began
 
     @property
     def output(self) -> dict:

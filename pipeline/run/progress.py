@@ -11,6 +11,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Optional
 
 from ..report.markup import format_duration
@@ -19,8 +20,18 @@ log = logging.getLogger("chorus.progress")
 
 
 class Progress:
-    def __init__(self, total: int, already_done: int = 0, interval_s: float = 15.0, bar: str = "auto"):
+    """`status()`, when given, adds what else happened to the line (nodes lost, retries)."""
+
+    def __init__(
+        self,
+        total: int,
+        already_done: int = 0,
+        interval_s: float = 15.0,
+        bar: str = "auto",
+        status: Optional[Callable[[], str]] = None,
+    ):
         self.total, self.already_done = total, already_done
+        self.status = status
         self.rows = self.errors = 0
         self.audio_seconds = 0.0
         self.slot_rows = self.slot_steps = 0.0  # the engines' live rows and slots over their steps
@@ -62,13 +73,17 @@ class Progress:
         occupancy = self.occupancy()
         return "" if occupancy is None else f", slots {occupancy:.0%} full"
 
+    def _status_text(self) -> str:
+        said = self.status() if self.status is not None else ""
+        return f", {said}" if said else ""
+
     def line(self) -> str:
         with self._lock:
             percent = 100.0 * self.done / self.total if self.total else 100.0
             return (
                 f"{self.done}/{self.total} rows ({percent:.0f}%), {self.rate():.2f} rows/s, "
                 f"{self.audio_seconds / 3600:.3f} h audio, {self.errors} errors{self._slots_text()}, "
-                f"ETA {format_duration(self.eta_seconds())}"
+                f"ETA {format_duration(self.eta_seconds())}{self._status_text()}"
             )
 
     # -- events ----------------------------------------------------------------------

@@ -84,7 +84,10 @@ class ReadAhead:
 
 
 def start(window: int):
-    """The job's ReadAhead actor (no CPU: it only counts)."""
+    """The job's ReadAhead actor (no CPU: it only counts), on the driver's own node: a node
+    lost mid-run must not take the window with it (the driver's node lost ends the run anyway)."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return ray.remote(num_cpus=0, max_restarts=0)(ReadAhead).remote(window)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy=here)(ReadAhead).remote(window)

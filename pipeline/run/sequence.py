@@ -25,11 +25,13 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from actors.storage import retries_spent
+
 from ..cluster import Cluster
 from ..config import check_for_run, to_plain
-from ..errors import ConfigError, OutputInUse
+from ..errors import ConfigError
 from ..names import ATTEMPTS_DIR, CONFIG_FILE, DATA_DIR, PLAN_DIR, REJECTED_PART, SUMMARY_FILE
-from ..output import shards, supersede
+from ..output import shards, space, supersede
 from ..output.layout import OutputLayout
 from ..output.lease import Lease
 from ..plan import rules as P
@@ -58,7 +60,7 @@ def run(cfg: DictConfig) -> RunReport:
     the output are skipped; summary.json is rewritten at the end."""
     plain = to_plain(cfg)
     check_for_run(cfg, plain)
-    started, started_unix, run_id = time.monotonic(), time.time(), new_run_id()
+    started, started_unix, run_id, retried = time.monotonic(), time.time(), new_run_id(), retries_spent()
     scan = scan_input(plain["data"]["path"], plain["data"]["columns"])
     output = plain["output"]
     if output_inside_input(scan, output["dir"]):
@@ -71,11 +73,16 @@ def run(cfg: DictConfig) -> RunReport:
     with Cluster.for_rows(plain["cluster"], scan.total_rows) as cluster:
         if cluster.distributed:
             cluster.connect()  # planning runs on Ray too
-        job = Job(cfg, plain, run_id, scan, layout, cluster, started, started_unix)
+        job = Job(cfg, plain, run_id, scan, layout, cluster, started, started_unix, store_retries_from=retried)
         lease = Lease(layout, run_id, heartbeat_s=output["lease_heartbeat_s"], stale_s=output["lease_stale_s"])
         lease.acquire()
         try:
             return _run_leased(job, lease)
+        except OSError as e:
+            full = space.full_disk(e)  # the driver's own writes (the run's end)
+            if full is None or not layout.local:
+                raise
+            raise space.output_full(layout, full, rows_left=0) from e
         finally:
             lease.release()
 
@@ -87,11 +94,26 @@ def _run_leased(job: Job, lease: Lease) -> RunReport:
     plan = plan_job(job.plain, job.scan, job.layout, digest, job.cluster.distributed)
     refused = write_rejected(plan.decided, job.layout, job.run_id)
     _log_plan(job, plan, refused.rows)
-    stream = _synthesize(job, plan)
-    if lease.lost:
-        raise OutputInUse(f"{lease.lost}: this run's rows may be incomplete; rerun to resume")
+    lease.check()  # a lease lost meanwhile: no work launched
+    stream = _synthesize(job, plan, lease.check)
+    lease.check()
     _settle_output(job, plan, refused.ids)
-    return _finish(job, stream)
+    lease.check()
+    infrastructure = _infrastructure(job, lease, stream)  # takes its figures out of the stream's
+    return _finish(job, {**stream, "infrastructure": infrastructure})
+
+
+def _infrastructure(job: Job, lease: Lease, stream: dict) -> dict:
+    """What the run met beneath it (summary.json's `infrastructure`): the lease's kind (and why
+    an object store's is the weaker one), object-store calls retried (the driver's, its tasks'),
+    and what the cluster did (pipeline/run/cluster_events.py)."""
+    cluster = stream.pop("cluster", None) or {"nodes_lost": [], "actors_restarted": 0, "blocks_retried": 0}
+    return {
+        "lease": lease.kind,
+        "lease_weaker_because": lease.weaker_because,
+        "store_retries": retries_spent() - job.store_retries_from + stream.pop("store_retries", 0),
+        **cluster,
+    }
 
 
 def _claim_output(job: Job) -> None:
@@ -148,16 +170,16 @@ def _log_plan(job: Job, plan: Plan, refused_rows: int) -> None:
         )
 
 
-def _synthesize(job: Job, plan: Plan) -> dict:
-    """The rows to do through the actors (pipeline/run/synthesis.py); what only the stream
-    sees. The run's scratch folders go afterwards."""
+def _synthesize(job: Job, plan: Plan, check) -> dict:
+    """The rows to do through the actors (pipeline/run/synthesis.py), stopped when `check`
+    raises; what only the stream sees. The run's scratch folders go afterwards."""
     stream = {}
     if plan.counts.to_synthesize:
         todo = todo_fragments(plan.decided, job.scratch(PLAN_DIR))
         arguments = actor_arguments(
             job.cfg, job.scan.root, job.run_id, job.scratch(ATTEMPTS_DIR), rows=job.scan.total_rows
         )
-        stream = synthesize(job, todo, arguments, plan.counts.to_synthesize)
+        stream = synthesize(job, todo, arguments, plan.counts.to_synthesize, check)
     shutil.rmtree(job.scratch(PLAN_DIR), ignore_errors=True)
     shutil.rmtree(job.scratch(ATTEMPTS_DIR), ignore_errors=True)
     return stream

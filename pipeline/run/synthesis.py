@@ -10,15 +10,20 @@ import math
 import time
 import warnings
 
+from actors.storage import retries_spent
+
 from ..cluster import TASK_CPUS
+from ..output import space
 from ..output.compaction import RunningCompaction
 from ..output.parts import write_block
 from . import readahead
 from .actor_settings import blocks_per_actor
 from .chosen_rows import read_dataset
+from .cluster_events import ClusterEvents
 from .context import Job
 from .executor_stats import TRIM_EVERY_BLOCKS, trim_block_stats
 from .progress import Progress
+from .watch import watched
 
 log = logging.getLogger("chorus")
 
@@ -79,9 +84,11 @@ def _synth_stage(ds, plain: dict, arguments: dict, rows: int):
         compute=ActorPoolStrategy(
             size=cluster["num_actors"], max_concurrent_calls_per_actor=blocks, max_tasks_in_flight_per_actor=blocks
         ),
-        # bounded: a row that kills its actor must end as an error row, not loop forever
+        # bounded restarts: a row that kills its actor must end as an error row, not loop forever;
+        # a block's own retries (null: unbounded) then end with its actor's, and outlast the
+        # tries Ray spends at an actor on a lost node before it notices (config.py)
         max_restarts=actor_restarts(cluster, rows),
-        max_task_retries=cluster["max_task_retries"],
+        max_task_retries=-1 if cluster["max_task_retries"] is None else cluster["max_task_retries"],
         num_cpus=cluster["cpus_per_actor"],
         num_gpus=cluster["gpus_per_actor"],
         batch_size=cluster["rows_per_block"],
@@ -97,35 +104,83 @@ def start_read_ahead(cluster: dict, arguments: dict):
     return readahead.start(window)
 
 
-def synthesize(job: Job, todo: list, arguments: dict, pending: int) -> dict:
+class _Driver:
+    """The driver's side of the stream, O(1) per block: progress, compaction, the read-ahead's
+    release, Ray Data's stats trim, what the cluster did (cluster_events.py), and the figures
+    only the stream sees."""
+
+    def __init__(self, job: Job, pending: int, gate):
+        output, total = job.output, job.scan.total_rows
+        self.gate = gate
+        self.events = ClusterEvents()
+        self.store_retries = 0  # the write tasks' and compactions' (the driver's own: sequence.py)
+        self.driver_retries_from = retries_spent()
+        self.progress = Progress(
+            total, total - pending, output["progress_interval_s"], output["progress_bar"], status=self.status
+        )
+        self.compaction = RunningCompaction(
+            job.layout.location, job.run_id, output["shard_bytes"], output["shard_rows"]
+        )
+        self.stream = {"write_s": 0.0, "first_block_s": None, "last_block_at": None}
+        self.began = time.monotonic()
+
+    def status(self) -> str:
+        said = self.events.text()
+        retries = self.store_retries + retries_spent() - self.driver_retries_from
+        return ", ".join(filter(None, [said, f"{retries} store retries" if retries else ""]))
+
+    def take(self, seen: int, stats: dict, dataset) -> None:
+        """One finished block (write_block's stats row)."""
+        self.gate.release.remote(stats["rows"])
+        stream = self.stream
+        if stream["first_block_s"] is None:
+            stream["first_block_s"] = time.monotonic() - self.began
+        if seen % TRIM_EVERY_BLOCKS == 0:
+            trim_block_stats(dataset)
+        stream["write_s"] += (stats["write_ms"] or 0.0) / 1000.0
+        stream["last_block_at"] = time.time()
+        self.store_retries += stats["store_retries"] or 0
+        self.progress.update(
+            stats["rows"], stats["errors"], stats["audio_seconds"], stats["slot_rows"], stats["slot_steps"]
+        )
+        self.compaction.add(stats)
+
+    def close(self, wait: bool) -> dict:
+        """The stream's figures; a stopped run (wait=False) does not wait for its compactions."""
+        self.progress.close()
+        compacted = self.compaction.finish(wait=wait)
+        self.store_retries += compacted.pop("store_retries", 0)
+        return {**self.stream, **compacted, "cluster": self.events.figures(), "store_retries": self.store_retries}
+
+
+def synthesize(job: Job, todo: list, arguments: dict, pending: int, check=lambda: None) -> dict:
     """Stream the `pending` rows still to do (`todo`, per fragment) through the actors
     (constructed with `arguments`: pipeline/run/actor_settings.py) into part files, showing
-    progress. Returns what only the stream sees: total part-file write time, when the first
-    finished block reached the driver (seconds after the stream started) and when the last one
-    did (unix time: its part was written; the run's end, shards and summary, comes after)."""
+    progress; `check()` runs every second and stops the stream by raising (the lease's).
+    Returns what only the stream sees: total part-file write time, when the first finished
+    block reached the driver (seconds after the stream started) and when the last one did
+    (unix time: its part was written; the run's end, shards and summary, comes after), what
+    the cluster did (`cluster`), the object-store retries of its tasks."""
     job.cluster.connect()
     job.cluster.check_resources()
-    cluster, output, total = job.plain["cluster"], job.output, job.scan.total_rows
-    stream = {"write_s": 0.0, "first_block_s": None, "last_block_at": None}
-    gate = start_read_ahead(cluster, arguments)
+    gate = start_read_ahead(job.plain["cluster"], arguments)
     dataset = build_dataset(job, todo, arguments, gate)
-    progress = Progress(total, total - pending, output["progress_interval_s"], output["progress_bar"])
-    compaction = RunningCompaction(job.layout.location, job.run_id, output["shard_bytes"], output["shard_rows"])
-    began = time.monotonic()
+    driver = _Driver(job, pending, gate)
+
+    def every_second() -> None:
+        check()
+        driver.events.poll(dataset)
+
+    ended = False
     try:
-        for seen, stats in enumerate(dataset.iter_rows(), 1):  # O(1) per block: sums, one part handed on
-            gate.release.remote(stats["rows"])
-            if stream["first_block_s"] is None:
-                stream["first_block_s"] = time.monotonic() - began
-            if seen % TRIM_EVERY_BLOCKS == 0:
-                trim_block_stats(dataset)
-            stream["write_s"] += (stats["write_ms"] or 0.0) / 1000.0
-            stream["last_block_at"] = time.time()
-            progress.update(
-                stats["rows"], stats["errors"], stats["audio_seconds"], stats["slot_rows"], stats["slot_steps"]
-            )
-            compaction.add(stats)
+        for seen, stats in enumerate(watched(dataset.iter_rows(), every_second), 1):
+            driver.take(seen, stats, dataset)
+        ended = True
+    except Exception as e:
+        full = space.full_disk(e)  # a task's or an actor's write beside a local output
+        if full is None or not job.layout.local:
+            raise
+        raise space.output_full(job.layout, full, pending - driver.progress.rows) from e
     finally:
-        progress.close()
-        stream.update(compaction.finish())
+        stream = driver.close(wait=ended)
     return stream

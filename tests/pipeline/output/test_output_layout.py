@@ -43,6 +43,7 @@ def test_parts_are_atomic_and_idempotent(tmp_path):
             "bytes": os.path.getsize(os.path.join(layout.data_dir, part_name(table.column(S.ID).to_pylist()))),
             "slot_rows": 0.0,  # these rows carry no batch figures
             "slot_steps": 0.0,
+            "store_retries": 0,  # a local output: no object-store call
         }
     ]
     write_block(table, layout.location)  # a retried write replaces its own file

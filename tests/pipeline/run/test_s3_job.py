@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 
@@ -20,7 +18,7 @@ import pytest
 
 from actors import schema as S
 from actors.files import TEMP_PREFIX
-from helpers import CHROMIUM, REPO, audio_check, run_module
+from helpers import CHROMIUM, REPO, audio_check, run_module, start_driver
 from pipeline.config import compose
 from pipeline.names import CONFIG_FILE, IDENTITY_FILE, LEASE_FILE, REPORT_FILE, SUMMARY_FILE, is_shard
 from pipeline.output.layout import OutputLayout
@@ -159,17 +157,6 @@ def test_encode_refs_from_and_to_s3(s3_store, s3_input, small_settings):
     paths, inline = source.column(S.REF_AUDIO_PATH).to_pylist(), source.column(S.REF_AUDIO).to_pylist()
     has_reference = [p is not None or a is not None for p, a in zip(paths, inline)]
     assert [c is not None for c in table.column(S.REF_CODES).to_pylist()] == has_reference and any(has_reference)
-
-
-def start_driver(settings: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipeline", *settings],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 def test_a_driver_killed_mid_run_on_s3_is_taken_over(s3_store, s3_input, driver_env, small_settings):
