@@ -183,7 +183,7 @@ def test_codes_do_not_depend_on_how_blocks_interleave(actor):
 def test_ref_codes_give_the_codes_of_the_audio_they_encode(small_settings, tmp_path):
     """encode_refs turns the demo table's references into a ref_codes column; rows given those
     codes (and no audio) come out with exactly the codes of the same rows given the audio."""
-    from helpers import DEMO_TABLE
+    from helpers import DEMO_TABLE, DIALOGUE_TABLE
     from pipeline.encode_refs import encode_refs
 
     out = tmp_path / "with_codes.parquet"
@@ -195,9 +195,13 @@ def test_ref_codes_give_the_codes_of_the_audio_they_encode(small_settings, tmp_p
         r[S.REF_AUDIO] is not None or r[S.REF_AUDIO_PATH] is not None for r in pq.read_table(DEMO_TABLE).to_pylist()
     ]
     assert [c is not None for c in with_codes.column(S.REF_CODES).to_pylist()] == has_audio
-    voices = [v for vs in with_codes.column(S.VOICES).to_pylist() if vs for v in vs]  # the dialogue rows'
+    assert counts["encoded"] == sum(has_audio) and counts["failed"] == 0
+    # the dialogue rows' voices get their codes too (each voice's `codes`)
+    dialogues = tmp_path / "dialogues_with_codes.parquet"
+    voice_counts = encode_refs(str(dialogues), [*small_settings, "model=demo_s2", f"data.path={DIALOGUE_TABLE}"])
+    voices = [v for vs in pq.read_table(dialogues).column(S.VOICES).to_pylist() for v in vs]
     assert voices and all(v[S.VOICE_CODES] is not None for v in voices)
-    assert counts["encoded"] == sum(has_audio) + len(voices) and counts["failed"] == 0
+    assert voice_counts["encoded"] == len(voices) and voice_counts["failed"] == 0
 
     actor = SynthActor(**actor_arguments(compose(settings), str(DEMO_TABLE.parent), run_id="codes"))
     picked = [i for i, audio in enumerate(has_audio) if audio][:4] + [has_audio.index(False)]
