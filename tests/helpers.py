@@ -412,3 +412,22 @@ def text_rows(specs: list[dict]):
 
     schema = pa.schema([(S.ID, pa.string()), (S.TEXT, pa.string()), (S.SEED, pa.int64()), (S.MAX_FRAMES, pa.int64())])
     return pa.Table.from_pylist(specs, schema=schema)
+
+
+def export_source(folder: Path, rows: list[dict], block_rows: int = 4):
+    """A finished chorus output holding `rows` (output rows, dicts) in parts of `block_rows`: its
+    marker, the parts, and summary.json counting them, as a run's end leaves it."""
+    import json
+
+    from actors import schema as S
+    from pipeline.names import IDENTITY_FILE, SUMMARY_FILE
+    from pipeline.output.layout import OutputLayout
+    from pipeline.output.parts import write_block
+
+    layout = OutputLayout(str(folder))
+    layout.ensure()
+    layout.write_text(IDENTITY_FILE, json.dumps({"model": "demo", "checkpoint": "tiny"}))
+    for start in range(0, len(rows), block_rows):
+        write_block(S.output_table(rows[start : start + block_rows]), layout.location)
+    layout.write_text(SUMMARY_FILE, json.dumps({"rows_total": len(rows)}))
+    return layout
