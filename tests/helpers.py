@@ -431,3 +431,20 @@ def export_source(folder: Path, rows: list[dict], block_rows: int = 4):
         write_block(S.output_table(rows[start : start + block_rows]), layout.location)
     layout.write_text(SUMMARY_FILE, json.dumps({"rows_total": len(rows)}))
     return layout
+
+
+# an in-process export's Ray settings: every test output is below distributed_rows
+EXPORT_IN_PROCESS = {"address": None, "num_cpus": 2, "distributed_rows": 1_000_000}
+
+
+def export_settings(fmt: str = "files", dest=None, **more) -> dict:
+    """The plain export group (pipeline/config.py ExportSettings) with `more` set."""
+    from dataclasses import asdict
+
+    from pipeline.config import ExportSettings
+
+    return {
+        **asdict(ExportSettings(format=fmt, dir=None if dest is None else str(dest))),
+        "progress_interval_s": 0.0,
+        **more,
+    }

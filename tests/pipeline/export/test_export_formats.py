@@ -18,8 +18,7 @@ import pytest
 import soundfile as sf
 
 from actors import schema as S
-from helpers import export_source, ok_row
-from pipeline.config import ExportSettings
+from helpers import EXPORT_IN_PROCESS, export_settings, export_source, ok_row
 from pipeline.export import destination as destination_module
 from pipeline.export import filters, formats, task
 from pipeline.export.__main__ import main
@@ -55,13 +54,8 @@ def source_rows() -> list[dict]:
 EXPORTED = {r[S.ID]: r for r in source_rows() if r[S.STATUS] == S.STATUS_OK}
 
 
-def settings(fmt: str, dest: Path, **more) -> dict:
-    from dataclasses import asdict
-
-    return {**asdict(ExportSettings(format=fmt, dir=str(dest))), "progress_interval_s": 0.0, **more}
-
-
-CLUSTER = {"address": None, "num_cpus": 2, "distributed_rows": 1_000_000}
+settings = export_settings
+CLUSTER = EXPORT_IN_PROCESS
 
 
 def decoded(data: bytes) -> tuple[int, int]:
