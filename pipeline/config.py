@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -262,6 +262,13 @@ class ExportSettings:
             raise ConfigError(
                 f"export.prefix must be letters, digits, '_' or '-' (a file name's start), got {self.prefix!r}"
             )
+
+
+def export_settings(**keys) -> dict:
+    """The plain export group with `keys` set, checked (a caller without a command line)."""
+    chosen = ExportSettings(**keys)
+    chosen.validate()
+    return asdict(chosen)
 
 
 @dataclass

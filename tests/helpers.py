@@ -439,12 +439,6 @@ EXPORT_IN_PROCESS = {"address": None, "num_cpus": 2, "distributed_rows": 1_000_0
 
 def export_settings(fmt: str = "files", dest=None, **more) -> dict:
     """The plain export group (pipeline/config.py ExportSettings) with `more` set."""
-    from dataclasses import asdict
+    from pipeline.config import export_settings as plain
 
-    from pipeline.config import ExportSettings
-
-    return {
-        **asdict(ExportSettings(format=fmt, dir=None if dest is None else str(dest))),
-        "progress_interval_s": 0.0,
-        **more,
-    }
+    return plain(format=fmt, dir=None if dest is None else str(dest), progress_interval_s=0.0, **more)

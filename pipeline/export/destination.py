@@ -6,7 +6,8 @@ names, and starting over.
     <dest>/.chorus-staging/unit-000012.json          a work unit's record, after its pieces
     <dest>/.chorus-staging/piece-000012-0000/<file>  a piece, until published
 
-Nothing is ever written in place under a final name: a piece is written in a local folder
+Every stream is opened with compression=None: pyarrow otherwise gzips a name ending in .gz a
+second time (lhotse's cuts.jsonl.gz). Nothing is ever written in place under a final name: a piece is written in a local folder
 (beside the staging area on a local disk, else in $TMPDIR) and moved into staging whole; a
 published name is a rename (an object store's copy, which appears whole).
 """
@@ -49,7 +50,7 @@ class Destination:
 
     def read_json(self, path: str) -> Optional[dict]:
         try:
-            with self.fs.open_input_stream(path) as f:
+            with self.fs.open_input_stream(path, compression=None) as f:
                 return json.loads(f.read().decode("utf-8"))
         except FileNotFoundError:
             return None
@@ -59,7 +60,7 @@ class Destination:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             write_atomically(path, data)
             return
-        with self.fs.open_output_stream(path) as f:
+        with self.fs.open_output_stream(path, compression=None) as f:
             f.write(data)
 
     def write_text(self, name: str, text: str) -> None:
@@ -71,11 +72,11 @@ class Destination:
         path = self.path(name)
         if self.local:
             temp = self.path(f"{TEMP_PREFIX}{uuid.uuid4().hex[:8]}-{os.path.basename(name)}")
-            with self.fs.open_output_stream(temp) as f:
+            with self.fs.open_output_stream(temp, compression=None) as f:
                 yield f
             self.fs.move(temp, path)
             return
-        with self.fs.open_output_stream(path) as f:
+        with self.fs.open_output_stream(path, compression=None) as f:
             yield f
 
     def record(self) -> Optional[dict]:
@@ -139,7 +140,7 @@ class Destination:
                 for name in sorted(os.listdir(folder)):
                     with (
                         open(os.path.join(folder, name), "rb") as src,
-                        self.fs.open_output_stream(f"{final}/{name}") as f,
+                        self.fs.open_output_stream(f"{final}/{name}", compression=None) as f,
                     ):
                         shutil.copyfileobj(src, f, 8 << 20)
         finally:

@@ -51,7 +51,7 @@ class FilesPiece:
             return None
         if info.size != len(data):
             return False
-        with fs.open_input_stream(path) as f:
+        with fs.open_input_stream(path, compression=None) as f:
             return f.read() == data
 
     def _write(self, path: str, data: bytes) -> None:
@@ -59,7 +59,7 @@ class FilesPiece:
             with atomic_open(path, "wb") as f:
                 f.write(data)
         else:  # an object appears whole when its upload completes
-            with self.destination.fs.open_output_stream(path) as f:
+            with self.destination.fs.open_output_stream(path, compression=None) as f:
                 f.write(data)
 
     def place(self, row_id: str, data: bytes) -> str:
@@ -114,6 +114,6 @@ class FilesFormat:
             csv.writer(header).writerow(INDEX_HEADER)
             out.write(header.getvalue().encode("utf-8"))
             for piece in pieces:
-                with destination.fs.open_input_stream(destination.staged(piece, INDEX_PIECE)) as f:
+                with destination.fs.open_input_stream(destination.staged(piece, INDEX_PIECE), compression=None) as f:
                     while chunk := f.read(1 << 20):
                         out.write(chunk)
