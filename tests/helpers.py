@@ -442,3 +442,19 @@ def export_settings(fmt: str = "files", dest=None, **more) -> dict:
     from pipeline.config import export_settings as plain
 
     return plain(format=fmt, dir=None if dest is None else str(dest), progress_interval_s=0.0, **more)
+
+
+def two_voice_flac(seconds: float, rate: int = 44100):
+    """A per-speaker row's audio: voice 0 in the first half on channel 0, voice 1 in the second on
+    channel 1, exact zeros elsewhere; (the wave, its 16-bit FLAC bytes)."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    half = int(seconds * rate) // 2
+    wave = np.zeros((2 * half, 2), dtype=np.float32)
+    wave[:half, 0], wave[half:, 1] = 0.25, -0.25
+    buffer = io.BytesIO()
+    sf.write(buffer, wave, rate, format="FLAC", subtype="PCM_16")
+    return wave, buffer.getvalue()

@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 
 from actors.files import TEMP_PREFIX, write_atomically
 
-from ..errors import OutputMismatch
+from ..errors import OutputMismatch, listed
 from ..location import absolute, open_location
 from ..names import EXPORT_STAGING
 
@@ -96,10 +96,9 @@ class Destination:
     def check_empty(self) -> None:
         found = self.entries()
         if found:
-            shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
             raise OutputMismatch(
                 f"export.dir {self.location} is not a chorus export (no {self.record_name}) and is not "
-                f"empty ({shown}); an export writes only into a new or empty directory or its own "
+                f"empty ({listed(found)}); an export writes only into a new or empty directory or its own "
                 f"earlier export, and export.overwrite never deletes files it did not write: choose another "
                 f"export.dir"
             )

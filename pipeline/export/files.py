@@ -24,11 +24,11 @@ from actors import schema as S
 from actors.files import atomic_open
 
 from ..names import EXPORT_DIR, EXPORT_INDEX_FILE, EXPORT_RECORD
-from .formats import audio_bytes
+from .formats import Format, audio_bytes
 
 INDEX_PIECE = "index.csv"
 INDEX_HEADER = [S.ID, S.STATUS, "file", S.AUDIO_SECONDS, S.TURNS]
-_OWNED = re.compile(rf"[^/]+\.flac|{re.escape(EXPORT_INDEX_FILE)}")
+OWNED = re.compile(rf"[^/]+\.flac|{re.escape(EXPORT_INDEX_FILE)}")
 
 
 def turns_cell(turns: Optional[list]) -> str:
@@ -84,7 +84,7 @@ class FilesPiece:
         self.index.close()
 
 
-class FilesFormat:
+class FilesFormat(Format):
     name = "files"
     default_dir = EXPORT_DIR
     # no shards: a work unit of at most this many rows writes their files and its index piece
@@ -92,6 +92,7 @@ class FilesFormat:
     shard_bytes = 1 << 62
     library = None
     columns = [S.ID, S.STATUS, S.AUDIO, S.AUDIO_SECONDS, S.TURNS]
+    owned = OWNED
     record_name = EXPORT_RECORD
 
     @staticmethod
@@ -101,10 +102,6 @@ class FilesFormat:
     @staticmethod
     def final_names(number: int, total: int, prefix: str) -> dict:
         return {}  # the files are in place already; the index pieces are joined by finish
-
-    @staticmethod
-    def owns(path: str) -> bool:
-        return bool(_OWNED.fullmatch(path))
 
     @staticmethod
     def finish(destination, pieces: list, summary: dict) -> None:

@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -37,6 +38,20 @@ _REGISTRY = {
     "hf": "hf:HubParquetFormat",
 }
 INSTALL_HINT = "pip install 'chorus[export]'"
+
+
+class Format:
+    """What every format shares: `owns` by its `owned` pattern, no last files unless it has some."""
+
+    owned: re.Pattern
+
+    @classmethod
+    def owns(cls, path: str) -> bool:
+        return bool(cls.owned.fullmatch(path))
+
+    @staticmethod
+    def finish(destination, pieces: list, summary: dict) -> None:
+        pass
 
 
 def get(name: str):

@@ -21,6 +21,7 @@ from actors import schema as S
 from ..names import EXPORT_RECORD
 from ..output import hf_features
 from ..output.reading import conform
+from .formats import Format
 
 SHARD_FILE = "shard.parquet"
 CARD_FILE = "README.md"
@@ -28,7 +29,7 @@ SPLIT = "train"
 DATA_FILES = f"data/{SPLIT}-*"
 # rows per row group: small, as the Hub's viewer reads audio a row group at a time
 ROW_GROUP_ROWS = 100
-_OWNED = re.compile(rf"data/{SPLIT}-\d{{5}}-of-\d{{5}}\.parquet|{CARD_FILE}")
+OWNED = re.compile(rf"data/{SPLIT}-\d{{5}}-of-\d{{5}}\.parquet|{CARD_FILE}")
 
 
 class ParquetPiece:
@@ -103,7 +104,7 @@ def card(summary: dict, features: dict) -> str:
     return "\n".join(lines)
 
 
-class HubParquetFormat:
+class HubParquetFormat(Format):
     name = "hf"
     default_dir = "hf"
     # push_to_hub's max_shard_size default ("500MB"); rows: no bound of its own
@@ -111,6 +112,7 @@ class HubParquetFormat:
     shard_bytes = 500_000_000
     library = None
     columns = list(S.OUTPUT_SCHEMA.names)
+    owned = OWNED
     record_name = EXPORT_RECORD
 
     @staticmethod
@@ -120,10 +122,6 @@ class HubParquetFormat:
     @staticmethod
     def final_names(number: int, total: int, prefix: str) -> dict:
         return {SHARD_FILE: f"data/{SPLIT}-{number:05d}-of-{total:05d}.parquet"}
-
-    @staticmethod
-    def owns(path: str) -> bool:
-        return bool(_OWNED.fullmatch(path))
 
     @staticmethod
     def finish(destination, pieces: list, summary: dict) -> None:

@@ -16,10 +16,10 @@ import re
 from actors import schema as S
 
 from ..names import LHOTSE_EXPORT_RECORD
-from .formats import audio_bytes, metadata_rows
+from .formats import Format, audio_bytes, metadata_rows
 
 CUTS_FILE, RECORDING_FILE = "cuts.jsonl.gz", "recording.tar"
-_OWNED = re.compile(r"(cuts\.\d{6}\.jsonl\.gz|recording\.\d{6}\.tar)")
+OWNED = re.compile(r"(cuts\.\d{6}\.jsonl\.gz|recording\.\d{6}\.tar)")
 # what the supervision carries; the other metadata columns go to the cut's custom fields
 _SUPERVISED = (S.TEXT, S.SPEAKER)
 
@@ -69,7 +69,7 @@ class SharPiece:
         self.writer.close()
 
 
-class LhotseFormat:
+class LhotseFormat(Format):
     name = "lhotse"
     default_dir = "lhotse"
     # 1,000 cuts per shard: lhotse's own default (CutSet.to_shar, SharWriter)
@@ -77,6 +77,7 @@ class LhotseFormat:
     shard_bytes = 1_000_000_000
     library = "lhotse"
     columns = [*S.METADATA_COLUMNS, S.AUDIO]
+    owned = OWNED
     record_name = LHOTSE_EXPORT_RECORD
 
     @staticmethod
@@ -86,11 +87,3 @@ class LhotseFormat:
     @staticmethod
     def final_names(number: int, total: int, prefix: str) -> dict:
         return {CUTS_FILE: f"cuts.{number:06d}.jsonl.gz", RECORDING_FILE: f"recording.{number:06d}.tar"}
-
-    @staticmethod
-    def owns(path: str) -> bool:
-        return bool(_OWNED.fullmatch(path))
-
-    @staticmethod
-    def finish(destination, pieces: list, summary: dict) -> None:
-        pass

@@ -20,11 +20,11 @@ import tarfile
 from actors import schema as S
 
 from ..names import EXPORT_RECORD
-from .formats import audio_bytes, metadata_json, metadata_rows
+from .formats import Format, audio_bytes, metadata_json, metadata_rows
 
 SHARD_FILE = "shard.tar"
 _MEMBER_MODE = 0o444
-_OWNED = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*-\d{6}\.tar")
+OWNED = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*-\d{6}\.tar")
 
 
 class TarPiece:
@@ -49,7 +49,7 @@ class TarPiece:
         self.file.close()
 
 
-class WebDatasetFormat:
+class WebDatasetFormat(Format):
     name = "webdataset"
     default_dir = "webdataset"
     # the WebDataset docs' shards are ~1 GB (OpenImages: 554 of about 1 GB); 100,000 samples is
@@ -58,6 +58,7 @@ class WebDatasetFormat:
     shard_bytes = 1_000_000_000
     library = None
     columns = [*S.METADATA_COLUMNS, S.AUDIO]
+    owned = OWNED
     record_name = EXPORT_RECORD
 
     @staticmethod
@@ -67,10 +68,6 @@ class WebDatasetFormat:
     @staticmethod
     def final_names(number: int, total: int, prefix: str) -> dict:
         return {SHARD_FILE: f"{prefix}-{number:06d}.tar"}
-
-    @staticmethod
-    def owns(path: str) -> bool:
-        return bool(_OWNED.fullmatch(path))
 
     @staticmethod
     def finish(destination, pieces: list, summary: dict) -> None:

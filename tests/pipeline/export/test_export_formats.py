@@ -18,7 +18,7 @@ import pytest
 import soundfile as sf
 
 from actors import schema as S
-from helpers import EXPORT_IN_PROCESS, export_settings, export_source, ok_row
+from helpers import EXPORT_IN_PROCESS, export_settings, export_source, ok_row, two_voice_flac
 from pipeline.export import destination as destination_module
 from pipeline.export import filters, formats, task
 from pipeline.export.__main__ import main
@@ -31,15 +31,12 @@ ODD_IDS = ["spk1/utt.001", "a.b", "x-0123456789ab", "Plain", "plain", "ünï cø
 
 def stereo_row(row_id: str) -> dict:
     """A per-speaker dialogue row: two channels and its turns."""
-    wave = np.zeros((22050, 2), dtype=np.float32)
-    wave[:11025, 0], wave[11025:, 1] = 0.25, -0.25
-    buffer = io.BytesIO()
-    sf.write(buffer, wave, 44100, format="FLAC", subtype="PCM_16")
+    _, flac = two_voice_flac(0.5)
     turns = [
         {S.TURN_SPEAKER: 0, S.TURN_TEXT: "Hello.", S.TURN_START_S: 0.0, S.TURN_END_S: 0.25},
         {S.TURN_SPEAKER: 1, S.TURN_TEXT: "Hi.", S.TURN_START_S: 0.25, S.TURN_END_S: 0.5},
     ]
-    return {**ok_row(row_id, 0.5), S.AUDIO: {S.AUDIO_BYTES: buffer.getvalue(), S.AUDIO_PATH: None}, S.TURNS: turns}
+    return {**ok_row(row_id, 0.5), S.AUDIO: {S.AUDIO_BYTES: flac, S.AUDIO_PATH: None}, S.TURNS: turns}
 
 
 def source_rows() -> list[dict]:
