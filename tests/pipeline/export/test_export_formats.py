@@ -6,7 +6,6 @@ filters; a rerun that changes nothing and a killed export that resumes; what is 
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import json
 import os
@@ -20,7 +19,7 @@ import soundfile as sf
 from actors import schema as S
 from helpers import EXPORT_IN_PROCESS, export_settings, export_source, ok_row, two_voice_flac
 from pipeline.export import destination as destination_module
-from pipeline.export import filters, formats, task
+from pipeline.export import formats, task
 from pipeline.export.__main__ import main
 from pipeline.export.job import export
 from pipeline.names import EXPORT_RECORD, EXPORT_STAGING
@@ -249,21 +248,6 @@ def test_the_filters_export_exactly_the_rows_the_thresholds_keep(tmp_path, capsy
     assert f"chorus export: {len(kept)} rows" in out and "min_mos" in out and "exclude_flags" in out
 
 
-def test_filter_counts_follow_the_order_of_the_filters():
-    import collections
-
-    rows = quality_rows()
-    table = S.output_table(rows)
-    removed = collections.Counter()
-    kept = filters.keep(
-        table,
-        {"status": ["ok"], "min_mos": 3.5, "min_speaker_similarity": None, "max_wer": None, "exclude_flags": []},
-        removed,
-    )
-    assert kept.num_rows + sum(removed.values()) == len(rows)
-    assert removed["status"] == sum(1 for r in rows if r[S.STATUS] != "ok")
-
-
 def snapshot(dest: Path) -> dict:
     return {str(p.relative_to(dest)): (p.stat().st_mtime_ns, p.read_bytes()) for p in dest.rglob("*") if p.is_file()}
 
@@ -407,13 +391,3 @@ def test_a_shard_holds_a_whole_row_even_past_the_byte_bound():
     cutter = formats.Cutter(bounds, open_piece)
     cutter.add(S.output_table([ok_row(f"r{k}") for k in range(3)]))
     assert [p["rows"] for p in cutter.close()] == [1, 1, 1] and [p.rows for p in opened] == [1, 1, 1]
-
-
-def test_gzip_of_a_lhotse_cuts_file_names_every_cut_once(source, tmp_path):
-    dest = tmp_path / "lhotse"
-    export(source.location, settings("lhotse", dest, shard_rows=5), CLUSTER)
-    ids = []
-    for path in sorted(dest.glob("cuts.*.jsonl.gz")):
-        with gzip.open(path, "rt") as f:
-            ids += [json.loads(line)["custom"][S.ID] for line in f]
-    assert sorted(ids) == sorted(EXPORTED)
