@@ -83,6 +83,17 @@ def id_problem(value: object) -> Optional[str]:
 
 _PLAIN_STEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# a WebDataset sample key: no dot (its reader splits key and extension at a name's first dot)
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
+_UNSAFE_KEY = re.compile(r"[^A-Za-z0-9_-]+")
+_HASHED_TAIL = re.compile(r"-[0-9a-f]{12}$")  # what a hashed key ends with
+
+
+def _hashed_stem(row_id: str, unsafe: re.Pattern) -> str:
+    """The id's safe characters (at most 60) plus a hash of the whole id: two ids never share it."""
+    digest = hashlib.blake2b(row_id.encode("utf-8"), digest_size=6).hexdigest()
+    readable = unsafe.sub("_", row_id).strip("._-")[:60]
+    return f"{readable}-{digest}" if readable else f"id-{digest}"
 
 
 def audio_file_stem(row_id: str, with_hash: bool = False) -> str:
@@ -92,9 +103,17 @@ def audio_file_stem(row_id: str, with_hash: bool = False) -> str:
     id, so two ids never share a stem."""
     if not with_hash and _PLAIN_STEM.fullmatch(row_id) and not row_id.endswith("."):
         return row_id
-    digest = hashlib.blake2b(row_id.encode("utf-8"), digest_size=6).hexdigest()
-    readable = _UNSAFE.sub("_", row_id).strip("._-")[:60]
-    return f"{readable}-{digest}" if readable else f"id-{digest}"
+    return _hashed_stem(row_id, _UNSAFE)
+
+
+def sample_key(row_id: str) -> str:
+    """A row's key in a tar shard (WebDataset's `__key__`, a Lhotse cut's id): plain ids
+    (letters, digits, '_', '-', at most 100 characters) as they are, any other id (a dot, a '/',
+    a space, or one ending like a hashed key) its safe characters plus a hash of the whole id,
+    so keys are unique whenever ids are. The id itself travels in the sample's metadata."""
+    if _PLAIN_KEY.fullmatch(row_id) and not _HASHED_TAIL.search(row_id):
+        return row_id
+    return _hashed_stem(row_id, _UNSAFE_KEY)
 
 
 # ---- output ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@ machines without it.
 
     python -m pipeline [overrides]            synthesize (defaults: the built-in demo)
     python -m pipeline.preview [overrides]    what a run would do, planned, nothing written
-    python -m pipeline.export output.dir=D    one audio file per output row
+    python -m pipeline.export output.dir=D    the rows as files, WebDataset, Lhotse Shar or HF Parquet
     python -m pipeline.encode_refs OUT ...    the input with its reference clips encoded
     python -m pipeline.report OUTPUT_DIR      report.html for an output directory
     python -m pipeline.bench bench=...        the end-to-end benchmark
@@ -18,5 +18,6 @@ tests/test_layering.py holds them and refuses any import cycle):
     plan/     every input row's decision before synthesis       -> output, leaves
     report/   summary.json and report.html from an output       -> output, leaves
     run/      one run's sequence and its synthesis stream        -> plan, report, output, leaves
+    export/   an output where training stacks read it, as Ray Data work  -> output, leaves
     bench/, and the entry modules above                          -> anything
 """

@@ -4,7 +4,7 @@ in a key or a value of the wrong type is rejected when Hydra composes, before an
 
 Groups: model/ (checkpoint + codec), data/ (input table), engine/ (batching and frame
 budget), long_form (keys only), sampling/, quality/ (checks, regeneration, ASR), output/,
-cluster/ (Ray resources), bench/. The groups the actor receives (model, data, engine,
+cluster/ (Ray resources), bench/; and `python -m pipeline.export`'s own schema (ExportConfig). The groups the actor receives (model, data, engine,
 long_form, sampling, quality) are defined in
 actors/settings.py, torch- and Hydra-free, and reach it as those dataclasses
 (`OmegaConf.to_object`); the driver's own groups are here. Each group's range checks are its
@@ -14,15 +14,17 @@ dataclass's `validate()`; `validate(cfg)` runs them all.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from actors import schema as S
 from actors.demo import cache_root
+from actors.quality.flags import FLAGS
 from actors.settings import (
     ConfigError,
     DataConfig,
@@ -207,6 +209,90 @@ class ChorusConfig:
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     bench: BenchSettings = field(default_factory=BenchSettings)
     preview: PreviewSettings = field(default_factory=PreviewSettings)
+
+
+EXPORT_FORMATS = ("files", "webdataset", "lhotse", "hf")
+EXPORT_STATUSES = (S.STATUS_OK, S.STATUS_REJECTED)  # error rows have no audio to export
+
+
+@dataclass
+class ExportSettings:
+    """`python -m pipeline.export`'s own group (pipeline/export/)."""
+
+    # files: one audio file per row + files.csv; webdataset: <prefix>-NNNNNN.tar; lhotse: Lhotse
+    # Shar (cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar); hf: data/train-NNNNN-of-NNNNN.parquet + README.md
+    format: str = "files"
+    # where it goes (local or URI); null = <output.dir>/<format> (files: <output.dir>/audio)
+    dir: Optional[str] = None
+    # start over: delete what an earlier export wrote there (only its own files)
+    overwrite: bool = False
+    # the rows exported: by status, then by the quality columns (null: no threshold); a row
+    # without the metric's value fails its threshold
+    status: list = field(default_factory=lambda: [S.STATUS_OK])
+    min_mos: Optional[float] = None
+    min_speaker_similarity: Optional[float] = None
+    max_wer: Optional[float] = None
+    exclude_flags: list = field(default_factory=list)
+    # a shard's rows and bytes (its samples' audio and metadata) at most; null: the format's
+    # own recommendation (pipeline/export/formats.py)
+    shard_rows: Optional[int] = None
+    shard_bytes: Optional[int] = None
+    # webdataset's shard names: <prefix>-000000.tar, ...
+    prefix: str = "train"
+    progress_interval_s: float = 10.0
+
+    def validate(self) -> None:
+        if self.format not in EXPORT_FORMATS:
+            raise ConfigError(f"export.format must be one of {', '.join(EXPORT_FORMATS)}, got {self.format!r}")
+        wrong = [s for s in self.status if s not in EXPORT_STATUSES]
+        if wrong or not self.status:
+            raise ConfigError(
+                f"export.status must list some of {', '.join(EXPORT_STATUSES)} (error rows have no audio), got "
+                f"{list(self.status)}"
+            )
+        unknown = [f for f in self.exclude_flags if f not in FLAGS]
+        if unknown:
+            raise ConfigError(f"export.exclude_flags: unknown flag(s) {unknown}; the flags are {', '.join(FLAGS)}")
+        for key in ("shard_rows", "shard_bytes"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(
+                    f"export.{key} must be >= 1 (or null: the format's default), got {getattr(self, key)}"
+                )
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", self.prefix):
+            raise ConfigError(
+                f"export.prefix must be letters, digits, '_' or '-' (a file name's start), got {self.prefix!r}"
+            )
+
+
+def export_settings(**keys) -> dict:
+    """The plain export group with `keys` set, checked (a caller without a command line)."""
+    chosen = ExportSettings(**keys)
+    chosen.validate()
+    return asdict(chosen)
+
+
+@dataclass
+class ExportSource:
+    # the chorus output directory (local or URI), as given to the run's output.dir
+    dir: str = MISSING
+
+
+@dataclass
+class ExportCluster:
+    # null: RAY_ADDRESS / a running `ray start` cluster / a new local one; "local": always new
+    address: Optional[str] = None
+    # CPUs of a local Ray this command starts (null: all of the machine's)
+    num_cpus: Optional[int] = None
+    # an output of at least this many rows is exported as Ray Data work (one Ray task per unit,
+    # across the cluster); a smaller one in this process, where starting Ray would cost more
+    distributed_rows: int = 20_000
+
+
+@dataclass
+class ExportConfig:
+    output: ExportSource = field(default_factory=ExportSource)
+    export: ExportSettings = field(default_factory=ExportSettings)
+    cluster: ExportCluster = field(default_factory=ExportCluster)
 
 
 # the groups with range checks, in the order they are checked

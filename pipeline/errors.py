@@ -8,6 +8,11 @@ from actors.settings import ConfigError
 from actors.storage import StoreError
 
 
+def listed(names: list, shown: int = 5) -> str:
+    """The first few of `names` for a message, and "..." when there are more."""
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
 class InputError(ValueError):
     """The input cannot be read as a table (no files, unreadable, wrong schema)."""
 

@@ -14,7 +14,13 @@
   _runs/<time>/                   Hydra's logs (local outputs only)
   _attempts/<run>/                blocks that killed an actor during the run (removed at its end)
   _plan/<run>/                    a distributed plan's per-fragment row lists (removed at its end)
-  audio/                          `python -m pipeline.export`'s files and its files.csv
+  audio/                          `python -m pipeline.export`'s files and its files.csv (its
+                                  default destination; webdataset/, lhotse/, hf/ for the others)
+
+An export's destination (pipeline/export/) holds the format's own files, its record
+(_chorus_export.json: the export's settings, the source files it read, its state and counts;
+Lhotse Shar: cuts.chorus-export.json, which lhotse's directory reader passes over) and, while
+it runs, .chorus-staging/ (each work unit's pieces and its record, until published).
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ ATTEMPTS_DIR = "_attempts"  # per run: the blocks that killed an actor (actors/s
 PLAN_DIR = "_plan"
 EXPORT_DIR = "audio"
 EXPORT_INDEX_FILE = "files.csv"
+EXPORT_RECORD = "_chorus_export.json"
+# lhotse's CutSet.from_shar(in_dir=) takes every file's name up to its first dot as a field and
+# reads only the cuts field's .jsonl files: a record named cuts.*.json is passed over
+LHOTSE_EXPORT_RECORD = "cuts.chorus-export.json"
+EXPORT_STAGING = ".chorus-staging"
 # `python -m pipeline.bench`'s own output folder: the tables beside each configuration's output
 BENCH_FILE = "bench.json"
 BENCH_TABLE_FILE = "bench.md"

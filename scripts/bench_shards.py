@@ -26,7 +26,8 @@ READS = {
     # what a rerun's resume reads, what the summary reads, and an export's pass over the audio
     "resume": "layout.read([S.ID, S.STATUS, S.RETRYABLE, S.CONTENT_HASH]).num_rows",
     "summary": "layout.read(SUMMARY_COLUMNS).num_rows",
-    "export_scan": "sum(1 for _ in live_rows(layout, [S.ID, S.STATUS, S.AUDIO]))",
+    "export_scan": "sum(t.num_rows for u in plan_units(layout, Bounds(4096, 1 << 62)).units "
+    "for t in read_slices(layout.location, u, [S.ID, S.STATUS, S.AUDIO]))",
     "list": "len(layout.live_files())",
 }
 
@@ -73,7 +74,9 @@ def measure_read(out: Path, read: str) -> dict:
         "import json, sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from actors import schema as S\n"
-        "from pipeline.output.audio_files import live_rows\n"
+        "from pipeline.export.formats import Bounds\n"
+        "from pipeline.export.plan import plan_units\n"
+        "from pipeline.export.task import read_slices\n"
         "from pipeline.output.layout import OutputLayout\n"
         "from pipeline.report.summary_figures import SUMMARY_COLUMNS\n"
         f"layout = OutputLayout({str(out)!r})\n"

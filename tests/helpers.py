@@ -412,3 +412,49 @@ def text_rows(specs: list[dict]):
 
     schema = pa.schema([(S.ID, pa.string()), (S.TEXT, pa.string()), (S.SEED, pa.int64()), (S.MAX_FRAMES, pa.int64())])
     return pa.Table.from_pylist(specs, schema=schema)
+
+
+def export_source(folder: Path, rows: list[dict], block_rows: int = 4):
+    """A finished chorus output holding `rows` (output rows, dicts) in parts of `block_rows`: its
+    marker, the parts, and summary.json counting them, as a run's end leaves it."""
+    import json
+
+    from actors import schema as S
+    from pipeline.names import IDENTITY_FILE, SUMMARY_FILE
+    from pipeline.output.layout import OutputLayout
+    from pipeline.output.parts import write_block
+
+    layout = OutputLayout(str(folder))
+    layout.ensure()
+    layout.write_text(IDENTITY_FILE, json.dumps({"model": "demo", "checkpoint": "tiny"}))
+    for start in range(0, len(rows), block_rows):
+        write_block(S.output_table(rows[start : start + block_rows]), layout.location)
+    layout.write_text(SUMMARY_FILE, json.dumps({"rows_total": len(rows)}))
+    return layout
+
+
+# an in-process export's Ray settings: every test output is below distributed_rows
+EXPORT_IN_PROCESS = {"address": None, "num_cpus": 2, "distributed_rows": 1_000_000}
+
+
+def export_settings(fmt: str = "files", dest=None, **more) -> dict:
+    """The plain export group (pipeline/config.py ExportSettings) with `more` set."""
+    from pipeline.config import export_settings as plain
+
+    return plain(format=fmt, dir=None if dest is None else str(dest), progress_interval_s=0.0, **more)
+
+
+def two_voice_flac(seconds: float, rate: int = 44100):
+    """A per-speaker row's audio: voice 0 in the first half on channel 0, voice 1 in the second on
+    channel 1, exact zeros elsewhere; (the wave, its 16-bit FLAC bytes)."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    half = int(seconds * rate) // 2
+    wave = np.zeros((2 * half, 2), dtype=np.float32)
+    wave[:half, 0], wave[half:, 1] = 0.25, -0.25
+    buffer = io.BytesIO()
+    sf.write(buffer, wave, rate, format="FLAC", subtype="PCM_16")
+    return wave, buffer.getvalue()

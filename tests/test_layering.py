@@ -172,6 +172,7 @@ ROOMS = {
     "pipeline.plan": {"pipeline.output"},
     "pipeline.report": {"pipeline.output"},
     "pipeline.run": {"pipeline.output", "pipeline.plan", "pipeline.report"},
+    "pipeline.export": {"pipeline.output"},
 }
 
 

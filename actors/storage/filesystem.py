@@ -231,7 +231,9 @@ class _Upload(_ObjectFile):
 
     def _upload(self) -> None:
         self.spool.seek(0)
-        with self.handler.inner.open_output_stream(self.path, metadata=self.metadata) as out:
+        # compression=None: the outer stream already applied what its caller asked (pyarrow would
+        # otherwise gzip a name ending in .gz a second time)
+        with self.handler.inner.open_output_stream(self.path, compression=None, metadata=self.metadata) as out:
             while chunk := self.spool.read(_COPY_BYTES):
                 out.write(chunk)
 

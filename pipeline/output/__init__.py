@@ -2,7 +2,7 @@
 (layout, lease), the block parts and their stats (parts), the listing of live files
 (listing), reading rows back (reading), packing parts into shards while a job runs and at its
 end (shards, compaction), the run's end that leaves each id on disk once (supersede), the
-Hugging Face features metadata (hf_features), one audio file per row (audio_files).
+Hugging Face features metadata (hf_features). Exports of it: pipeline/export/.
 
 May import: pipeline's leaves (location, names, errors, cluster), actors' torch-free modules
 (schema, files), pyarrow, and Ray inside the functions that run on it. Never imports

@@ -29,7 +29,9 @@ def _value_dtype(t: pa.DataType) -> str:
         return "bool"
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return "binary"
-    return str(t)  # int16 / int32 / int64 / float64 spell the same in both libraries
+    if pa.types.is_floating(t):
+        return f"float{t.bit_width}"  # Arrow says "double" / "float"; datasets' own names
+    return str(t)  # int16 / int32 / int64 spell the same in both libraries
 
 
 def feature(t: pa.DataType) -> dict:

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from actors import schema as S
 from actors.files import TEMP_PREFIX, atomic_open, write_atomically
 
-from ..errors import OutputMismatch
+from ..errors import OutputMismatch, listed
 from ..location import absolute, open_location
 from ..names import (
     CONFIG_FILE,
@@ -94,9 +94,8 @@ class OutputLayout:
     def check_ours(self) -> None:
         foreign = self.foreign_entries()
         if foreign:
-            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
             raise OutputMismatch(
-                f"{self.location} is not a chorus output (no {IDENTITY_FILE}) and is not empty ({shown}); "
+                f"{self.location} is not a chorus output (no {IDENTITY_FILE}) and is not empty ({listed(foreign)}); "
                 f"chorus writes only into a new or empty directory or its own earlier output, and "
                 f"output.overwrite never deletes files it did not write. Choose another output.dir"
             )

@@ -6,7 +6,6 @@ the report shows a dialogue's turns under its player, the figures and plots on i
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 
@@ -16,11 +15,9 @@ import pyarrow.parquet as pq
 import soundfile as sf
 
 from actors import schema as S
-from helpers import make_rows, ok_row, write_run
+from helpers import EXPORT_IN_PROCESS, export_settings, export_source, make_rows, ok_row, two_voice_flac, write_run
+from pipeline.export.job import export
 from pipeline.output import hf_features
-from pipeline.output.audio_files import export
-from pipeline.output.layout import OutputLayout
-from pipeline.output.parts import write_block
 from pipeline.plan.keys import RowHasher
 from pipeline.preview import preview
 from pipeline.report.page import write_report
@@ -75,20 +72,15 @@ def test_preview_counts_dialogue_rows_voices_and_turns(tmp_path, capsys):
 
 
 def test_export_writes_multichannel_files_and_the_turns(tmp_path):
-    layout = OutputLayout(str(tmp_path / "out"))
-    layout.ensure()
-    wave = np.zeros((44100, 2), dtype=np.float32)
-    wave[:22050, 0], wave[22050:, 1] = 0.25, -0.25
-    buffer = io.BytesIO()
-    sf.write(buffer, wave, 44100, format="FLAC", subtype="PCM_16")
+    wave, flac = two_voice_flac(1.0)
     turns = [
         {S.TURN_SPEAKER: 0, S.TURN_TEXT: "Hello.", S.TURN_START_S: 0.0, S.TURN_END_S: 0.5},
         {S.TURN_SPEAKER: 1, S.TURN_TEXT: "Hi, “there”.", S.TURN_START_S: 0.5, S.TURN_END_S: 1.0},
     ]
-    talk = {**ok_row("talk", 1.0), S.AUDIO: {S.AUDIO_BYTES: buffer.getvalue(), S.AUDIO_PATH: None}, S.TURNS: turns}
-    write_block(S.output_table([talk, ok_row("plain")]), layout.location)
-    report = export(layout.location)
-    assert (report.written, report.errors) == (2, 0)
+    talk = {**ok_row("talk", 1.0), S.AUDIO: {S.AUDIO_BYTES: flac, S.AUDIO_PATH: None}, S.TURNS: turns}
+    layout = export_source(tmp_path / "out", [talk, ok_row("plain")])
+    report = export(layout.location, export_settings(), EXPORT_IN_PROCESS)
+    assert report.summary["rows"] == 2
     audio_dir = tmp_path / "out" / "audio"
     channels, _ = sf.read(audio_dir / "talk.flac")
     assert channels.shape == (44100, 2)

@@ -228,7 +228,9 @@ def _crash_at(step: str):
 
 
 def test_readers_skip_the_parts_a_committed_shard_absorbed(tmp_path):
-    from pipeline.output.audio_files import export
+    from helpers import EXPORT_IN_PROCESS, export_settings
+    from pipeline.export.job import export
+    from pipeline.names import IDENTITY_FILE, SUMMARY_FILE
     from pipeline.report.page_data import read_run
 
     layout = job_output(tmp_path)
@@ -240,10 +242,12 @@ def test_readers_skip_the_parts_a_committed_shard_absorbed(tmp_path):
     rows_by_id(layout)
     run = read_run(tmp_path / "out")
     assert run.n == len(IDS) + 1 and sorted(i for i in run.strings(S.ID) if i) == sorted(IDS)
-    exported = export(layout.location)
-    assert (exported.written, exported.errors) == (len(IDS), 1)
+    layout.write_text(IDENTITY_FILE, "{}")
+    layout.write_text(SUMMARY_FILE, json.dumps({"rows_total": len(IDS) + 1}))  # as the run's end would
+    exported = export(layout.location, export_settings(), EXPORT_IN_PROCESS)
+    assert exported.summary["rows"] == len(IDS) and exported.summary["removed"] == {}  # the rejected part: not read
     index = (tmp_path / "out" / "audio" / "files.csv").read_text().splitlines()
-    assert len(index) == 1 + len(IDS) + 1
+    assert len(index) == 1 + len(IDS)
 
 
 def test_overwrite_deletes_shards_too(tmp_path):
