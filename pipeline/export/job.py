@@ -26,7 +26,7 @@ from ..output.lease import Lease
 from . import filters, formats
 from .destination import Destination
 from .formats import Bounds
-from .plan import Plan, plan_units
+from .plan import ExportPlan, plan_units
 from .task import write_unit
 
 log = logging.getLogger("chorus")
@@ -100,10 +100,10 @@ def begin(destination: Destination, fmt, wanted: dict, overwrite: bool) -> Optio
     return None
 
 
-class Progress:
+class ExportProgress:
     """Units and rows done, rows kept; a line every `interval_s` and at the end."""
 
-    def __init__(self, plan: Plan, interval_s: float):
+    def __init__(self, plan: ExportPlan, interval_s: float):
         self.plan, self.interval_s = plan, interval_s
         self.began = self.last = time.monotonic()
         self.units = self.read = self.kept = 0
@@ -139,10 +139,10 @@ def _user_error(error: BaseException) -> Optional[BaseException]:
     return None
 
 
-def run_units(plan: Plan, job: dict, cluster_settings: dict, interval_s: float) -> list:
+def run_units(plan: ExportPlan, job: dict, cluster_settings: dict, interval_s: float) -> list:
     """Every unit's record, in plan order: one Ray task per unit, as Ray Data work, for an
     output of at least cluster.distributed_rows rows; else in this process, unit by unit."""
-    progress = Progress(plan, interval_s)
+    progress = ExportProgress(plan, interval_s)
     if not plan.units:
         return []
     if plan.rows < cluster_settings["distributed_rows"]:

@@ -24,7 +24,7 @@ AUDIO_BYTES_COLUMN = f"{S.AUDIO}.{S.AUDIO_BYTES}"
 
 
 @dataclass
-class Plan:
+class ExportPlan:
     units: list = field(default_factory=list)  # each a list of slices {path, row_group, start, stop}
     files: list = field(default_factory=list)  # [base name, size] of every file read
     rows: int = 0  # rows in those files (before filtering)
@@ -50,7 +50,7 @@ def _chunks(rows: int, audio: int, bounds: Bounds):
 
 
 class _Packer:
-    def __init__(self, plan: Plan, bounds: Bounds):
+    def __init__(self, plan: ExportPlan, bounds: Bounds):
         self.plan, self.bounds = plan, bounds
         self.unit: list = []
         self.rows = self.audio = 0
@@ -69,8 +69,8 @@ class _Packer:
         self.unit, self.rows, self.audio = [], 0, 0
 
 
-def plan_units(layout: OutputLayout, bounds: Bounds) -> Plan:
-    plan = Plan()
+def plan_units(layout: OutputLayout, bounds: Bounds) -> ExportPlan:
+    plan = ExportPlan()
     packer = _Packer(plan, bounds)
     for path in layout.live_files():
         if is_rejected_part(path):
