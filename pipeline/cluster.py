@@ -14,7 +14,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from actors.settings import ConfigError
+from actors.errors import ConfigError
 
 log = logging.getLogger("chorus")
 

@@ -4,11 +4,12 @@ in a key or a value of the wrong type is rejected when Hydra composes, before an
 
 Groups: model/ (checkpoint + codec), data/ (input table), engine/ (batching and frame
 budget), long_form (keys only), sampling/, quality/ (checks, regeneration, ASR), output/,
-cluster/ (Ray resources), bench/; and `python -m pipeline.export`'s own schema (ExportConfig). The groups the actor receives (model, data, engine,
-long_form, sampling, quality) are defined in
-actors/settings.py, torch- and Hydra-free, and reach it as those dataclasses
-(`OmegaConf.to_object`); the driver's own groups are here. Each group's range checks are its
-dataclass's `validate()`; `validate(cfg)` runs them all.
+cluster/ (Ray resources), bench/; and `python -m pipeline.export`'s own schema (ExportConfig).
+The groups the actor receives (model, data, engine, long_form, sampling, quality, output,
+cluster) are defined in actors/synth/settings.py, actors/synth/job_settings.py and
+actors/quality/settings.py, torch- and Hydra-free, and reach it as those dataclasses
+(`OmegaConf.to_object`); the driver's own groups (bench, preview, export) are here. Each
+group's range checks are its dataclass's `validate()`; `validate(cfg)` runs them all.
 """
 
 from __future__ import annotations
@@ -24,16 +25,10 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from actors import schema as S
 from actors.demo import cache_root
-from actors.quality.flags import FLAGS
-from actors.settings import (
-    ConfigError,
-    DataConfig,
-    EngineSettings,
-    LongFormSettings,
-    ModelConfig,
-    QualitySettings,
-    SamplingSettings,
-)
+from actors.errors import ConfigError
+from actors.quality.settings import FLAGS, QualitySettings
+from actors.synth.job_settings import ClusterSettings, DataSettings, OutputSettings, RayConnection
+from actors.synth.settings import EngineSettings, LongFormSettings, ModelSettings, SamplingSettings
 
 from .location import is_local, local_path
 from .names import RUNS_DIR
@@ -41,124 +36,6 @@ from .names import RUNS_DIR
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a job's driver process
-
-
-@dataclass
-class OutputSettings:
-    # local path or URI; relative paths are under the working directory
-    dir: str = "outputs/${data.name}"
-    # keep the generated codes next to the audio (re-decodable, small)
-    keep_codes: bool = True
-    # mono: every row's audio is one channel; per_speaker: a dialogue row's audio has one
-    # channel per voice, each voice's turns on its channel and exact silence elsewhere (plain
-    # rows stay mono; FLAC holds at most 8 channels)
-    channels: str = S.CHANNELS_MONO
-    # true: delete what the output holds and start over; false: resume it
-    overwrite: bool = False
-    # periodic progress line (when there is no terminal for a bar), seconds
-    progress_interval_s: float = 15.0
-    # auto: a bar on a terminal, log lines otherwise
-    progress_bar: str = "auto"
-    # the driver's lease on output.dir (one driver at a time): heartbeat period, and after how
-    # long without one a lease held from another host counts as dead (same host: pid checked);
-    # a driver whose renewals fail for half of lease_stale_s stops (pipeline/output/lease.py)
-    lease_heartbeat_s: float = 5.0
-    lease_stale_s: float = 60.0
-    # a rerun over rows whose content (text, reference, settings, model) changed since they
-    # were written: redo them (and say so), or refuse to run
-    on_change: str = "redo"
-    # a rerun redoes error rows whose cause may be gone (I/O, timeout, internal); true: all
-    retry_errors: bool = False
-    # a rerun keeps rows whose every attempt failed quality.reject (status rejected); true: redo
-    # them (worth it after raising quality.max_attempts or changing the model)
-    retry_rejected: bool = False
-    # finished blocks are packed into shards of about this many bytes, while the job runs and
-    # at its end (pipeline/output/shards.py), and of at most this many rows
-    shard_bytes: int = 512 * 1024 * 1024
-    shard_rows: int = 100_000
-
-    def validate(self) -> None:
-        if self.shard_bytes < 1 or self.shard_rows < 1:
-            raise ConfigError(
-                f"output.shard_bytes and output.shard_rows must be >= 1, got {self.shard_bytes} and {self.shard_rows}"
-            )
-        if self.channels not in S.CHANNEL_CHOICES:
-            raise ConfigError(f"output.channels must be one of {', '.join(S.CHANNEL_CHOICES)}, got {self.channels!r}")
-        if self.on_change not in ("redo", "refuse"):
-            raise ConfigError(f"output.on_change must be redo or refuse, got {self.on_change!r}")
-        if not 0 < self.lease_heartbeat_s <= self.lease_stale_s / 4:
-            raise ConfigError(
-                f"output.lease_heartbeat_s must be > 0 and at most a quarter of output.lease_stale_s (a failed "
-                f"renewal is tried at every beat until half of it has passed), got {self.lease_heartbeat_s:g} "
-                f"and {self.lease_stale_s:g}"
-            )
-        if self.progress_bar not in ("auto", "on", "off"):
-            raise ConfigError(f"output.progress_bar must be auto, on or off, got {self.progress_bar!r}")
-
-
-@dataclass
-class ClusterSettings:
-    # null: RAY_ADDRESS / a running `ray start` cluster / a new local one; "local": always new
-    address: Optional[str] = None
-    # CPUs of a Ray started here (null = all)
-    num_cpus: Optional[int] = None
-    num_actors: int = 1
-    # fractional on CPU machines: reads and writes need CPU too, never give actors all of it
-    cpus_per_actor: float = 0.5
-    gpus_per_actor: float = 0.0
-    # torch threads per actor; null = max(1, floor(cpus_per_actor))
-    threads_per_actor: Optional[int] = None
-    # rows per block = rows per actor call; small blocks spread work over every actor
-    rows_per_block: int = 16
-    # rows the job's read may run ahead of the rows written (pipeline/run/readahead.py); null =
-    # three times what the actors hold at once (num_actors x blocks per actor x rows_per_block)
-    read_ahead_rows: Optional[int] = None
-    # inputs of at least this many rows are planned as distributed Ray Data work (hash
-    # shuffles by id and ref_id); smaller ones in-process, where a shuffle's start-up would
-    # cost more than the planning (same decisions either way; 0 = always distributed)
-    distributed_plan_rows: int = 100_000
-    # a dead actor (crash, OOM) is restarted and its block retried, a bounded number of times
-    # (Ray Data's default is forever); a block that killed its actor this many times has its
-    # rows run alone, and the row that kills it alone becomes an error row (quarantined).
-    # max_actor_restarts null = 10 + (crash_quarantine_after + 1) per 100 blocks an actor takes
-    # (pipeline/run/synthesis.py actor_restarts): room for a few such rows in a long job.
-    # max_task_retries null = as long as the block's actor restarts (bounded above): Ray counts
-    # every try at an actor on a lost node until it notices the loss (15-30 s with its default
-    # health checks), and 4 tries were spent within that and failed the job (measured, Ray 2.60)
-    max_actor_restarts: Optional[int] = None
-    max_task_retries: Optional[int] = None
-    crash_quarantine_after: int = 2
-    # watchdog: an actor whose block runs longer than this is stuck and exits (then counts as
-    # a crash above); null = no watchdog. Size it for the slowest block (rows_per_block rows
-    # of engine.max_frames frames) on the slowest device
-    block_timeout_s: Optional[float] = 3600.0
-    # test hooks: the actor process exits hard on its N-th batch, once per marker file; or
-    # whenever it processes the row with this id
-    crash_on_batch: int = 0
-    crash_marker: Optional[str] = None
-    crash_on_id: Optional[str] = None
-
-    def validate(self) -> None:
-        if self.num_actors < 1:
-            raise ConfigError("cluster.num_actors must be >= 1")
-        if self.cpus_per_actor < 0 or self.gpus_per_actor < 0:
-            raise ConfigError("cluster.cpus_per_actor and cluster.gpus_per_actor must be >= 0")
-        if self.rows_per_block < 1:
-            raise ConfigError("cluster.rows_per_block must be >= 1")
-        if self.read_ahead_rows is not None and self.read_ahead_rows < 1:
-            raise ConfigError("cluster.read_ahead_rows must be >= 1 (or null: from the actors' blocks)")
-        if self.distributed_plan_rows < 0:
-            raise ConfigError("cluster.distributed_plan_rows must be >= 0")
-        retries = self.max_task_retries
-        if self.crash_quarantine_after < 1 or (retries is not None and retries <= self.crash_quarantine_after):
-            raise ConfigError(
-                "cluster.max_task_retries must exceed cluster.crash_quarantine_after (>= 1): a block is retried "
-                "crash_quarantine_after times, then once more row by row to find the row that kills its actor"
-            )
-        if self.max_actor_restarts is not None and self.max_actor_restarts < 0:
-            raise ConfigError("cluster.max_actor_restarts must be >= 0")
-        if self.crash_on_batch and not self.crash_marker:
-            raise ConfigError("cluster.crash_on_batch needs cluster.crash_marker (it makes the crash happen once)")
 
 
 @dataclass
@@ -199,8 +76,8 @@ class PreviewSettings:
 
 @dataclass
 class ChorusConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    data: DataSettings = field(default_factory=DataSettings)
     engine: EngineSettings = field(default_factory=EngineSettings)
     long_form: LongFormSettings = field(default_factory=LongFormSettings)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
@@ -278,11 +155,7 @@ class ExportSource:
 
 
 @dataclass
-class ExportCluster:
-    # null: RAY_ADDRESS / a running `ray start` cluster / a new local one; "local": always new
-    address: Optional[str] = None
-    # CPUs of a local Ray this command starts (null: all of the machine's)
-    num_cpus: Optional[int] = None
+class ExportCluster(RayConnection):
     # an output of at least this many rows is exported as Ray Data work (one Ray task per unit,
     # across the cluster); a smaller one in this process, where starting Ray would cost more
     distributed_rows: int = 20_000

@@ -209,7 +209,7 @@ def test_driver_never_imports_torch():
         "[importlib.import_module(m.name) for m in pkgutil.walk_packages(pipeline.__path__, 'pipeline.')];"
         # what the driver uses from the actors' side: the column contract, the actor's and the
         # engine's settings, the engine's types, the actor class (it loads torch in its constructor)
-        "import actors, actors.schema, actors.settings, actors.synth, actors.engine.settings, actors.engine.types;"
+        "import actors, actors.schema, actors.synth.settings, actors.synth, actors.engine.settings, actors.engine.types;"
         "print('torch' in sys.modules)"
     )
     result = subprocess.run(

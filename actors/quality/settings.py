@@ -1,6 +1,7 @@
-"""The quality group of the actor's settings (re-exported by actors/settings.py, where the
-other groups live): which flags reject an attempt, the bound each check raises its flag at,
-and the optional model-based checks. Free of torch, Hydra and OmegaConf, like its siblings."""
+"""The quality group of the run's settings: the flags' names, which of them reject an attempt,
+the bound each check raises its flag at, and the optional model-based checks. A leaf of
+quality/ (it imports only actors.errors): the checks, the gate and the driver all name the
+flags from here. Free of torch, Hydra and OmegaConf, like the other settings."""
 
 from __future__ import annotations
 
@@ -8,18 +9,40 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from actors.errors import ConfigError
-from actors.quality.flags import (
-    ASR_BACKENDS,
-    EMILIA_MIN_OVRL,
-    FLAGS,
-    MOS,
-    MOS_BACKENDS,
-    NO_AUDIO,
-    SPEAKER,
-    SPEAKER_BACKENDS,
-    WAVLM_SAME_SPEAKER_THRESHOLD,
-    WER,
-)
+
+# flags, most severe first: the order the best attempt is chosen by (attempts.py). No audio is
+# unusable; a cut-off or looping row says the wrong thing; an ASR mismatch says other words;
+# another voice is the wrong speaker saying them; a wrong speech rate, long silences, clipping,
+# loudness and a low predicted MOS are flaws of a row that says them in the right voice.
+NO_AUDIO = "no_audio"
+TRUNCATED = "truncated"
+REPETITION = "repetition"
+WER = "wer"
+SPEAKER = "speaker"
+SPEECH_RATE = "speech_rate"
+SILENCE = "silence"
+CLIPPING = "clipping"
+LOUDNESS = "loudness"
+MOS = "mos"
+FLAGS = (NO_AUDIO, TRUNCATED, REPETITION, WER, SPEAKER, SPEECH_RATE, SILENCE, CLIPPING, LOUDNESS, MOS)
+# the flags a stretch of a row's audio (a segment's, a turn's) shows on its own; the others
+# need the whole row
+LOCAL_FLAGS = (SILENCE, CLIPPING, LOUDNESS)
+
+ASR_BACKENDS = ("whisper",)  # Whisper through transformers (actors/quality/asr.py)
+SPEAKER_BACKENDS = ("wavlm",)  # a WavLM x-vector model through transformers (actors/quality/speaker.py)
+MOS_BACKENDS = ("dnsmos",)  # DNSMOS P.835's ONNX file through onnxruntime (actors/quality/mos.py)
+
+# the thresholds the checks' defaults take (QualitySettings), each from its source
+# The model card of microsoft/wavlm-base-plus-sv (https://huggingface.co/microsoft/wavlm-base-plus-sv,
+# "Usage") compares the cosine of two of its x-vectors with `threshold = 0.86` ("the optimal threshold
+# is dataset-dependent"): below it, not the same speaker. It holds for that checkpoint only.
+WAVLM_SAME_SPEAKER_THRESHOLD = 0.86
+# Emilia keeps only utterances with DNSMOS P.835 OVRL >= 3.0, "the lowest 'fair' quality
+# anchor" of ITU-T P.835: He et al., "Emilia: A Large-Scale, Extensive, Multilingual, and
+# Diverse Dataset for Speech Generation", arXiv:2501.15907, Sec. III (Filtering). The
+# Emilia-YODAS increment used 2.4 instead (same paper, Sec. IV-B).
+EMILIA_MIN_OVRL = 3.0
 
 
 @dataclass

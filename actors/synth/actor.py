@@ -34,7 +34,6 @@ from actors import schema as S
 from actors.memory import HeapTrimmer, bound_native_caches
 from actors.quality.asr import load_asr
 from actors.ray_metrics import ActorMetrics
-from actors.settings import ActorSettings
 from actors.synth import loading
 from actors.synth.blocks import Preparer, longest_first, run_block
 from actors.synth.chain import ChainPlanner
@@ -50,6 +49,7 @@ from actors.synth.priority import yield_to_engine
 from actors.synth.recorder import Recorder
 from actors.synth.references import CodecShape, ReferenceStore
 from actors.synth.rows import RefSpec, RowError, RowSpec
+from actors.synth.settings import ActorSettings
 
 log = logging.getLogger(__name__)
 

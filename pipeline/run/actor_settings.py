@@ -1,5 +1,5 @@
 """What each actor is built with: the run config's actor groups as their typed dataclasses
-(actors/settings.py), the run context and the crash settings, in one ActorSettings that is
+(actors/synth/settings.py) and the run context, in one ActorSettings that is
 small, picklable and the same on every actor; and how many blocks an actor holds at once."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from omegaconf import DictConfig
 
-from actors.settings import ActorSettings, CrashSettings, RunContext
+from actors.synth.settings import ActorSettings, RunContext
 
 from ..config import settings
 from ..location import absolute
@@ -37,36 +37,27 @@ def concurrent_blocks(engine, rows_per_block: int, rows: int | None = None, acto
     return max(1, min(cover, blocks_per_actor(rows, rows_per_block, actors)))
 
 
-# the run config's groups SynthActor receives, as their dataclasses (actors/settings.py)
-ACTOR_GROUPS = ("model", "data", "engine", "long_form", "sampling", "quality")
+# the run config's groups SynthActor receives, as their dataclasses (actors/synth/settings.py)
+ACTOR_GROUPS = ("model", "data", "engine", "long_form", "sampling", "quality", "output", "cluster")
 
 
 def actor_arguments(
     cfg: DictConfig, input_dir: str | None, run_id: str, attempts: str | None = None, rows: int | None = None
 ) -> dict:
-    """SynthActor's constructor arguments: one ActorSettings (actors/settings.py) holding the
-    actor's groups as typed dataclasses (`OmegaConf.to_object`: resolved, each default from its
-    dataclass), the run context and the crash settings; small, picklable and the same on every
+    """SynthActor's constructor arguments: one ActorSettings (actors/synth/settings.py) holding
+    the actor's groups as typed dataclasses (`OmegaConf.to_object`: resolved, each default from
+    its dataclass) and the run context; small, picklable and the same on every
     actor. `rows`: the input's row count, when known (see concurrent_blocks)."""
     groups = {group: settings(cfg, group) for group in ACTOR_GROUPS}
     groups["data"] = replace(groups["data"], audio_root=absolute(groups["data"].audio_root))
-    cluster = settings(cfg, "cluster")
+    cluster = groups["cluster"]
     engine = groups["engine"]
     blocks = concurrent_blocks(engine, cluster.rows_per_block, rows, cluster.num_actors)
     groups["engine"] = replace(engine, max_concurrent_blocks=blocks)
     run_context = RunContext(
         run_id=run_id,
         input_dir=input_dir,
-        keep_codes=bool(cfg.output.keep_codes),
-        channels=str(cfg.output.channels),
         threads=cluster.threads_per_actor or max(1, math.floor(cluster.cpus_per_actor)),
-    )
-    crash = CrashSettings(
         attempts_dir=attempts,
-        quarantine_after=cluster.crash_quarantine_after,
-        block_timeout_s=cluster.block_timeout_s,
-        crash_on_batch=cluster.crash_on_batch,
-        crash_marker=cluster.crash_marker,
-        crash_on_id=cluster.crash_on_id,
     )
-    return {"settings": ActorSettings(**groups, run=run_context, crash=crash)}
+    return {"settings": ActorSettings(**groups, run=run_context)}

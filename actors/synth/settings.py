@@ -1,7 +1,8 @@
-"""The settings the actor receives: the run config's model, data, engine, long_form, sampling and
-quality groups as typed dataclasses, each default here once. The driver's Hydra schema
-(pipeline/config.py) nests them, and `OmegaConf.to_object` hands the actor these objects, not
-dicts (docs/architecture.md §3).
+"""The settings a SynthActor receives, as one ActorSettings: the run config's groups as typed
+dataclasses, each default defined once, here (model, engine, long_form, sampling), in
+job_settings.py (data, output, cluster) or in the engine's and the quality checks' own
+settings. The driver's Hydra schema (pipeline/config.py) nests these same classes, and
+`OmegaConf.to_object` hands the actor these objects, not dicts (docs/architecture.md §3).
 
 Free of torch, Hydra and OmegaConf: the driver and the actor both import it. A required field
 is the string "???", which OmegaConf reads as a missing value; `${...}` defaults are OmegaConf
@@ -18,15 +19,14 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
-from actors import schema
 from actors.engine.segment import DEFAULT_MAX_TURNS, DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from actors.engine.settings import DTYPE_NAMES, EngineConfig
 from actors.engine.types import SamplingParams
 from actors.errors import ConfigError
 from actors.quality.settings import QualitySettings
+from actors.synth.job_settings import MISSING, ClusterSettings, DataSettings, OutputSettings
 
 DEMO_FAMILIES = ("s1", "s2")  # the built-in demo checkpoints (actors/demo.py)
-MISSING = "???"  # OmegaConf's mark of a required value (omegaconf.MISSING), without importing it
 
 INT32_MAX = (1 << 31) - 1  # top_k, max_frames: int32 output columns
 # The engine samples in float32 (bfloat16 on GPU: the same exponent range): a temperature of
@@ -39,14 +39,6 @@ TOP_P_MIN = 1e-6
 
 # torch device types a model may be put on, with an optional index ("cuda:1")
 _DEVICE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
-# the one spelling of a URI's scheme (`s3://...`), for clip paths and for data.uri_schemes
-_URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-def uri_scheme(path: str) -> Optional[str]:
-    """The lowercased scheme of a URI (`S3://b/k` -> "s3"); None for a plain path."""
-    match = _URI.match(path)
-    return match.group(1).lower() if match else None
 
 
 def sampling_problem(temperature: float, top_p: float, top_k: int) -> Optional[str]:
@@ -65,7 +57,7 @@ def sampling_problem(temperature: float, top_p: float, top_k: int) -> Optional[s
 
 
 @dataclass
-class ModelConfig:
+class ModelSettings:
     # recorded in every output row's `model` column
     name: str = "demo-s1-tiny"
     # checkpoint directory (config.json + weights + tokenizer), required; null = the built-in
@@ -101,79 +93,6 @@ class ModelConfig:
             raise ConfigError(f"model.dtype must be auto or one of {names}, got {self.dtype!r}")
         if self.codec_dtype != "auto" and self.codec_dtype not in DTYPE_NAMES:
             raise ConfigError(f"model.codec_dtype must be auto or one of {names}, got {self.codec_dtype!r}")
-
-
-@dataclass
-class InputColumns:
-    """The table's name for each input column (actors/schema.py); defaults are the canonical ones."""
-
-    id: str = schema.ID
-    text: str = schema.TEXT
-    ref_audio: str = schema.REF_AUDIO
-    ref_audio_path: str = schema.REF_AUDIO_PATH
-    ref_text: str = schema.REF_TEXT
-    ref_id: str = schema.REF_ID
-    ref_codes: str = schema.REF_CODES
-    voices: str = schema.VOICES
-    speaker: str = schema.SPEAKER
-    seed: str = schema.SEED
-    max_frames: str = schema.MAX_FRAMES
-    temperature: str = schema.TEMPERATURE
-    top_p: str = schema.TOP_P
-    top_k: str = schema.TOP_K
-
-
-@dataclass
-class DataConfig:
-    """The input table (path, name and columns: the driver's) and the per-row limits the actor
-    applies: text is refused before it is tokenized, a clip before it is read, and a clip
-    fetch/decode that takes longer than reference_timeout_s fails its rows."""
-
-    # a Parquet file, a directory of them or a glob; local or any URI pyarrow reads (s3://, gs://, ...)
-    path: str = MISSING
-    # short name of the input, used in the default output directory
-    name: str = "${chorus_stem:${.path}}"
-    columns: InputColumns = field(default_factory=InputColumns)
-    # the directory (or URI prefix) every ref_audio_path must lie in, relative paths start
-    # there; null = the input's directory
-    audio_root: Optional[str] = None
-    # longest reference clip accepted, seconds
-    max_reference_seconds: float = 30.0
-    # longest row text synthesised (characters); a longer row is an error row, the run goes on
-    max_text_chars: int = 50_000
-    # per-row limits: a clip's size (checked before it is read), the time to fetch and decode
-    # it, a text's size (checked before it is tokenized)
-    max_reference_bytes: int = 50 * 1024 * 1024
-    reference_timeout_s: float = 60.0
-    # null = 4 x max_text_chars (UTF-8's widest character): every text within max_text_chars
-    # passes, Chinese or Cyrillic as much as English
-    max_text_bytes: Optional[int] = None
-    # false: spellings of the tokenizer's special tokens in text (`<|im_end|>`, ...) are
-    # escaped and read as plain characters; true: they act as control tokens (power users)
-    allow_special_tokens: bool = False
-    # most voices a dialogue row may have (its `voices` list); each voice's clip and codes are
-    # in every turn's prompt
-    max_voices: int = 8
-    # URI schemes a ref_audio_path may use (local paths and file:// always work)
-    uri_schemes: list[str] = field(default_factory=lambda: ["s3", "gs", "gcs", "hdfs", "abfs", "abfss"])
-
-    @property
-    def text_byte_limit(self) -> int:
-        """The most UTF-8 bytes of text a row may have (checked before it is tokenized)."""
-        return self.max_text_bytes if self.max_text_bytes is not None else 4 * self.max_text_chars
-
-    def validate(self) -> None:
-        for key in ("max_text_chars", "max_reference_bytes", "max_text_bytes", "max_voices"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise ConfigError(f"data.{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("max_reference_seconds", "reference_timeout_s"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"data.{key} must be > 0, got {getattr(self, key)}")
-        for scheme in self.uri_schemes:
-            if uri_scheme(f"{scheme}://") != scheme:
-                raise ConfigError(
-                    f"data.uri_schemes must be lowercase URI schemes (s3, gs, ...) without '://', got {scheme!r}"
-                )
 
 
 @dataclass
@@ -300,66 +219,55 @@ class SamplingSettings:
 
 @dataclass
 class RunContext:
-    """What the driver knows about the run that the actor records or needs: the run's id (every
-    output row's `run`), the input's directory (where clips are confined when data.audio_root
-    is not set), whether rows keep their codes, the torch threads an actor may use."""
+    """What the driver decides for this run that is no setting of the run config: the run's id
+    (every output row's `run`), the input's directory (where clips are confined when
+    data.audio_root is not set), the torch threads an actor may use, and where the crash
+    guard's attempts ledger lives (null: no ledger)."""
 
     run_id: str = ""
     input_dir: Optional[str] = None
-    keep_codes: bool = True
     threads: Optional[int] = None
-    # output.channels: mono, or per_speaker (a dialogue row's audio gets one channel per voice)
-    channels: str = schema.CHANNELS_MONO
-
-
-@dataclass
-class CrashSettings:
-    """The actor's crash guard (cluster.crash_* and block_timeout_s in the run config): where
-    the attempts ledger lives (null: no ledger), after how many deaths a block's rows run alone,
-    the per-block watchdog, and the fault-injection hooks the reliability tests use."""
-
     attempts_dir: Optional[str] = None
-    quarantine_after: int = 2
-    block_timeout_s: Optional[float] = None
-    crash_on_batch: int = 0
-    crash_marker: Optional[str] = None
-    crash_on_id: Optional[str] = None
 
 
 # the groups of ActorSettings and the dataclass each must be
 _ACTOR_GROUPS = {
-    "model": ModelConfig,
+    "model": ModelSettings,
     "engine": EngineSettings,
     "sampling": SamplingSettings,
-    "data": DataConfig,
+    "data": DataSettings,
     "long_form": LongFormSettings,
     "quality": QualitySettings,
+    "output": OutputSettings,
+    "cluster": ClusterSettings,
 }
 
 
 @dataclass
 class ActorSettings:
-    """Everything a SynthActor is told, as one object: the run config's six actor groups, the
-    run context and the crash settings. Small, picklable, the same on every actor; parts read
-    what they need from it (`settings.engine.codec_batch_rows`) and copy nothing."""
+    """Everything a SynthActor is told, as one object: the run config's groups the actor reads
+    (the same objects the driver validated, not copies of their keys) and the run context.
+    Small, picklable, the same on every actor; parts read what they need from it
+    (`settings.engine.codec_batch_rows`, `settings.cluster.block_timeout_s`) and copy nothing."""
 
-    model: ModelConfig
+    model: ModelSettings
     engine: EngineSettings
     sampling: SamplingSettings
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataSettings = field(default_factory=DataSettings)
     long_form: LongFormSettings = field(default_factory=LongFormSettings)
     quality: QualitySettings = field(default_factory=QualitySettings)
+    output: OutputSettings = field(default_factory=OutputSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
     run: RunContext = field(default_factory=RunContext)
-    crash: CrashSettings = field(default_factory=CrashSettings)
 
     def validate(self) -> None:
-        """Each group is its dataclass (not a dict: each default lives once, here) and within
-        its ranges; TypeError or ConfigError naming the group."""
+        """Each group is its dataclass (not a dict: each default lives once) and within its
+        ranges; TypeError or ConfigError naming the group."""
         for name, kind in _ACTOR_GROUPS.items():
             value = getattr(self, name)
             if not isinstance(value, kind):
                 raise TypeError(
-                    f"SynthActor's {name} must be a {kind.__name__} (actors/settings.py; "
+                    f"SynthActor's {name} must be a {kind.__name__} (actors/synth/settings.py; "
                     f"pipeline/run/actor_settings.py::actor_arguments builds them from the run config), got {type(value).__name__}"
                 )
             value.validate()
