@@ -1,5 +1,5 @@
 """One config object from Hydra to the engine: the actor's groups reach it as the typed
-dataclasses of actors/settings.py (not dicts re-read with defaults of their own), and each
+dataclasses of actors/synth/settings.py (not dicts re-read with defaults of their own), and each
 group's range checks -- its dataclass's validate() -- refuse bad settings before Ray starts,
 naming the key."""
 
@@ -11,9 +11,9 @@ from dataclasses import fields
 import pytest
 
 from actors.engine.settings import compile_mode
-from actors.synth import SynthActor
 from actors.errors import ConfigError
 from actors.quality.settings import QualitySettings
+from actors.synth import SynthActor
 from actors.synth.job_settings import ClusterSettings, DataSettings, OutputSettings
 from actors.synth.settings import ActorSettings, EngineSettings, LongFormSettings, ModelSettings, SamplingSettings
 from pipeline.cluster import Cluster

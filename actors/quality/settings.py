@@ -47,7 +47,7 @@ EMILIA_MIN_OVRL = 3.0
 
 @dataclass
 class QualitySettings:
-    """The quality gate (actors/synth/gate.py; the checks in actors/quality/): which flags reject
+    """The quality gate and its checks (actors/quality/): which flags reject
     an attempt, how many attempts a row gets, the bound each flag is raised at, optional ASR."""
 
     # flags that reject an attempt and have the row (or the failed segment) generated again.
@@ -56,16 +56,20 @@ class QualitySettings:
     reject: list[str] = field(default_factory=lambda: [NO_AUDIO])
     # attempts per row (or per segment of a long row) before it is kept as `rejected`
     max_attempts: int = 3
-    # repetition: share of codebook-0 n-grams of repeat_ngram frames repeating an earlier one
+    # repetition: share of codebook-0 n-grams of repeat_ngram frames repeating an earlier one;
+    # half the 4-grams repeating is a loop, not speech (chorus's own; no published bound)
     repeat_ngram: int = 4
     max_repeat_ratio: float = 0.5
-    # speech_rate: seconds of audio per non-space character (English ~0.06-0.08, Chinese ~0.2-0.3)
+    # speech_rate: seconds of audio per non-space character (English ~0.06-0.08, Chinese ~0.2-0.3);
+    # 0.02-0.4 spans fast English to slow Chinese with margin (chorus's own; no published bound)
     min_s_per_char: float = 0.02
     max_s_per_char: float = 0.4
-    # silence: share of 20 ms frames quieter than silence_dbfs (RMS, full scale 1.0)
+    # silence: share of 20 ms frames quieter than silence_dbfs (RMS, full scale 1.0); a read
+    # sentence's pauses are a small part of it, so over half is too much (chorus's own)
     silence_dbfs: float = -45.0
     max_silence_ratio: float = 0.5
-    # clipping: share of samples with |x| >= clip_level
+    # clipping: share of samples with |x| >= clip_level; over 0.1% is audible distortion
+    # (chorus's own)
     clip_level: float = 0.999
     max_clipped_ratio: float = 0.001
     # loudness: BS.1770-4 integrated loudness outside [min_lufs, max_lufs], or all below -70 LUFS
@@ -73,6 +77,8 @@ class QualitySettings:
     max_lufs: float = -5.0
     # ASR (asr_text, wer, cer): a backend and a local model directory (nothing downloaded; null:
     # none, nothing of it imported), the language (null: detected), rows per batch, the wer bound
+    # (0.5 keeps rows whose words mostly match: chorus's own; TTS evaluations report WER, they
+    # publish no per-row filter)
     asr: Optional[str] = None
     asr_model: Optional[str] = None
     asr_language: Optional[str] = None

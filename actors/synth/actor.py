@@ -61,7 +61,9 @@ class SynthActor:
     def __init__(self, settings: ActorSettings, recorder: Optional[Recorder] = None):
         constructed = time.perf_counter()  # the actor's own start-up: imports, model + codec load
         if not isinstance(settings, ActorSettings):
-            raise TypeError(f"SynthActor takes an ActorSettings (actors/settings.py), got {type(settings).__name__}")
+            raise TypeError(
+                f"SynthActor takes an ActorSettings (actors/synth/settings.py), got {type(settings).__name__}"
+            )
         settings.validate()
         bound_native_caches()  # before the model's first oneDNN call (actors/memory.py)
         self.settings, self.recorder = settings, recorder or Recorder()
