@@ -16,6 +16,7 @@ runs them again for callers that build it directly.
 from __future__ import annotations
 
 import re
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
@@ -230,19 +231,6 @@ class RunContext:
     attempts_dir: Optional[str] = None
 
 
-# the groups of ActorSettings and the dataclass each must be
-_ACTOR_GROUPS = {
-    "model": ModelSettings,
-    "engine": EngineSettings,
-    "sampling": SamplingSettings,
-    "data": DataSettings,
-    "long_form": LongFormSettings,
-    "quality": QualitySettings,
-    "output": OutputSettings,
-    "cluster": ClusterSettings,
-}
-
-
 @dataclass
 class ActorSettings:
     """Everything a SynthActor is told, as one object: the run config's groups the actor reads
@@ -263,7 +251,9 @@ class ActorSettings:
     def validate(self) -> None:
         """Each group is its dataclass (not a dict: each default lives once) and within its
         ranges; TypeError or ConfigError naming the group."""
-        for name, kind in _ACTOR_GROUPS.items():
+        for name, kind in typing.get_type_hints(ActorSettings).items():
+            if kind is RunContext:  # the driver's decisions, not a group of the run config
+                continue
             value = getattr(self, name)
             if not isinstance(value, kind):
                 raise TypeError(
