@@ -26,9 +26,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from actors import schema as S
 from actors.demo import cache_root
 from actors.errors import ConfigError
-from actors.quality.settings import FLAGS, QualitySettings
-from actors.synth.job_settings import ClusterSettings, DataSettings, OutputSettings, RayConnection
-from actors.synth.settings import EngineSettings, LongFormSettings, ModelSettings, SamplingSettings
+from actors.quality.settings import FLAGS
+from actors.synth.job_settings import RayConnection
+from actors.synth.settings import RunGroups
 
 from .location import is_local, local_path
 from .names import RUNS_DIR
@@ -75,15 +75,10 @@ class PreviewSettings:
 
 
 @dataclass
-class ChorusConfig:
-    model: ModelSettings = field(default_factory=ModelSettings)
-    data: DataSettings = field(default_factory=DataSettings)
-    engine: EngineSettings = field(default_factory=EngineSettings)
-    long_form: LongFormSettings = field(default_factory=LongFormSettings)
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)
-    quality: QualitySettings = field(default_factory=QualitySettings)
-    output: OutputSettings = field(default_factory=OutputSettings)
-    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+class ChorusConfig(RunGroups):
+    """The run config: the groups an actor reads (RunGroups, actors/synth/settings.py) and the
+    driver's own commands' groups."""
+
     bench: BenchSettings = field(default_factory=BenchSettings)
     preview: PreviewSettings = field(default_factory=PreviewSettings)
 

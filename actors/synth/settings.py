@@ -232,28 +232,34 @@ class RunContext:
 
 
 @dataclass
-class ActorSettings:
-    """Everything a SynthActor is told, as one object: the run config's groups the actor reads
-    (the same objects the driver validated, not copies of their keys) and the run context.
-    Small, picklable, the same on every actor; parts read what they need from it
-    (`settings.engine.codec_batch_rows`, `settings.cluster.block_timeout_s`) and copy nothing."""
+class RunGroups:
+    """The run config's groups an actor reads, each its dataclass: the driver's schema
+    (pipeline/config.py ChorusConfig) and ActorSettings both extend this, so the list of them
+    is written once."""
 
-    model: ModelSettings
-    engine: EngineSettings
-    sampling: SamplingSettings
+    model: ModelSettings = field(default_factory=ModelSettings)
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
     data: DataSettings = field(default_factory=DataSettings)
     long_form: LongFormSettings = field(default_factory=LongFormSettings)
     quality: QualitySettings = field(default_factory=QualitySettings)
     output: OutputSettings = field(default_factory=OutputSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
+
+
+@dataclass
+class ActorSettings(RunGroups):
+    """Everything a SynthActor is told, as one object: the run config's groups the actor reads
+    (the same objects the driver validated, not copies of their keys) and the run context.
+    Small, picklable, the same on every actor; parts read what they need from it
+    (`settings.engine.codec_batch_rows`, `settings.cluster.block_timeout_s`) and copy nothing."""
+
     run: RunContext = field(default_factory=RunContext)
 
     def validate(self) -> None:
         """Each group is its dataclass (not a dict: each default lives once) and within its
         ranges; TypeError or ConfigError naming the group."""
-        for name, kind in typing.get_type_hints(ActorSettings).items():
-            if kind is RunContext:  # the driver's decisions, not a group of the run config
-                continue
+        for name, kind in typing.get_type_hints(RunGroups).items():
             value = getattr(self, name)
             if not isinstance(value, kind):
                 raise TypeError(

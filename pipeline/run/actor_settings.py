@@ -5,11 +5,11 @@ small, picklable and the same on every actor; and how many blocks an actor holds
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from omegaconf import DictConfig
 
-from actors.synth.settings import ActorSettings, RunContext
+from actors.synth.settings import ActorSettings, RunContext, RunGroups
 
 from ..config import settings
 from ..location import absolute
@@ -38,7 +38,7 @@ def concurrent_blocks(engine, rows_per_block: int, rows: int | None = None, acto
 
 
 # the run config's groups SynthActor receives, as their dataclasses (actors/synth/settings.py)
-ACTOR_GROUPS = ("model", "data", "engine", "long_form", "sampling", "quality", "output", "cluster")
+ACTOR_GROUPS = tuple(f.name for f in fields(RunGroups))
 
 
 def actor_arguments(

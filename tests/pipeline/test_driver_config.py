@@ -12,7 +12,8 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import MissingMandatoryValue
 
 from actors.engine.settings import EngineConfig
-from pipeline.config import EngineSettings, compose, to_plain
+from actors.synth.settings import EngineSettings
+from pipeline.config import compose, to_plain
 from pipeline.errors import ConfigError
 from pipeline.run.sequence import run
 from tests.helpers import REPO
