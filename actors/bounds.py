@@ -25,11 +25,13 @@ ANY = "any"  # what the page says of a field with neither
 
 @dataclass(frozen=True)
 class Bound:
-    """A single key's allowed values: `words` is what the page and the error message say."""
+    """A single key's allowed values: `words` is what the page says, `refusal` what the error
+    says of a value outside them (a refused value is never null, so it need not say "or null")."""
 
     words: str
     allows: Callable[[Any], bool]
     or_null: bool = False
+    refusal: str = ""
 
     def admits(self, value: Any) -> bool:
         if value is None:
@@ -55,14 +57,14 @@ def _nullable(words: str, or_null: bool) -> str:
 
 def at_least(low: float, *, or_null: bool = False, note: Optional[str] = None) -> dict:
     """value >= low."""
-    words = _nullable(f">= {_number(low)}", or_null)
-    return _metadata(Bound(words, lambda value: value >= low, or_null), note)
+    words = f">= {_number(low)}"
+    return _metadata(Bound(_nullable(words, or_null), lambda value: value >= low, or_null, words), note)
 
 
 def above(low: float, *, or_null: bool = False, note: Optional[str] = None) -> dict:
     """value > low."""
-    words = _nullable(f"> {_number(low)}", or_null)
-    return _metadata(Bound(words, lambda value: value > low, or_null), note)
+    words = f"> {_number(low)}"
+    return _metadata(Bound(_nullable(words, or_null), lambda value: value > low, or_null, words), note)
 
 
 def within(low: float, high: float, *, closed: str = "[]", or_null: bool = False, note: Optional[str] = None) -> dict:
@@ -71,8 +73,9 @@ def within(low: float, high: float, *, closed: str = "[]", or_null: bool = False
         raise ValueError(f"closed must be [], [), (] or (), got {closed!r}")
     low_ok = (lambda v: v >= low) if closed[0] == "[" else (lambda v: v > low)
     high_ok = (lambda v: v <= high) if closed[1] == "]" else (lambda v: v < high)
-    words = _nullable(f"in {closed[0]}{_number(low)}, {_number(high)}{closed[1]}", or_null)
-    return _metadata(Bound(words, lambda value: low_ok(value) and high_ok(value), or_null), note)
+    words = f"in {closed[0]}{_number(low)}, {_number(high)}{closed[1]}"
+    bound = Bound(_nullable(words, or_null), lambda value: low_ok(value) and high_ok(value), or_null, words)
+    return _metadata(bound, note)
 
 
 def one_of(*choices: str, or_null: bool = False, note: Optional[str] = None) -> dict:
@@ -102,4 +105,4 @@ def check_bounds(settings: Any, group: str) -> None:
         bound = item.metadata.get(BOUND)
         value = getattr(settings, item.name)
         if bound is not None and not bound.admits(value):
-            raise ConfigError(f"{group}.{item.name} must be {bound.words}, got {value!r}")
+            raise ConfigError(f"{group}.{item.name} must be {bound.refusal or bound.words}, got {value!r}")

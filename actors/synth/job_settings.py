@@ -34,17 +34,27 @@ def uri_scheme(path: str) -> Optional[str]:
 class InputColumns:
     """The table's name for each input column (actors/schema.py); defaults are the canonical ones."""
 
-    # the input table's name for each of chorus's input columns (README "Input" says what each
-    # holds); set one when the table calls it otherwise, e.g. data.columns.text=sentence
+    # each key: the input table's name for that column (data.columns.id=utt_id); the row's id,
+    # unique, required
     id: str = schema.ID
+    # the text to speak, required
     text: str = schema.TEXT
+    # a reference clip's bytes (WAV/FLAC/OGG)
     ref_audio: str = schema.REF_AUDIO
+    # a reference clip by path (within data.audio_root) or URI
     ref_audio_path: str = schema.REF_AUDIO_PATH
+    # the transcript of the reference clip
     ref_text: str = schema.REF_TEXT
+    # rows sharing one reference: encoded once per actor, its prompt prefix's KV reused
     ref_id: str = schema.REF_ID
+    # the reference already encoded, [num_codebooks][frames]
     ref_codes: str = schema.REF_CODES
+    # a dialogue row's voices (README "Dialogue rows")
     voices: str = schema.VOICES
+    # a label copied to the output
     speaker: str = schema.SPEAKER
+    # per-row overrides of the run's settings: the seed, engine.max_frames and the sampling
+    # values
     seed: str = schema.SEED
     max_frames: str = schema.MAX_FRAMES
     temperature: str = schema.TEMPERATURE
