@@ -24,6 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from actors import schema as S
+from actors.bounds import at_least, check_bounds, described, one_of
 from actors.demo import cache_root
 from actors.errors import ConfigError
 from actors.quality.settings import FLAGS
@@ -42,6 +43,7 @@ RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a job's driver proc
 class BenchSettings:
     """`python -m pipeline.bench` (a synthesis run ignores this group)."""
 
+    # true in every bench=... option (conf/bench/); pipeline.bench refuses to run without one
     enabled: bool = False
     # generated workload: rows, mean words per text (lognormal), share of rows with a reference
     rows: int = 200
@@ -54,6 +56,7 @@ class BenchSettings:
     # S2 checkpoint); above 0 every configuration runs twice: the dialogues, then the same
     # texts as single-voice rows (the first voice), so the cost of per-turn segments shows
     dialogue_fraction: float = 0.0
+    # seed of the generated workload (the texts, references and which rows are long or dialogues)
     seed: int = 0
     # the sweep: every (actors, slots) pair runs end to end on the same rows
     actors: list[int] = field(default_factory=lambda: [1])
@@ -76,8 +79,8 @@ class PreviewSettings:
 
 @dataclass
 class ChorusConfig(RunGroups):
-    """The run config: the groups an actor reads (RunGroups, actors/synth/settings.py) and the
-    driver's own commands' groups."""
+    """`python -m pipeline`'s configuration: the groups an actor reads (RunGroups,
+    actors/synth/settings.py) and the driver's own commands' groups."""
 
     bench: BenchSettings = field(default_factory=BenchSettings)
     preview: PreviewSettings = field(default_factory=PreviewSettings)
@@ -93,29 +96,31 @@ class ExportSettings:
 
     # files: one audio file per row + files.csv; webdataset: <prefix>-NNNNNN.tar; lhotse: Lhotse
     # Shar (cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar); hf: data/train-NNNNN-of-NNNNN.parquet + README.md
-    format: str = "files"
+    format: str = field(default="files", metadata=one_of(*EXPORT_FORMATS))
     # where it goes (local or URI); null = <output.dir>/<format> (files: <output.dir>/audio)
     dir: Optional[str] = None
     # start over: delete what an earlier export wrote there (only its own files)
     overwrite: bool = False
     # the rows exported: by status, then by the quality columns (null: no threshold); a row
     # without the metric's value fails its threshold
-    status: list = field(default_factory=lambda: [S.STATUS_OK])
+    status: list = field(
+        default_factory=lambda: [S.STATUS_OK], metadata=described(f"some of {', '.join(EXPORT_STATUSES)}")
+    )
     min_mos: Optional[float] = None
     min_speaker_similarity: Optional[float] = None
     max_wer: Optional[float] = None
-    exclude_flags: list = field(default_factory=list)
+    exclude_flags: list = field(default_factory=list, metadata=described("quality flags (quality.reject's)"))
     # a shard's rows and bytes (its samples' audio and metadata) at most; null: the format's
     # own recommendation (pipeline/export/formats.py)
-    shard_rows: Optional[int] = None
-    shard_bytes: Optional[int] = None
+    shard_rows: Optional[int] = field(default=None, metadata=at_least(1, or_null=True))
+    shard_bytes: Optional[int] = field(default=None, metadata=at_least(1, or_null=True))
     # webdataset's shard names: <prefix>-000000.tar, ...
-    prefix: str = "train"
+    prefix: str = field(default="train", metadata=described("letters, digits, '_' or '-'; 1-64 characters"))
+    # periodic progress line, seconds
     progress_interval_s: float = 10.0
 
     def validate(self) -> None:
-        if self.format not in EXPORT_FORMATS:
-            raise ConfigError(f"export.format must be one of {', '.join(EXPORT_FORMATS)}, got {self.format!r}")
+        check_bounds(self, "export")
         wrong = [s for s in self.status if s not in EXPORT_STATUSES]
         if wrong or not self.status:
             raise ConfigError(
@@ -125,11 +130,6 @@ class ExportSettings:
         unknown = [f for f in self.exclude_flags if f not in FLAGS]
         if unknown:
             raise ConfigError(f"export.exclude_flags: unknown flag(s) {unknown}; the flags are {', '.join(FLAGS)}")
-        for key in ("shard_rows", "shard_bytes"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise ConfigError(
-                    f"export.{key} must be >= 1 (or null: the format's default), got {getattr(self, key)}"
-                )
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", self.prefix):
             raise ConfigError(
                 f"export.prefix must be letters, digits, '_' or '-' (a file name's start), got {self.prefix!r}"
@@ -145,12 +145,16 @@ def export_settings(**keys) -> dict:
 
 @dataclass
 class ExportSource:
+    """The run output that `python -m pipeline.export` reads."""
+
     # the chorus output directory (local or URI), as given to the run's output.dir
     dir: str = MISSING
 
 
 @dataclass
 class ExportCluster(RayConnection):
+    """The Ray cluster an export runs on, when it is large enough to need one."""
+
     # an output of at least this many rows is exported as Ray Data work (one Ray task per unit,
     # across the cluster); a smaller one in this process, where starting Ray would cost more
     distributed_rows: int = 20_000
@@ -158,6 +162,8 @@ class ExportCluster(RayConnection):
 
 @dataclass
 class ExportConfig:
+    """`python -m pipeline.export`'s configuration: this schema and the command line (no YAML)."""
+
     output: ExportSource = field(default_factory=ExportSource)
     export: ExportSettings = field(default_factory=ExportSettings)
     cluster: ExportCluster = field(default_factory=ExportCluster)

@@ -20,6 +20,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
+from actors.bounds import at_least, check_bounds, described, one_of, within
 from actors.engine.segment import DEFAULT_MAX_TURNS, DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from actors.engine.settings import DTYPE_NAMES, EngineConfig
 from actors.engine.types import SamplingParams
@@ -40,6 +41,7 @@ TOP_P_MIN = 1e-6
 
 # torch device types a model may be put on, with an optional index ("cuda:1")
 _DEVICE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
+_DTYPE_WORDS = f"auto or one of {', '.join(DTYPE_NAMES)}"
 
 
 def sampling_problem(temperature: float, top_p: float, top_k: int) -> Optional[str]:
@@ -59,6 +61,8 @@ def sampling_problem(temperature: float, top_p: float, top_k: int) -> Optional[s
 
 @dataclass
 class ModelSettings:
+    """The checkpoint and its codec, and the device and precision they run in."""
+
     # recorded in every output row's `model` column
     name: str = "demo-s1-tiny"
     # checkpoint directory (config.json + weights + tokenizer), required; null = the built-in
@@ -67,11 +71,11 @@ class ModelSettings:
     # codec.pth or a directory holding it; null = codec.pth inside `checkpoint` (or the demo's)
     codec: Optional[str] = None
     # auto = cuda when the actor was granted a GPU, else cpu
-    device: str = "auto"
+    device: str = field(default="auto", metadata=described("auto, cpu, cuda, cuda:N, mps, xpu or xpu:N"))
     # auto = bfloat16 on GPU and on CPUs with bf16 units (AVX512-BF16, AMX), else float32
     # (actors/engine/precision.py); the codec's likewise
-    dtype: str = "auto"
-    codec_dtype: str = "auto"
+    dtype: str = field(default="auto", metadata=described(_DTYPE_WORDS))
+    codec_dtype: str = field(default="auto", metadata=described(_DTYPE_WORDS))
     # a float32 codec on CPU runs its narrow layers (Snake + conv, <= 32 channels) through
     # chorus's C++ kernel, built once per node (actors/codec/kernels.py): the demo codec decodes
     # ~2x faster. Samples differ from torch's layers by float rounding (~1e-6), as they do
@@ -79,14 +83,13 @@ class ModelSettings:
     codec_kernels: bool = True
     # the family of the built-in demo checkpoint (model.checkpoint null): s1 (model=demo) or s2
     # (model=demo_s2), each a tiny random model of that family's on-disk format
-    demo_family: str = "s1"
+    demo_family: str = field(default="s1", metadata=one_of(*DEMO_FAMILIES))
     # where the demo checkpoint is built on each actor's node (null = ~/.cache/chorus there);
     # the driver's $CHORUS_CACHE, when set, is passed on
     cache_dir: Optional[str] = "${oc.env:CHORUS_CACHE,null}"
 
     def validate(self) -> None:
-        if self.demo_family not in DEMO_FAMILIES:
-            raise ConfigError(f"model.demo_family must be one of {', '.join(DEMO_FAMILIES)}, got {self.demo_family!r}")
+        check_bounds(self, "model")
         if self.device != "auto" and not _DEVICE.match(self.device):
             raise ConfigError(f"model.device must be auto, cpu, cuda, cuda:N, mps, xpu or xpu:N, got {self.device!r}")
         names = ", ".join(DTYPE_NAMES)
@@ -103,10 +106,11 @@ class EngineSettings(EngineConfig):
     ...), plus what the actor decides around the engine for each row."""
 
     # frame budget per row (21.5 frames = 1 s of audio); a `max_frames` column overrides it
-    max_frames: int = 1024
+    max_frames: int = field(default=1024, metadata=at_least(0))
     # when set, a row's budget is min(max_frames, min_frames + frames_per_char * len(text))
-    frames_per_char: Optional[float] = None
-    min_frames: int = 8
+    frames_per_char: Optional[float] = field(default=None, metadata=at_least(0, or_null=True))
+    min_frames: int = field(default=8, metadata=at_least(0))
+    # a row ends at the model's end-of-speech token; false: it always runs to its frame budget
     stop_on_eos: bool = True
     # rows per codec decode call, and how long the finisher waits for that many while the
     # engine still has rows live. 1 (each row alone) makes a row's audio a function of the row:
@@ -117,48 +121,40 @@ class EngineSettings(EngineConfig):
     # of 8-row batches at the median (runs spread 0.7-1.2x), slot occupancy 0.80 against 0.95;
     # the real-size codec decoded a second of audio faster alone than in 8-row batches. engine=gpu
     # batches 16: there a call for many rows costs about what one row's does
-    codec_batch_rows: int = 1
-    codec_wait_ms: float = 200.0
+    codec_batch_rows: int = field(default=1, metadata=at_least(1))
+    codec_wait_ms: float = field(default=200.0, metadata=at_least(0))
     # a row's codes are decoded padded (code 0) to a multiple of this many frames and the wave
     # cut back to its own length: every layer is causal, so the padding never reaches the row's
     # samples, and the decode's shapes repeat, so oneDNN (CPU) reuses its kernels instead of
     # building ~70 new ones for every new length (demo codec, 1 thread, Sapphire Rapids, rows
     # of 10-110 frames: 0.88-0.92 ms per frame at 1, 0.68 at 16, padding included). The bucket
     # is a function of the row's own length, so its audio still depends on nothing else
-    codec_frame_bucket: int = 16
+    codec_frame_bucket: int = field(default=16, metadata=at_least(1))
     # CPU: decode in a child process holding its own copy of the codec, so the codec does not
     # share the engine loop's GIL (CUDA: the codec has a stream of its own; this is ignored)
     codec_process: bool = False
     # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
-    reference_cache: int = 256
+    reference_cache: int = field(default=256, metadata=at_least(0))
     # Ray Data blocks one actor holds at once: its engine loop takes rows from all of them, so
     # a slot freed at the end of one block is refilled from the next at once. null = enough
     # blocks of cluster.rows_per_block rows to cover max_rows + feed_queue_rows, plus two, at
     # most each actor's share of the input's blocks (pipeline/run/actor_settings.py::concurrent_blocks)
-    max_concurrent_blocks: Optional[int] = None
+    max_concurrent_blocks: Optional[int] = field(default=None, metadata=at_least(1, or_null=True))
     # rows an actor holds beyond its slots, prepared and waiting for one (back-pressure: a
     # block's rows enter the engine's queue only while fewer than max_rows + this are in flight)
-    feed_queue_rows: int = 8
+    feed_queue_rows: int = field(default=8, metadata=at_least(0))
 
     def engine_config(self) -> EngineConfig:
         """The engine's own settings alone, for `Engine`."""
         return EngineConfig(**{f.name: getattr(self, f.name) for f in fields(EngineConfig)})
 
     def validate(self) -> None:
-        """EngineConfig's range checks and the per-row settings'."""
+        """EngineConfig's range checks, which include the per-row settings' bounds (its
+        check_bounds sees every field of this subclass)."""
         try:
             super().validate()
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        for key in ("max_frames", "min_frames", "reference_cache", "feed_queue_rows", "codec_wait_ms"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"engine.{key} must be >= 0, got {getattr(self, key)}")
-        for key in ("codec_batch_rows", "codec_frame_bucket", "max_concurrent_blocks"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ConfigError(f"engine.{key} must be >= 1, got {value}")
-        if self.frames_per_char is not None and self.frames_per_char < 0:
-            raise ConfigError(f"engine.frames_per_char must be >= 0 or null, got {self.frames_per_char}")
 
 
 @dataclass
@@ -169,33 +165,32 @@ class LongFormSettings:
 
     # most UTF-8 bytes of text per segment (upstream's chunk_length default); the engine's
     # max_tokens, the reference's length and the frame budget may make segments smaller
-    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    segment_bytes: int = field(default=DEFAULT_SEGMENT_BYTES, metadata=at_least(MIN_SEGMENT_BYTES))
     # most speaker turns grouped into one segment (upstream: 5)
-    max_turns: int = DEFAULT_MAX_TURNS
+    max_turns: int = field(default=DEFAULT_MAX_TURNS, metadata=at_least(1))
     # share of a row's positions (after the system part and reference) that segment sizing
     # leaves for previous segments, so that at least the last one stays in the prompt and the
     # voice carries over; 0 sizes segments to fill the budget. Only binds when engine.max_tokens
     # is small against segment_bytes (real checkpoints' context is far larger than 300 bytes)
-    history_fraction: float = 0.5
+    history_fraction: float = field(default=0.5, metadata=within(0, 1, closed="[)"))
 
     def validate(self) -> None:
-        if not 0.0 <= self.history_fraction < 1.0:
-            raise ConfigError(f"long_form.history_fraction must be in [0, 1), got {self.history_fraction}")
-        if self.segment_bytes < MIN_SEGMENT_BYTES:
-            raise ConfigError(f"long_form.segment_bytes must be >= {MIN_SEGMENT_BYTES}, got {self.segment_bytes}")
-        if self.max_turns < 1:
-            raise ConfigError(f"long_form.max_turns must be >= 1, got {self.max_turns}")
+        check_bounds(self, "long_form")
 
 
 @dataclass
 class SamplingSettings:
+    """The run's sampling values; a row's own `temperature`, `top_p`, `top_k` columns override them."""
+
     # null = upstream's default for the model family (S1: 0.8/0.8/30 + repetition penalty 1.1;
     # S2: 0.8/0.8/30 + repetition-aware sampling over 10 frames). temperature 0 = greedy.
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    repetition_penalty: Optional[float] = None
-    ras_window: Optional[int] = None
+    temperature: Optional[float] = field(
+        default=None, metadata=described(f"0 or in [{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}], or null")
+    )
+    top_p: Optional[float] = field(default=None, metadata=described(f"in [{TOP_P_MIN:g}, 1] or null"))
+    top_k: Optional[int] = field(default=None, metadata=described(f"in [0, {INT32_MAX}] (0 = off) or null"))
+    repetition_penalty: Optional[float] = field(default=None, metadata=described("> 0 or null"))
+    ras_window: Optional[int] = field(default=None, metadata=described(">= 0 or null"))
     # a row's seed is its `seed` column, else a stable hash of (this seed, row id)
     seed: int = 0
 
@@ -238,10 +233,10 @@ class RunGroups:
     is written once."""
 
     model: ModelSettings = field(default_factory=ModelSettings)
-    engine: EngineSettings = field(default_factory=EngineSettings)
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)
     data: DataSettings = field(default_factory=DataSettings)
+    engine: EngineSettings = field(default_factory=EngineSettings)
     long_form: LongFormSettings = field(default_factory=LongFormSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
     quality: QualitySettings = field(default_factory=QualitySettings)
     output: OutputSettings = field(default_factory=OutputSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)

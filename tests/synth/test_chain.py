@@ -28,9 +28,9 @@ def planner() -> ChainPlanner:
     tok = load_tokenizer(checkpoint)
     config = with_semantic_ids(load_config(checkpoint), tok.semantic_begin_id, tok.semantic_end_id, tok.source)
     settings = ActorSettings(
-        ModelSettings(checkpoint=None),
-        EngineSettings(frames_per_char=0.1, min_frames=2, max_frames=64),
-        SamplingSettings(),
+        model=ModelSettings(checkpoint=None),
+        engine=EngineSettings(frames_per_char=0.1, min_frames=2, max_frames=64),
+        sampling=SamplingSettings(),
         long_form=LongFormSettings(segment_bytes=120),
     )
     return ChainPlanner(settings, PromptBuilder(tok, config), POSITIONS, frozenset(tok.special))
