@@ -21,6 +21,7 @@ keeps inductor from rewriting it differently at different batch sizes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional
 
@@ -109,6 +110,27 @@ attend_visible_op = torch.ops.chorus.attend_visible.default
 attend_reached_op = torch.ops.chorus.attend_reached.default
 
 
+@contextlib.contextmanager
+def one_thread():
+    """Run the enclosed torch CPU ops on the calling thread alone. torch's fused CPU attention
+    divides a call's work among its threads by the batch's shape, and with more than one
+    thread a row's last bits then depend on its batch-mates (torch 2.13 on an AMD EPYC with
+    AVX-512 at 2 threads: ~3e-8 apart in float32, one row alone against the same row among
+    others); on one thread they never do. OpenMP's thread count is the calling thread's own
+    (MKL's, set with it, is the process's for that moment); setting it costs < 1 us. A CPU
+    actor runs one torch thread by default (cluster.threads_per_actor), so this binds in tests
+    and on actors given more."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def attend_in_chunks(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
     """Masked attention (CPU) chunk by chunk: q [B, Hkv, Q, D], k/v [B, Hkv, L, D], allowed
     [B, 1, Q, L] bool. Each chunk's normalised output and log-sum-exp come from the fused kernel;
@@ -118,7 +140,8 @@ def attend_in_chunks(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor
     bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     chunks = [slice(s, s + ATTEND_CHUNK) for s in range(0, k.shape[2], ATTEND_CHUNK)]
-    parts = [flash(q, k[:, :, c], v[:, :, c], attn_mask=bias[..., c]) for c in chunks]
+    with one_thread():
+        parts = [flash(q, k[:, :, c], v[:, :, c], attn_mask=bias[..., c]) for c in chunks]
     if len(parts) == 1:
         return parts[0][0]  # the merge below would give it back unchanged
     # for a query with no key in a chunk the kernel gives lse 0 (and output 0): weigh it 0

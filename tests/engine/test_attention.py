@@ -110,3 +110,22 @@ def test_the_fast_stacks_attention_gives_a_row_alone_what_it_gives_it_among_32(d
             for row in range(32):
                 alone = attend_visible(q[row : row + 1], k[row : row + 1], v[row : row + 1])
                 assert torch.equal(alone, together[row : row + 1]), (keys, row)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_row_of_a_mixed_batch_equals_the_row_alone_on_any_thread_count(threads, dtype):
+    """Rows of other lengths beside it (other chunks reached), one query column as in decode:
+    each row's result is the row's alone, bit for bit, also when torch runs several threads
+    (whose division of the fused kernel's work once changed a row's last bits)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, k, v, allowed = _batch([70, 200, 129, 300, 5, 256], 3 * ATTEND_CHUNK, dtype, heads=4)
+        together = attend_in_chunks(q, k, v, allowed)
+        for row in range(q.shape[0]):
+            one = slice(row, row + 1)
+            assert torch.equal(together[one], attend_in_chunks(q[one], k[one], v[one], allowed[one])), row
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
