@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "CheckpointError": "config",
-    "ModelConfig": "config",
-    "load_config": "config",
+    "CheckpointError": "architecture",
+    "ModelArchitecture": "architecture",
+    "load_config": "architecture",
     "Engine": "engine",
     "EngineConfig": "settings",
     "LoadedModel": "loader",

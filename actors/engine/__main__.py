@@ -309,7 +309,7 @@ def main(argv=None) -> int:
     _add_check_commands(sub)
     _add_bench_command(sub)
     args = parser.parse_args(argv)
-    from .config import CheckpointError
+    from .architecture import CheckpointError
 
     return dispatch(args, (CheckpointError,))
 

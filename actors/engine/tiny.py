@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import INDEX_FILE, PTH_FILE, s2_stored_name
-from .config import (
+from .architecture import (
     FAMILY_S1,
     FAMILY_S2,
     MODEL_TYPE_FLAT,
@@ -24,6 +23,7 @@ from .config import (
     parse_config,
     with_semantic_ids,
 )
+from .checkpoint import INDEX_FILE, PTH_FILE, s2_stored_name
 from .loader import LoadedModel, build_empty_model, resolve_device
 from .precision import choose_dtype
 from .tokenizer import IM_END, IM_START, INTERLEAVE, SEMANTIC_TEMPLATE, VOICE, Tokenizer

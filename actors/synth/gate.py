@@ -31,7 +31,7 @@ from actors.quality.flags import LOCAL_FLAGS
 from actors.quality.gate import RowQuality, SegmentAttempts
 from actors.quality.hearing import Heard
 from actors.settings import ActorSettings
-from actors.synth.jobs import Job
+from actors.synth.jobs import RowJob
 
 
 @dataclass
@@ -62,7 +62,7 @@ class QualityGate:
         self.speaker = speaker  # an actors.synth.listening.SpeakerCheck, or None
         self.mos = mos  # an actors.quality.mos predictor, or None
 
-    def segment(self, job: Job, result: Any) -> Optional[Any]:
+    def segment(self, job: RowJob, result: Any) -> Optional[Any]:
         """A segment attempt's result: None when it is to be generated again (the chain has
         moved to the next attempt), else the result to record (the kept attempt's). Engine
         errors are not judged: they are the row's error, as without a gate."""
@@ -87,7 +87,7 @@ class QualityGate:
         """Whether the decoded waves must come to the actor: for the checks on models it holds."""
         return any(check is not None for check in (self.asr, self.speaker, self.mos))
 
-    def audio(self, jobs: list[Job]) -> list[Job]:
+    def audio(self, jobs: list[RowJob]) -> list[RowJob]:
         """Judge the heard rows (their measurements made where they were decoded; the checks on
         models run here); returns those sent back to the engine (the caller hands them to the
         engine feeder instead of finishing them)."""
@@ -97,7 +97,7 @@ class QualityGate:
         self._measure(heard)
         return [job for job in heard if self._again(job)]
 
-    def _measure(self, heard: list[Job]) -> None:
+    def _measure(self, heard: list[RowJob]) -> None:
         for job in heard:
             job.quality.add_audio(job.heard.metrics, job.heard.turn_metrics)
         if not self.needs_wave:
@@ -115,7 +115,7 @@ class QualityGate:
         for job in heard:
             job.heard.wave = None  # measured: the FLAC is what is kept
 
-    def _speakers(self, heard: list[Job]) -> None:
+    def _speakers(self, heard: list[RowJob]) -> None:
         """Each turn's similarity to its own voice (a plain row: one turn, its one reference),
         every turn of the batch embedded in one call."""
         waves, refs = [], []
@@ -132,7 +132,7 @@ class QualityGate:
             job.quality.add_speaker_similarities(similarities[at : at + turns])
             at += turns
 
-    def _again(self, job: Job) -> bool:
+    def _again(self, job: RowJob) -> bool:
         """Whether the row goes back to the engine; if not, the round to write is in place."""
         quality, chain = job.quality, job.chain
         failing = quality.audio_rejections()
@@ -157,7 +157,7 @@ class QualityGate:
         job.result = job.heard = None
         return True
 
-    def _first_failing_segment(self, job: Job, failing: list[str]) -> int:
+    def _first_failing_segment(self, job: RowJob, failing: list[str]) -> int:
         """The first segment whose own stretch of audio shows a rejected flag (measured where
         the row was heard); 0 when the row has one segment or only whole-row checks failed. A
         dialogue row's turns were each measured (silence, clipping, loudness, speaker): a turn
@@ -177,12 +177,12 @@ class QualityGate:
         return 0
 
     @staticmethod
-    def _turn_start(job: Job, flag: str) -> int:
+    def _turn_start(job: RowJob, flag: str) -> int:
         """The first segment of the first turn showing `flag` (0 for whole-row flags)."""
         turn = job.quality.first_failing_turn(flag)
         return 0 if turn is None else job.chain.plan.segment_turns.index(turn)
 
-    def _keep_best_round(self, job: Job) -> None:
+    def _keep_best_round(self, job: RowJob) -> None:
         """Every round failed: write the best (least severe flags, the earliest among equals)."""
         rounds = job.rounds
         best = rounds[attempts.best_attempt([r.quality.flags for r in rounds])]
