@@ -25,7 +25,7 @@ from actors.quality.flags import (
     TRUNCATED,
 )
 from actors.quality.loudness import integrated_loudness
-from actors.settings import QualitySettings
+from actors.quality.settings import QualitySettings
 
 STOP_BUDGET = "budget"  # actors/engine/types.py's STOP_BUDGET, spelled here to stay torch- and engine-free
 

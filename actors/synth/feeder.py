@@ -6,10 +6,10 @@ among the blocks whose rows were live. A row leaves it done or failed, to the fi
 The bench's engine-only pass runs the same loop (`drain`) in the caller's thread, so there is
 one engine loop to measure and to trust.
 
-Every segment's result passes the quality gate (gate.py) before it is recorded: an attempt the
-gate rejects goes back to the front of `ready` at once (the chain then asks for the same
-segment, same prompt, the next attempt's seed), and a segment whose kept attempt has no frames
-ends its row there, as `rejected`, not as an error.
+Every segment's result passes the quality gate (actors/quality/gate.py) before it is recorded:
+an attempt the gate rejects goes back to the front of `ready` at once (the chain then asks for
+the same segment, same prompt, the next attempt's seed), and a segment whose kept attempt has no
+frames ends its row there, as `rejected`, not as an error.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.engine.prompt import PromptError
+from actors.quality.gate import QualityGate
 from actors.settings import ActorSettings
 from actors.synth.clock import BusyClock
-from actors.synth.gate import QualityGate
 from actors.synth.jobs import RowJob
 from actors.synth.recorder import Recorder
 

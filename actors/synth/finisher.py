@@ -4,11 +4,10 @@ codec's child process on CPU, so none of that work runs in the engine loop's pro
 into output rows; a block's call returns when its last row is here. On CUDA its codec work runs
 on a stream of its own, so it overlaps the engine's kernels instead of queueing behind them.
 
-Each heard batch goes through the quality gate (gate.py: loudness, silence, clipping, speech
-rate from the measurements; ASR, speaker similarity and MOS when set) before its output rows
-are built; a row
-whose audio fails a check quality.reject lists goes back to the engine feeder for another
-round instead (gate.py says from where), and a row the gate kept without frames has nothing to
+Each heard batch goes through the quality gate (actors/quality/gate.py: loudness, silence,
+clipping, speech rate from the measurements; ASR, speaker similarity and MOS when set) before
+its output rows are built; a row whose audio fails a check quality.reject lists goes back to the
+engine feeder for another round instead (the gate says from where), and a row the gate kept without frames has nothing to
 decode and is written as `rejected`.
 """
 
@@ -25,9 +24,9 @@ from typing import Any
 
 from actors import schema as S
 from actors.quality import hearing
+from actors.quality.gate import QualityGate
 from actors.settings import ActorSettings
 from actors.synth.clock import BusyClock
-from actors.synth.gate import QualityGate
 from actors.synth.jobs import RowJob
 from actors.synth.output import RowWriter
 

@@ -38,7 +38,7 @@ class RowJob:
         self.voice_codes: list[Optional[np.ndarray]] = [voice.ref.codes for voice in spec.voices]
         self.chain: Any = None  # the RowChain, once planned
         self.result: Any = None  # the engine's result for the whole row (or its failing segment)
-        self.quality: Any = None  # the quality gate's RowQuality (actors/quality/gate.py)
+        self.quality: Any = None  # the quality gate's RowQuality (actors/quality/row_quality.py)
         self.tries: Any = None  # the current segment's attempts (SegmentAttempts), while it runs
         self.heard: Any = None  # a hearing.Heard, from the row's decode until it is written
         self.rounds: list = []  # the gate's AudioRounds: each rejected decoded version, until written

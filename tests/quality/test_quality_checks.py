@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from actors.quality import attempts, checks
-from actors.quality.gate import RowQuality, SegmentAttempts
+from actors.quality.row_quality import RowQuality, SegmentAttempts
 from actors.quality.text import char_error_rate, edit_distance, normalize, word_error_rate
 from actors.settings import ConfigError, QualitySettings
 
