@@ -9,7 +9,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..engine.precision import choose_dtype
+from ..precision import choose_dtype
 from .config import CONFIG_FILE_NAME, CodecConfig
 from .layers import WEIGHT_NORM_LEGACY, WEIGHT_NORM_PARAMETRIZED
 from .model import Codec
@@ -34,7 +34,7 @@ def load_codec(
     config: Optional[CodecConfig] = None,
 ) -> Codec:
     """Load a codec from codec.pth or a directory holding it, in `dtype` (a torch dtype, a
-    name, or `auto`: actors/engine/precision.py's rule for `device`).
+    name, or `auto`: actors/precision.py's rule for `device`).
 
     The architecture comes from `config`, else from config.json beside the
     checkpoint (upstream Hydra layout), else the real S1/S2 codec.

@@ -24,8 +24,8 @@ def _dtype_arg(p: argparse.ArgumentParser, default: str = "auto") -> None:
 
 
 def cmd_info(args) -> int:
+    from ..precision import DtypeChoice
     from .loader import load_model
-    from .precision import DtypeChoice
 
     lm = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
     c = lm.config

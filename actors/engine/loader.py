@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..precision import choose_dtype
 from .architecture import ModelArchitecture, load_config, with_semantic_ids
 from .checkpoint import LoadReport, load_weights
 from .model import DualARModel
-from .precision import choose_dtype
 from .tokenizer import Tokenizer, load_tokenizer
 
 

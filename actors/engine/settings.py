@@ -6,17 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-# the dtype names a model or codec may be loaded in (precision.DTYPES maps them to torch's)
-DTYPE_NAMES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "float64": "float64",
-    "fp64": "float64",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float16": "float16",
-    "fp16": "float16",
-}
+# re-exported for actors/settings.py, until it imports the leaf itself
+from actors.dtype_names import DTYPE_NAMES  # noqa: F401
 
 # what engine.compile may say (actors/engine/compiling.py acts on it); true/false, which is what
 # YAML and Hydra's command line make of a bare on/off, are read as on/off

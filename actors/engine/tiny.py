@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..precision import choose_dtype
 from .architecture import (
     FAMILY_S1,
     FAMILY_S2,
@@ -25,7 +26,6 @@ from .architecture import (
 )
 from .checkpoint import INDEX_FILE, PTH_FILE, s2_stored_name
 from .loader import LoadedModel, build_empty_model, resolve_device
-from .precision import choose_dtype
 from .tokenizer import IM_END, IM_START, INTERLEAVE, SEMANTIC_TEMPLATE, VOICE, Tokenizer
 
 SPECIAL_TOKENS = [

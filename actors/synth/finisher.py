@@ -148,7 +148,7 @@ class Finisher:
         settings = self.settings
         tasks = [self._task(job) for job in jobs]
         runner, engine = self.codec_runner, settings.engine
-        # the codec's child process hears in the child (actors/codec/worker.py); a codec in
+        # the codec's child process hears in the child (actors/synth/codec_process.py); a codec in
         # this process, here
         hear = runner.hear if hasattr(runner, "hear") else functools.partial(hearing.hear_with, runner)
         heard = hear(
