@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from actors.engine import Engine, EngineConfig, Request, SamplingParams, packing  # noqa: E402
 from actors.engine import model as model_module  # noqa: E402
 from actors.engine import runner as runner_module  # noqa: E402
-from actors.engine.precision import CpuUnits  # noqa: E402
 from actors.engine.tiny import random_model  # noqa: E402
+from actors.precision import CpuUnits  # noqa: E402
 from scripts.bench_soak import cpu_name as model_name  # noqa: E402
 
 PARTS = ["linears", "slow attention", "fast attention", "norms", "rope", "sampling"]
@@ -186,7 +186,7 @@ def print_table(medians: dict, dtypes: list, keys: list, args) -> None:
 
 
 def cpu_name() -> str:
-    """The CPU's model name and the bf16 unit the dtype rule sees (actors/engine/precision.py)."""
+    """The CPU's model name and the bf16 unit the dtype rule sees (actors/precision.py)."""
     return f"{model_name()}, bf16 unit: {CpuUnits.of_this_cpu().bf16_unit() or 'none'}"
 
 

@@ -7,9 +7,10 @@ memory of every process it runs sampled every --every-s seconds, and the slope o
 The job is `python -m pipeline` on a fresh output, in its own process group; its input comes
 from scripts/make_scale_input.py (reference clips included: the reference caches are part of
 what is measured). Each sample reads /proc (Linux): the driver (the job's process), every Ray
-Data actor running the synthesis stage (SynthStage), every codec child (`actors.codec.worker`), and, for context, the
-rest of Ray (GCS, raylet, dashboard, idle workers) as one sum. Also sampled: the rows in the
-output (from the live files' footers) and the driver's blocks finished.
+Data actor running the synthesis stage (SynthStage), every codec child
+(`actors.synth.codec_process`), and, for context, the rest of Ray (GCS, raylet, dashboard, idle
+workers) as one sum. Also sampled: the rows in the output (from the live files' footers) and
+the driver's blocks finished.
 
 Writes OUT/soak.json (the series, per-process slopes in MB/min over minutes >= warmup by least
 squares, MB per 1,000 rows finished over the same span) and OUT/soak.html (RSS over time, one
@@ -77,7 +78,7 @@ def memory_mb(pid: int) -> dict | None:
 def role(command: str) -> str:
     """What a process of the job is, from its command line (Ray sets a worker's to its task or
     actor: `ray::MapWorker(MapBatches(SynthStage))`, `ray::IDLE`, ...)."""
-    if "actors.codec.worker" in command:
+    if "actors.synth.codec_process" in command:
         return "codec"
     if command.startswith("ray::") and ("SynthStage" in command or "SynthActor" in command):
         return "actor"

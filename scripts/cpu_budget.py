@@ -42,7 +42,7 @@ def _threads() -> dict:
 def _group(command: str, is_engine: bool) -> str:
     if ACTOR_MARK in command:
         return "actor: engine thread" if is_engine else "actor: other threads"
-    if "actors.codec.worker" in command:
+    if "actors.synth.codec_process" in command:
         return "codec child"
     if "pipeline." in command or "chorus" in command:
         return "driver"

@@ -31,7 +31,7 @@ def block_params(dim: int, heads: int, kv_heads: int, head_dim: int, ffn: int) -
 
 
 def shape_counts(size: str) -> dict:
-    from actors.engine.config import parse_config
+    from actors.engine.architecture import parse_config
     from actors.engine.tiny import SIZE_FORMATS, SIZES, config_dict
 
     c = parse_config(config_dict(SIZE_FORMATS.get(size, "s1"), SIZES[size], 4096), size)

@@ -210,6 +210,68 @@ def test_the_drivers_rooms_keep_their_doors():
     assert crossings == {}
 
 
+# ---- the actors' layers ---------------------------------------------------------------------
+
+# each layer of actors/ and its rank: a module imports its own layer and lower ranks only (the
+# engine and the codec share a rank and import neither each other). The leaves are actors/'s
+# top-level modules and actors/storage/; actors/__init__.py draws the layers
+ACTOR_LAYERS = {"leaves": 0, "engine": 1, "codec": 1, "quality": 2, "synth": 3}
+
+
+def actor_layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ACTOR_LAYERS else "leaves"
+
+
+def out_of_reach(importer: str, imported: str) -> bool:
+    """Whether `imported` is in a layer of actors/ that `importer` may not import."""
+    ours, theirs = actor_layer(importer), actor_layer(imported)
+    return theirs != ours and ACTOR_LAYERS[theirs] >= ACTOR_LAYERS[ours]
+
+
+def arrows_up(imports: Mapping[str, set[str]]) -> dict[str, list[str]]:
+    """module -> the modules of actors/ it imports from a higher layer, or from the other layer
+    of its rank."""
+    found = {}
+    for module, imported in imports.items():
+        ours = [m for m in imported if m == "actors" or m.startswith("actors.")]
+        bad = sorted(m for m in ours if out_of_reach(module, m))
+        if bad:
+            found[module] = bad
+    return found
+
+
+def actor_imports() -> dict[str, set[str]]:
+    """Every module of actors/ -> every module name its import statements give (any form)."""
+    imports = {}
+    for path in sources("actors"):
+        name = module_name(path)
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        imports[name] = imported_modules(path.read_text(), package)
+    return imports
+
+
+def test_the_layer_rule_refuses_a_planted_arrow_up():
+    planted = {
+        "actors.codec.loader": {"actors.engine.precision", "actors.precision"},  # across its rank
+        "actors.quality.gate": {"actors.synth.jobs", "actors.engine.types"},  # up
+        "actors.schema": {"actors.engine", "actors.engine.types", "actors"},  # a leaf, up
+        "actors.storage.retry": {"actors.files"},  # a leaf may import a leaf
+        "actors.synth.actor": {"actors.engine", "actors.quality.gate", "actors.schema", "actors.synth.jobs"},
+    }
+    assert arrows_up(planted) == {
+        "actors.codec.loader": ["actors.engine.precision"],
+        "actors.quality.gate": ["actors.synth.jobs"],
+        "actors.schema": ["actors.engine", "actors.engine.types"],
+    }
+
+
+def test_the_actors_layers_keep_their_order():
+    """Leaves (actors/*.py, actors/storage/) import no layer above them; the engine and the codec
+    only leaves; quality the leaves, the engine and the codec; synth anything below it."""
+    assert arrows_up(actor_imports()) == {}
+
+
 # ---- the driver at run time ---------------------------------------------------------------
 
 

@@ -5,7 +5,9 @@
     codes = codec.encode_batch([wave])      # [10, frames] int64 per row
     waves = codec.decode_batch(codes)       # float32, frames * 2048 samples
 
-Only torch, numpy and the standard library are imported here.
+Only torch, numpy and the standard library are imported here. A layer of actors/ (its
+__init__ draws them): it imports the leaves (actors/*.py, actors/storage/) only, never the
+engine, quality/ or synth/.
 """
 
 from .config import CodecConfig, CodecConfigError, TransformerConfig

@@ -24,9 +24,9 @@ from actors.files import atomic_open, write_atomically
 
 
 def _dtype(names: str) -> str:
-    """A dtype name, `auto` (bf16 where the CPU has bf16 units: actors/engine/precision.py), or
+    """A dtype name, `auto` (bf16 where the CPU has bf16 units: actors/precision.py), or
     for bench a comma list of them."""
-    from actors.engine.precision import AUTO, DTYPES
+    from actors.precision import AUTO, DTYPES
 
     for name in names.split(","):
         if name != AUTO and name not in DTYPES:

@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..engine.precision import choose_dtype
+from ..precision import choose_dtype
 from .config import CodecConfig
 from .model import Codec
 from .tiny import random_codec

@@ -9,7 +9,8 @@ from typing import Optional, Union
 
 import torch
 
-from ..engine.precision import choose_dtype
+from ..precision import choose_dtype
+from . import hydra_tree
 from .config import CONFIG_FILE_NAME, CodecConfig
 from .layers import WEIGHT_NORM_LEGACY, WEIGHT_NORM_PARAMETRIZED
 from .model import Codec
@@ -34,7 +35,7 @@ def load_codec(
     config: Optional[CodecConfig] = None,
 ) -> Codec:
     """Load a codec from codec.pth or a directory holding it, in `dtype` (a torch dtype, a
-    name, or `auto`: actors/engine/precision.py's rule for `device`).
+    name, or `auto`: actors/precision.py's rule for `device`).
 
     The architecture comes from `config`, else from config.json beside the
     checkpoint (upstream Hydra layout), else the real S1/S2 codec.
@@ -46,7 +47,7 @@ def load_codec(
         raise FileNotFoundError(f"codec checkpoint not found: {checkpoint}")
     if config is None:
         config_file = checkpoint.parent / CONFIG_FILE_NAME
-        config = CodecConfig.from_json_file(config_file) if config_file.is_file() else CodecConfig.real()
+        config = hydra_tree.read_file(config_file) if config_file.is_file() else CodecConfig.real()
     try:
         # No mmap: assigned parameters would stay mapped to the file, and
         # rewriting that file later (torch.save truncates) would crash us.

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..modules import RMSNorm
+from . import hydra_tree
 from .config import CONFIG_FILE_NAME, CodecConfig
 from .layers import (
     WEIGHT_NORM_LEGACY,
@@ -112,7 +113,7 @@ def make_tiny(
     # torch.save names its zip members after the file stem, so writing to a
     # temporary name and renaming would change the bytes; write in place.
     torch.save(random_state_dict(config, seed), checkpoint)
-    (out_dir / CONFIG_FILE_NAME).write_text(json.dumps(config.to_hydra(), indent=2) + "\n")
+    (out_dir / CONFIG_FILE_NAME).write_text(json.dumps(hydra_tree.to_tree(config), indent=2) + "\n")
     return checkpoint
 
 

@@ -78,7 +78,7 @@ class LayerScale(nn.Module):
         return x * self.gamma
 
 
-class Attention(nn.Module):
+class CodecAttention(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.n_head = config.n_head
@@ -135,11 +135,11 @@ def windowed_attention(
     return torch.cat(pieces, dim=2)
 
 
-class TransformerBlock(nn.Module):
+class CodecTransformerBlock(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         # Registration order follows upstream so state dicts list keys alike.
-        self.attention = Attention(config)
+        self.attention = CodecAttention(config)
         self.feed_forward = FeedForward(config.dim, config.intermediate_size)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
@@ -157,7 +157,7 @@ class WindowLimitedTransformer(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.config = config
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
+        self.layers = nn.ModuleList(CodecTransformerBlock(config) for _ in range(config.n_layer))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         projected = config.outer_dim != config.dim
         self.input_proj = nn.Linear(config.outer_dim, config.dim) if projected else nn.Identity()

@@ -1,6 +1,9 @@
 """chorus's generation engine for the Fish Audio dual-AR family: load a checkpoint, build
 prompts, generate codes for many rows at once. Plain torch; usable without Ray.
 
+A layer of actors/ (its __init__ draws them): it imports the leaves (actors/*.py,
+actors/storage/) only, never the codec, quality/ or synth/.
+
 The names below load lazily, so `from actors.engine.types import Request` or
 `from actors.engine.settings import EngineConfig` never imports torch (the driver does that)."""
 
@@ -9,9 +12,9 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "CheckpointError": "config",
-    "ModelConfig": "config",
-    "load_config": "config",
+    "CheckpointError": "architecture",
+    "ModelArchitecture": "architecture",
+    "load_config": "architecture",
     "Engine": "engine",
     "EngineConfig": "settings",
     "LoadedModel": "loader",

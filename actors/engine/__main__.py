@@ -24,8 +24,8 @@ def _dtype_arg(p: argparse.ArgumentParser, default: str = "auto") -> None:
 
 
 def cmd_info(args) -> int:
+    from ..precision import DtypeChoice
     from .loader import load_model
-    from .precision import DtypeChoice
 
     lm = load_model(args.checkpoint, device=args.device, dtype=args.dtype)
     c = lm.config
@@ -309,7 +309,7 @@ def main(argv=None) -> int:
     _add_check_commands(sub)
     _add_bench_command(sub)
     args = parser.parse_args(argv)
-    from .config import CheckpointError
+    from .architecture import CheckpointError
 
     return dispatch(args, (CheckpointError,))
 

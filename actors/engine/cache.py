@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..lru import LRU
-from .config import ModelConfig
+from .architecture import ModelArchitecture
 from .model import LayerKV
 
 
@@ -25,7 +25,7 @@ class CacheMismatchError(RuntimeError):
 class SlotKVCache:
     def __init__(
         self,
-        config: ModelConfig,
+        config: ModelArchitecture,
         max_rows: int,
         max_tokens: int,
         device: torch.device,

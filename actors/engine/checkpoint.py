@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .config import CheckpointError
+from .architecture import CheckpointError
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .config import ModelConfig
+from .architecture import ModelArchitecture
 from .sampling import DRAW_MAIN, DRAW_RAS, RowSampling, apply_repetition_penalty, counter_uniforms, sample, seed_keys
 from .types import STOP_BUDGET, STOP_EOS, SamplingParams
 
@@ -30,7 +30,7 @@ class Candidates:
     so that index order equals id order (greedy ties go to the lowest id, as over the full
     vocabulary)."""
 
-    def __init__(self, config: ModelConfig, im_end_id: int, device):
+    def __init__(self, config: ModelArchitecture, im_end_id: int, device):
         ids = sorted({im_end_id, *range(config.semantic_begin_id, config.semantic_end_id + 1)})
         self.ids = torch.tensor(ids, dtype=torch.int64, device=device)
         self.im_end_index = ids.index(im_end_id)
@@ -247,7 +247,7 @@ def pick_code(logits: Tensor, codebook: int, state: BatchSampling, limit: Option
     return sample(logits, state.main, state.uniforms[:, DRAW_RAS + codebook], state.width_code)
 
 
-def first_code(main_tokens: Tensor, config: ModelConfig) -> Tensor:
+def first_code(main_tokens: Tensor, config: ModelArchitecture) -> Tensor:
     """Codebook 0 of a frame: the main token's offset into the semantic range, clamped (an
     <|im_end|> frame gets 0)."""
     return torch.clamp(main_tokens - config.semantic_begin_id, 0, config.codebook_size - 1)

@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..precision import choose_dtype
+from .architecture import ModelArchitecture, load_config, with_semantic_ids
 from .checkpoint import LoadReport, load_weights
-from .config import ModelConfig, load_config, with_semantic_ids
 from .model import DualARModel
-from .precision import choose_dtype
 from .tokenizer import Tokenizer, load_tokenizer
 
 
@@ -29,7 +29,7 @@ def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | None
 
 @dataclass
 class LoadedModel:
-    config: ModelConfig
+    config: ModelArchitecture
     model: DualARModel
     tokenizer: Tokenizer
     checkpoint_dir: Path
@@ -49,7 +49,7 @@ class LoadedModel:
         return self.tokenizer.token_id(IM_END)
 
 
-def build_empty_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> DualARModel:
+def build_empty_model(config: ModelArchitecture, device: torch.device, dtype: torch.dtype) -> DualARModel:
     """Parameters allocated once, uninitialised, directly in the target dtype/device."""
     with torch.device("meta"):
         model = DualARModel(config)

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..modules import FeedForward, RMSNorm, apply_rope, rope_rotation, uninitialised_embedding
+from .architecture import ModelArchitecture
 from .attention import attend, attend_reached_op
-from .config import ModelConfig
 
 
 class HeadRMSNorm(nn.Module):
@@ -121,7 +121,7 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(b, t, q_size))
 
 
-class Block(nn.Module):
+class TransformerBlock(nn.Module):
     def __init__(self, dim, n_head, n_kv, head_dim, ffn, qkv_bias, o_bias, qk_norm, eps):
         super().__init__()
         self.attention = Attention(dim, n_head, n_kv, head_dim, qkv_bias, o_bias, qk_norm, eps)
@@ -141,13 +141,13 @@ class SlowOutput:
 
 
 class DualARModel(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelArchitecture):
         super().__init__()
         c = self.config = config
         self.embeddings = uninitialised_embedding(c.vocab_size, c.dim)
         self.codebook_embeddings = uninitialised_embedding(c.codebook_size * c.num_codebooks, c.dim)
         self.layers = nn.ModuleList(
-            Block(
+            TransformerBlock(
                 c.dim,
                 c.n_head,
                 c.n_local_heads,
@@ -167,7 +167,7 @@ class DualARModel(nn.Module):
             self.fast_project_in = nn.Linear(c.dim, c.fast_dim)
         self.fast_embeddings = uninitialised_embedding(c.codebook_size, c.fast_dim)
         self.fast_layers = nn.ModuleList(
-            Block(
+            TransformerBlock(
                 c.fast_dim,
                 c.fast_n_head,
                 c.fast_n_local_heads,

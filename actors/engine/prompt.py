@@ -36,7 +36,7 @@ from typing import Optional
 
 import numpy as np
 
-from .config import FAMILY_S2, ModelConfig
+from .architecture import FAMILY_S2, ModelArchitecture
 from .segment import kept_history
 from .tokenizer import IM_END, IM_START, INTERLEAVE, SPEAKER_TEMPLATE, VOICE, Tokenizer
 
@@ -113,7 +113,7 @@ def split_speaker_turns(text: str) -> str:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer: Tokenizer, config: ModelConfig):
+    def __init__(self, tokenizer: Tokenizer, config: ModelArchitecture):
         self.tokenizer, self.config = tokenizer, config
         self.rows = 1 + config.num_codebooks
 

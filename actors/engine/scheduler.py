@@ -20,8 +20,8 @@ import numpy as np
 
 from actors.alone import each_alone
 
+from .architecture import ModelArchitecture
 from .cache import SlotKVCache
-from .config import ModelConfig
 from .decoding import accept_frame
 from .runner import ModelRunner, PrefillWork
 from .settings import EngineConfig
@@ -63,7 +63,7 @@ def prefill_chunks(request: Request, chunk: int) -> list[tuple[int, int]]:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, cache: SlotKVCache, runner: ModelRunner):
+    def __init__(self, config: EngineConfig, model_config: ModelArchitecture, cache: SlotKVCache, runner: ModelRunner):
         self.config, self.mc, self.cache, self.runner = config, model_config, cache, runner
         self.im_end_id = runner.candidates.im_end_id
         self.waiting: deque[Sequence] = deque()

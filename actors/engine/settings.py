@@ -8,18 +8,6 @@ from typing import Optional
 
 from actors.bounds import at_least, check_bounds, described
 
-# the dtype names a model or codec may be loaded in (precision.DTYPES maps them to torch's)
-DTYPE_NAMES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "float64": "float64",
-    "fp64": "float64",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float16": "float16",
-    "fp16": "float16",
-}
-
 # what engine.compile may say (actors/engine/compiling.py acts on it); true/false, which is what
 # YAML and Hydra's command line make of a bare on/off, are read as on/off
 COMPILE_MODES = ("off", "on", "auto")

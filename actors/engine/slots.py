@@ -15,11 +15,11 @@ from dataclasses import replace
 
 import torch
 
-from .config import ModelConfig
+from .architecture import ModelArchitecture
 from .settings import EngineConfig
 
 
-def slot_bytes(mc: ModelConfig, config: EngineConfig, element_size: int) -> int:
+def slot_bytes(mc: ModelArchitecture, config: EngineConfig, element_size: int) -> int:
     """Device bytes one slot costs: its K/V and the activations its row may add to a step."""
     kv = config.max_tokens * mc.slow_kv_bytes_per_token(element_size) + mc.fast_kv_bytes_per_frame(element_size)
     width = 2 * mc.intermediate_size + 4 * mc.dim + (mc.n_head + 2 * mc.n_local_heads) * mc.head_dim
@@ -35,7 +35,9 @@ def slots_that_fit(free: int, total: int, fraction: float, per_slot: int) -> int
     return max(0, int(budget // per_slot))
 
 
-def sized_to_memory(config: EngineConfig, mc: ModelConfig, device: torch.device, dtype: torch.dtype) -> EngineConfig:
+def sized_to_memory(
+    config: EngineConfig, mc: ModelArchitecture, device: torch.device, dtype: torch.dtype
+) -> EngineConfig:
     """`config` with max_rows the slots that fit (at most max_rows) when engine.memory_fraction is
     set and the engine is on CUDA; unchanged otherwise. ValueError when not one slot fits."""
     if config.memory_fraction is None or device.type != "cuda":

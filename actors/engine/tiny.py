@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import INDEX_FILE, PTH_FILE, s2_stored_name
-from .config import (
+from ..precision import choose_dtype
+from .architecture import (
     FAMILY_S1,
     FAMILY_S2,
     MODEL_TYPE_FLAT,
@@ -24,8 +24,8 @@ from .config import (
     parse_config,
     with_semantic_ids,
 )
+from .checkpoint import INDEX_FILE, PTH_FILE, s2_stored_name
 from .loader import LoadedModel, build_empty_model, resolve_device
-from .precision import choose_dtype
 from .tokenizer import IM_END, IM_START, INTERLEAVE, SEMANTIC_TEMPLATE, VOICE, Tokenizer
 
 SPECIAL_TOKENS = [
@@ -171,9 +171,20 @@ def write_tokenizer(out_dir: Path, codebook_size: int, tiktoken_files: bool = Tr
 
 def config_dict(fmt: str, sizes: dict, max_seq_len: int) -> dict:
     """config.json content in the flat S1 or nested S2 form."""
+    slow = _slow_transformer(sizes, max_seq_len)
+    fast_dim = sizes.get("fast_dim") or sizes["dim"]
+    if fmt == FAMILY_S1:
+        return _flat_s1_config(slow, sizes, fast_dim)
+    if fmt == FAMILY_S2:
+        return _nested_s2_config(slow, sizes, fast_dim)
+    raise ValueError(f"format must be 's1' or 's2', got {fmt!r}")
+
+
+def _slow_transformer(sizes: dict, max_seq_len: int) -> dict:
+    """The slow transformer's keys, which both forms spell alike (S2 nests them in text_config)."""
     n_special = len(SPECIAL_TOKENS) + sizes["codebook_size"]
     vocab = sizes.get("vocab_size") or 256 + n_special
-    slow = dict(
+    return dict(
         vocab_size=vocab,
         n_layer=sizes["n_layer"],
         n_head=sizes["n_head"],
@@ -190,57 +201,66 @@ def config_dict(fmt: str, sizes: dict, max_seq_len: int) -> dict:
         attention_o_bias=False,
         attention_qk_norm=True,
     )
-    fast_dim = sizes.get("fast_dim") or sizes["dim"]
-    if fmt == FAMILY_S1:
-        return dict(
-            model_type=MODEL_TYPE_FLAT,
-            **slow,
-            codebook_size=sizes["codebook_size"],
-            num_codebooks=sizes["num_codebooks"],
-            scale_codebook_embeddings=True,
-            n_fast_layer=sizes["n_fast_layer"],
-            fast_dim=fast_dim,
-            fast_n_head=sizes["n_head"],
-            fast_n_local_heads=sizes["n_local_heads"],
-            fast_head_dim=sizes["fast_head_dim"],
-            fast_intermediate_size=sizes["intermediate_size"],
-            fast_attention_qkv_bias=False,
-            fast_attention_qk_norm=True,
-            fast_attention_o_bias=False,
-        )
-    if fmt == FAMILY_S2:
-        special = special_tokens(sizes["codebook_size"])
-        return dict(
-            architectures=["FishQwen3OmniForCausalLM"],
-            model_type=MODEL_TYPE_NESTED,
-            dtype="bfloat16",
-            sample_rate=44100,
-            eos_token_id=special[IM_END],
-            pad_token_id=special["<|pad|>"],
-            semantic_start_token_id=special[SEMANTIC_TEMPLATE.format(0)],
-            semantic_end_token_id=special[SEMANTIC_TEMPLATE.format(sizes["codebook_size"] - 1)],
-            text_config=dict(model_type="fish_qwen3", **slow),
-            audio_decoder_config=dict(
-                model_type="fish_qwen3_audio_decoder",
-                vocab_size=sizes["codebook_size"],
-                num_codebooks=sizes["num_codebooks"],
-                n_layer=sizes["n_fast_layer"],
-                dim=fast_dim,
-                n_head=sizes["n_head"],
-                n_local_heads=sizes["n_local_heads"],
-                head_dim=sizes["fast_head_dim"],
-                intermediate_size=sizes["intermediate_size"],
-                rope_base=1000000.0,
-                norm_eps=1e-6,
-                max_seq_len=sizes["num_codebooks"] + 1,
-                tie_word_embeddings=False,
-                attention_qkv_bias=False,
-                attention_o_bias=False,
-                attention_qk_norm=False,
-                text_dim=sizes["dim"],
-            ),
-        )
-    raise ValueError(f"format must be 's1' or 's2', got {fmt!r}")
+
+
+def _flat_s1_config(slow: dict, sizes: dict, fast_dim: int) -> dict:
+    """The S1 form: one flat dict, the fast transformer's keys prefixed `fast_`."""
+    return dict(
+        model_type=MODEL_TYPE_FLAT,
+        **slow,
+        codebook_size=sizes["codebook_size"],
+        num_codebooks=sizes["num_codebooks"],
+        scale_codebook_embeddings=True,
+        n_fast_layer=sizes["n_fast_layer"],
+        fast_dim=fast_dim,
+        fast_n_head=sizes["n_head"],
+        fast_n_local_heads=sizes["n_local_heads"],
+        fast_head_dim=sizes["fast_head_dim"],
+        fast_intermediate_size=sizes["intermediate_size"],
+        fast_attention_qkv_bias=False,
+        fast_attention_qk_norm=True,
+        fast_attention_o_bias=False,
+    )
+
+
+def _nested_s2_config(slow: dict, sizes: dict, fast_dim: int) -> dict:
+    """The S2 form: the token ids at the top, the slow transformer in text_config and the fast
+    one in audio_decoder_config."""
+    special = special_tokens(sizes["codebook_size"])
+    return dict(
+        architectures=["FishQwen3OmniForCausalLM"],
+        model_type=MODEL_TYPE_NESTED,
+        dtype="bfloat16",
+        sample_rate=44100,
+        eos_token_id=special[IM_END],
+        pad_token_id=special["<|pad|>"],
+        semantic_start_token_id=special[SEMANTIC_TEMPLATE.format(0)],
+        semantic_end_token_id=special[SEMANTIC_TEMPLATE.format(sizes["codebook_size"] - 1)],
+        text_config=dict(model_type="fish_qwen3", **slow),
+        audio_decoder_config=_s2_audio_decoder(sizes, fast_dim),
+    )
+
+
+def _s2_audio_decoder(sizes: dict, fast_dim: int) -> dict:
+    return dict(
+        model_type="fish_qwen3_audio_decoder",
+        vocab_size=sizes["codebook_size"],
+        num_codebooks=sizes["num_codebooks"],
+        n_layer=sizes["n_fast_layer"],
+        dim=fast_dim,
+        n_head=sizes["n_head"],
+        n_local_heads=sizes["n_local_heads"],
+        head_dim=sizes["fast_head_dim"],
+        intermediate_size=sizes["intermediate_size"],
+        rope_base=1000000.0,
+        norm_eps=1e-6,
+        max_seq_len=sizes["num_codebooks"] + 1,
+        tie_word_embeddings=False,
+        attention_qkv_bias=False,
+        attention_o_bias=False,
+        attention_qk_norm=False,
+        text_dim=sizes["dim"],
+    )
 
 
 def randomise_(model: torch.nn.Module, seed: int) -> None:

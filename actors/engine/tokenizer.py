@@ -10,7 +10,7 @@ import json
 import re
 from pathlib import Path
 
-from .config import CheckpointError
+from .architecture import CheckpointError
 
 # The special token strings of the family: the one place they are spelled out.
 IM_START = "<|im_start|>"

@@ -1,201 +1,217 @@
-"""The quality gate's bookkeeping, as plain host code the actor's gate part drives: each
-segment's attempts (checked as the engine returns them, retried at once while rejected), and
-the row's quality once its audio is decoded (the output's quality columns).
+"""The quality gate (the checks are actors/quality/), in two places of a row's way:
 
-The engine result an attempt carries is opaque here (`payload`): this module never needs the
-engine, torch or Arrow.
+- Each segment's result is checked as the engine returns it, and an attempt `quality.reject`
+  rejects is generated again at once -- the same prompt, so the same history, with the next
+  attempt's seed (chain.segment_seed: a function of the row's seed alone) -- up to
+  `quality.max_attempts`; the least flawed attempt is kept.
+- Once the row's audio is decoded it is measured (silence, clipping, loudness; with
+  `quality.asr` / `.speaker` / `.mos` transcribed, compared with its reference, scored), a
+  finisher batch at a time. A flag quality.reject lists sends the row back to the engine:
+  from the first segment whose audio shows it (a one-segment row: the row), that segment and
+  every later one generated again. Later segments go too because each one's prompt carries
+  the segments before it as history: kept, they would continue audio that is no longer in the
+  row. Checks that only the whole row can show (wer, speaker, mos) send it back from its
+  first segment. Each segment's attempts go on counting (max_attempts bounds them all, and no
+  attempt reuses a seed), and the frames generated again are bounded by
+  `quality.max_regenerated_share` of the row's. When the row can go back no more, the best
+  round (the same ordering as attempts) is written; `rejected` if it still fails.
+
+The engine feeder calls `segment` for every attempt; the finisher calls `audio` for every
+decoded batch. Both run on their own thread and touch only the jobs in hand. A job is the
+actor's (actors/synth/jobs.py RowJob); this layer sits below the actor, so it names only the
+fields it reads and writes (GatedRow).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
 
-import numpy as np
+from actors.engine.types import STOP_ERROR
+from actors.quality import attempts, checks, hearing
+from actors.quality.hearing import Heard
+from actors.quality.row_quality import RowQuality, SegmentAttempts
+from actors.quality.settings import LOCAL_FLAGS, QualitySettings
 
-from actors import schema as S
-from actors.quality import attempts, checks
-from actors.quality.settings import LOCAL_FLAGS, MOS, NO_AUDIO, SPEAKER, SPEECH_RATE, WER, QualitySettings
+
+class SettingsWithQuality(Protocol):
+    """The actor's settings (ActorSettings), of which the gate reads the quality group at each
+    use: a test's variant of the group reaches every part at once."""
+
+    quality: QualitySettings
+
+
+class GatedRow(Protocol):
+    """What the gate reads and writes of a row in flight (the actor's RowJob)."""
+
+    spec: Any  # its RowSpec: the voices a speaker check compares with
+    chain: Any  # its RowChain: the segments, their attempts and results
+    quality: Optional[RowQuality]
+    tries: Optional[SegmentAttempts]  # the segment in hand's attempts
+    heard: Optional[Heard]
+    result: Any
+    rounds: list  # AudioRounds: each rejected decoded version, until written
+
+    @property
+    def ok(self) -> bool: ...
 
 
 @dataclass
-class Attempt:
-    payload: Any
-    flags: list[str]
-    frames: int
-    repeat_ratio: float
+class AudioRound:
+    """A row as one round left it: what would be written if this round is kept."""
+
+    quality: RowQuality
+    result: Any
+    heard: Heard  # its FLAC and measurements
+    results: list
+    steps: list
+    history: list
 
 
-class SegmentAttempts:
-    """One segment's attempts: `offer` each engine result; True means generate it again (same
-    prompt, the next attempt's seed); `kept` is the attempt to record. A segment's speech rate
-    is known from its frame count (the codec's frames_per_second) before any audio is decoded.
-    `first_attempt`: the attempts this segment took in earlier rounds (a row sent back by a
-    check on its audio runs the segment again): numbering goes on from there, so no attempt
-    reuses a seed and max_attempts bounds them all."""
-
+class QualityGate:
     def __init__(
-        self, settings: QualitySettings, text: Optional[str], frames_per_second: float, first_attempt: int = 0
+        self,
+        settings: SettingsWithQuality,
+        frame_length: int,
+        sample_rate: int,
+        asr: Any = None,
+        speaker: Any = None,
+        mos: Any = None,
     ):
-        self.settings, self.text, self.frames_per_second = settings, text, frames_per_second
-        self.first_attempt = first_attempt
-        self.attempts: list[Attempt] = []
+        self.settings, self.frame_length, self.sample_rate = settings, frame_length, sample_rate
+        self.frames_per_second = sample_rate / frame_length
+        self.asr = asr  # an actors.quality.asr backend, or None
+        self.speaker = speaker  # an actors.synth.listening.SpeakerCheck, or None
+        self.mos = mos  # an actors.quality.mos predictor, or None
 
-    def offer(self, payload: Any, codes: np.ndarray, stop_reason: str) -> bool:
-        flags, ratio = checks.code_flags(codes, [stop_reason], self.settings)
-        frames = codes.shape[-1] if np.ndim(codes) == 2 else 0
-        rate = checks.speech_rate(frames / self.frames_per_second, self.text) if frames else None
-        if rate is not None and not self.settings.min_s_per_char <= rate <= self.settings.max_s_per_char:
-            flags.append(SPEECH_RATE)
-        self.attempts.append(Attempt(payload, checks.ordered(flags), frames, ratio))
-        return attempts.should_retry(flags, self.settings.reject, self.next_attempt - 1, self.settings.max_attempts)
-
-    @property
-    def next_attempt(self) -> int:
-        return self.first_attempt + len(self.attempts)
-
-    def kept(self) -> Attempt:
-        return self.attempts[attempts.best_attempt([a.flags for a in self.attempts])]
-
-    def discarded_frames(self) -> int:
-        """Frames generated by the attempts not kept (regeneration's cost)."""
-        return sum(a.frames for a in self.attempts) - self.kept().frames
-
-
-@dataclass
-class RowQuality:
-    """A row's quality across its segments: each segment's kept attempt and the attempts it
-    took, the frames generated in all, and, once decoded, the audio's metrics and flags. A
-    check on the audio that rejects the row rewinds it (`rewind`) to the segment to generate
-    again; `snapshot` keeps a round's state so the best round can be the one written."""
-
-    settings: QualitySettings
-    segments: list[Attempt] = field(default_factory=list)  # each segment's kept attempt, in order
-    tries: dict[int, int] = field(default_factory=dict)  # segment -> attempts taken, every round
-    generated_frames: int = 0  # by every attempt of every round
-    regenerated_frames: int = 0  # of those, generated again because a check on the audio failed
-    metrics: Optional[checks.AudioMetrics] = None
-    asr: Any = None  # an asr.Transcript, when quality.asr is set
-    speaker_similarity: Optional[float] = None  # with quality.speaker and a reference: the lowest turn's
-    turn_similarities: list = field(default_factory=list)  # each turn's, against its own voice
-    turn_flags: list = field(default_factory=list)  # each turn's flags (a dialogue row's turns, measured alone)
-    mos: Any = None  # a mos.MOSScore, when quality.mos is set
-    audio_flags: list[str] = field(default_factory=list)  # what the decoded audio showed
-
-    def add_segment(self, segment: SegmentAttempts) -> Attempt:
-        """Record a segment's kept attempt; returns it."""
-        kept = segment.kept()
-        self.tries[len(self.segments)] = segment.next_attempt
-        self.segments.append(kept)
-        self.generated_frames += sum(a.frames for a in segment.attempts)
-        return kept
-
-    def add_audio(self, metrics: checks.AudioMetrics, turn_metrics: Optional[list] = None) -> None:
-        """The decoded audio's measurements (checks.audio_metrics, made where it was decoded);
-        with `turn_metrics` (a dialogue row's turns, each measured alone) a flag any turn's own
-        stretch shows (silence, clipping, loudness) flags the row too."""
-        self.metrics = metrics
-        self._flag(*checks.audio_flags(metrics, self.settings))
-        self.turn_flags = [
-            [flag for flag in checks.audio_flags(m, self.settings) if flag in LOCAL_FLAGS] for m in turn_metrics or []
-        ]
-        self._flag(*(flag for flags in self.turn_flags for flag in flags))
-
-    def add_transcript(self, transcript: Any) -> None:
-        self.asr = transcript
-        if transcript.wer > self.settings.max_wer:
-            self._flag(WER)
-
-    def add_speaker_similarities(self, similarities: list[Optional[float]]) -> None:
-        """Each turn's similarity to its own voice; the row's is the lowest. None (no reference,
-        or a stretch too short to embed) is not measured, not a flag."""
-        self.turn_similarities = list(similarities)
-        measured = [value for value in similarities if value is not None]
-        self.speaker_similarity = min(measured) if measured else None
-        if self.speaker_similarity is not None and self.speaker_similarity < self.settings.min_speaker_similarity:
-            self._flag(SPEAKER)
-
-    def first_failing_turn(self, flag: str) -> Optional[int]:
-        """The first turn whose own measurement shows `flag` (a local flag, or speaker); None
-        when no turn was measured alone for it."""
-        if flag == SPEAKER and len(self.turn_similarities) > 1:
-            low = self.settings.min_speaker_similarity
-            return next((k for k, v in enumerate(self.turn_similarities) if v is not None and v < low), None)
-        return next((k for k, flags in enumerate(self.turn_flags) if flag in flags), None)
-
-    def add_mos(self, score: Any) -> None:
-        self.mos = score
-        if score.ovrl < self.settings.min_mos:
-            self._flag(MOS)
-
-    def _flag(self, *flags: str) -> None:
-        self.audio_flags = checks.ordered([*self.audio_flags, *flags])
+    def segment(self, job: GatedRow, result: Any) -> Optional[Any]:
+        """A segment attempt's result: None when it is to be generated again (the chain has
+        moved to the next attempt), else the result to record (the kept attempt's). Engine
+        errors are not judged: they are the row's error, as without a gate."""
+        if result.stop_reason == STOP_ERROR:
+            return result
+        if job.quality is None:
+            job.quality = RowQuality(self.settings.quality)
+        chain = job.chain
+        if job.tries is None:
+            text = chain.plan.spoken[chain.segment]
+            job.tries = SegmentAttempts(
+                self.settings.quality, text, self.frames_per_second, first_attempt=chain.attempt
+            )
+        if job.tries.offer(result, result.codes, result.stop_reason):
+            chain.retry()
+            return None
+        kept = job.quality.add_segment(job.tries)
+        job.tries = None
+        return kept.payload
 
     @property
-    def flags(self) -> list[str]:
-        return checks.ordered([flag for kept in self.segments for flag in kept.flags] + self.audio_flags)
+    def needs_wave(self) -> bool:
+        """Whether the decoded waves must come to the actor: for the checks on models it holds."""
+        return any(check is not None for check in (self.asr, self.speaker, self.mos))
 
-    @property
-    def attempts(self) -> int:
-        """The most attempts any segment took (<= quality.max_attempts)."""
-        return max(self.tries.values(), default=1)
+    def audio(self, jobs: list[GatedRow]) -> list[GatedRow]:
+        """Judge the heard rows (their measurements made where they were decoded; the checks on
+        models run here); returns those sent back to the engine (the caller hands them to the
+        engine feeder instead of finishing them)."""
+        heard = [j for j in jobs if j.ok and j.heard is not None and j.quality is not None]
+        if not heard:
+            return []
+        self._measure(heard)
+        return [job for job in heard if self._again(job)]
 
-    @property
-    def repeat_ratio(self) -> float:
-        return max((kept.repeat_ratio for kept in self.segments), default=0.0)
-
-    @property
-    def kept_frames(self) -> int:
-        return sum(kept.frames for kept in self.segments)
-
-    @property
-    def discarded_frames(self) -> int:
-        return self.generated_frames - self.kept_frames
-
-    def audio_rejections(self) -> list[str]:
-        """The flags the decoded audio showed that quality.reject rejects."""
-        return [flag for flag in self.audio_flags if flag in self.settings.reject]
-
-    def rewind(self, segment: int) -> None:
-        """Forget `segment` and every later one, and what the audio showed: they are generated
-        again (their frames count as regenerated)."""
-        self.regenerated_frames += sum(kept.frames for kept in self.segments[segment:])
-        del self.segments[segment:]
-        self.metrics = self.asr = self.speaker_similarity = self.mos = None
-        self.audio_flags, self.turn_similarities, self.turn_flags = [], [], []
-
-    def snapshot(self) -> RowQuality:
-        return replace(
-            self,
-            segments=list(self.segments),
-            tries=dict(self.tries),
-            audio_flags=list(self.audio_flags),
-            turn_similarities=list(self.turn_similarities),
-            turn_flags=list(self.turn_flags),
-        )
-
-    @property
-    def rejected(self) -> bool:
-        """Kept as `rejected`: its flags fail quality.reject, or it has no audio at all (a row
-        without audio is never ok, whatever the gate rejects)."""
-        return NO_AUDIO in self.flags or attempts.is_rejected(self.flags, self.settings.reject)
-
-    def columns(self) -> dict:
-        """The output row's quality columns (keyed by name; actors/schema.py names them)."""
-        m = self.metrics
-        out = {
-            S.ATTEMPTS: self.attempts,
-            S.QUALITY_FLAGS: self.flags,
-            S.REPEAT_RATIO: self.repeat_ratio,
-            S.DISCARDED_FRAMES: self.discarded_frames,
-            S.SPEECH_RATE_S_PER_CHAR: m.speech_rate_s_per_char if m else None,
-            S.SILENCE_RATIO: m.silence_ratio if m else None,
-            S.CLIPPED_RATIO: m.clipped_ratio if m else None,
-            S.LOUDNESS_LUFS: m.loudness_lufs if m else None,
-            S.SPEAKER_SIMILARITY: self.speaker_similarity,
-        }
+    def _measure(self, heard: list[GatedRow]) -> None:
+        for job in heard:
+            job.quality.add_audio(job.heard.metrics, job.heard.turn_metrics)
+        if not self.needs_wave:
+            return
+        waves = [j.heard.wave for j in heard]
         if self.asr is not None:
-            out.update({S.ASR_TEXT: self.asr.asr_text, S.WER: self.asr.wer, S.CER: self.asr.cer})
+            scored = self.asr.score(waves, self.sample_rate, [j.chain.plan.words or "" for j in heard])
+            for job, transcript in zip(heard, scored):
+                job.quality.add_transcript(transcript)
+        if self.speaker is not None:
+            self._speakers(heard)
         if self.mos is not None:
-            out.update({S.MOS: self.mos.ovrl, S.MOS_SIG: self.mos.sig, S.MOS_BAK: self.mos.bak})
-        return out
+            for job, score in zip(heard, self.mos.score(waves, self.sample_rate)):
+                job.quality.add_mos(score)
+        for job in heard:
+            job.heard.wave = None  # measured: the FLAC is what is kept
+
+    def _speakers(self, heard: list[GatedRow]) -> None:
+        """Each turn's similarity to its own voice (a plain row: one turn, its one reference),
+        every turn of the batch embedded in one call."""
+        waves, refs = [], []
+        for job in heard:
+            plan, voices = job.chain.plan, job.spec.voices
+            frames = plan.turn_frames([r.frames for r in job.chain.results])
+            for (voice, _), (start, end) in zip(plan.turns, hearing.stretches(frames, self.frame_length)):
+                waves.append(job.heard.wave[start:end])
+                refs.append(voices[voice].ref if voice < len(voices) else None)
+        similarities = self.speaker.similarities(waves, refs, self.sample_rate)
+        at = 0
+        for job in heard:
+            turns = len(job.chain.plan.turns)
+            job.quality.add_speaker_similarities(similarities[at : at + turns])
+            at += turns
+
+    def _again(self, job: GatedRow) -> bool:
+        """Whether the row goes back to the engine; if not, the round to write is in place."""
+        quality, chain = job.quality, job.chain
+        failing = quality.audio_rejections()
+        if not failing:  # written as it is: no round needs keeping (most rows)
+            return False
+        # a failing round is kept: when no round passes, the best of them is written
+        job.rounds.append(
+            AudioRound(
+                quality.snapshot(), job.result, job.heard, list(chain.results), list(chain.steps), list(chain.history)
+            )
+        )
+        start = self._first_failing_segment(job, failing)
+        redo = sum(kept.frames for kept in quality.segments[start:])
+        limit = self.settings.quality.max_regenerated_share * quality.kept_frames
+        if quality.tries.get(start, 0) >= self.settings.quality.max_attempts or (
+            quality.regenerated_frames + redo > limit
+        ):
+            self._keep_best_round(job)
+            return False
+        quality.rewind(start)
+        chain.rewind(start, {k: n for k, n in quality.tries.items() if k >= start})
+        job.result = job.heard = None
+        return True
+
+    def _first_failing_segment(self, job: GatedRow, failing: list[str]) -> int:
+        """The first segment whose own stretch of audio shows a rejected flag (measured where
+        the row was heard); 0 when the row has one segment or only whole-row checks failed. A
+        dialogue row's turns were each measured (silence, clipping, loudness, speaker): a turn
+        that fails goes back from its own first segment, the turns before it kept."""
+        plan = job.chain.plan
+        if len(plan.turns) > 1:
+            firsts = [self._turn_start(job, flag) for flag in failing]
+            return min(firsts, default=0)
+        local = [flag for flag in failing if flag in LOCAL_FLAGS]
+        stretches = job.heard.segment_metrics
+        if not local or not stretches:
+            return 0
+        for k, metrics in enumerate(stretches):
+            shown = checks.audio_flags(metrics, self.settings.quality)
+            if any(flag in shown for flag in local):
+                return k
+        return 0
+
+    @staticmethod
+    def _turn_start(job: GatedRow, flag: str) -> int:
+        """The first segment of the first turn showing `flag` (0 for whole-row flags)."""
+        turn = job.quality.first_failing_turn(flag)
+        return 0 if turn is None else job.chain.plan.segment_turns.index(turn)
+
+    def _keep_best_round(self, job: GatedRow) -> None:
+        """Every round failed: write the best (least severe flags, the earliest among equals)."""
+        rounds = job.rounds
+        best = rounds[attempts.best_attempt([r.quality.flags for r in rounds])]
+        # every round's attempts and frames were spent, whichever round is written
+        best.quality.tries = dict(job.quality.tries)
+        best.quality.generated_frames = job.quality.generated_frames
+        best.quality.regenerated_frames = job.quality.regenerated_frames
+        job.quality, job.result, job.heard = best.quality, best.result, best.heard
+        job.chain.results[:], job.chain.steps[:], job.chain.history[:] = best.results, best.steps, best.history

@@ -4,8 +4,8 @@ parts, each with one job (docs/architecture.md §2):
     caller (one thread per block; blocks.py): rows -> RowSpecs (rows.py) -> references
         (references.py, cached per actor) -> segment chains (chain.py) -> the engine feeder
     engine feeder (one thread; feeder.py): every block's rows through the engine's slots
-    quality gate (gate.py): each segment attempt checked, a rejected one generated again at
-        once; each decoded row measured (actors/quality/)
+    quality gate (actors/quality/gate.py): each segment attempt checked, a rejected one
+        generated again at once; each decoded row measured (actors/quality/)
     finisher (one thread; finisher.py): hearing (decode, the checks' measurements, FLAC:
         actors/quality/hearing.py, in the codec's child process on CPU), output rows (output.py)
     crash guard (guard.py): attempts ledger, quarantine, watchdog around each call
@@ -33,6 +33,7 @@ import pyarrow as pa
 from actors import schema as S
 from actors.memory import HeapTrimmer, bound_native_caches
 from actors.quality.asr import load_asr
+from actors.quality.gate import QualityGate
 from actors.ray_metrics import ActorMetrics
 from actors.synth import loading
 from actors.synth.blocks import Preparer, longest_first, run_block
@@ -40,7 +41,6 @@ from actors.synth.chain import ChainPlanner
 from actors.synth.clock import BusyClock
 from actors.synth.feeder import EngineFeeder
 from actors.synth.finisher import Finisher
-from actors.synth.gate import QualityGate
 from actors.synth.guard import CrashGuard
 from actors.synth.jobs import Block
 from actors.synth.listening import load_mos, load_speaker_check

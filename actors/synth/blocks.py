@@ -18,7 +18,7 @@ import pyarrow as pa
 from actors import schema as S
 from actors.engine.prompt import PromptError
 from actors.synth.chain import ChainPlanner
-from actors.synth.jobs import Block, Job
+from actors.synth.jobs import Block, RowJob
 from actors.synth.output import output_table_per_row
 from actors.synth.references import ReferenceStore
 from actors.synth.rows import RowError, RowSpec, parse_row
@@ -27,7 +27,7 @@ from actors.synth.settings import ActorSettings
 log = logging.getLogger(__name__)
 
 
-def longest_first(job: Job) -> int:
+def longest_first(job: RowJob) -> int:
     """Sort key: rows with the largest frame budget enter the engine first, so the rows left
     to run when the input runs out are short ones and the slots drain in few steps (longest
     processing time first). On the bench's workload, simulated from a run's own frame counts:
@@ -44,7 +44,7 @@ class Preparer:
         self.settings, self.base_sampling = settings, base_sampling
         self.references, self.planner = references, planner
 
-    def jobs(self, batch: pa.Table, block: Block) -> list[Job]:
+    def jobs(self, batch: pa.Table, block: Block) -> list[RowJob]:
         """One job per row, its content checked (a bad row's job carries its failure)."""
         jobs = []
         for index, values in enumerate(batch.to_pylist()):
@@ -52,18 +52,18 @@ class Preparer:
                 spec, error = parse_row(index, values, self.settings, self.base_sampling, self.references.voices)
             except Exception as e:  # a bug, not the row's content: this row fails, retryable
                 log.error("reading row %d failed:\n%s", index, traceback.format_exc())
-                job = Job(RowSpec(index, values.get(S.ID), values), block)
+                job = RowJob(RowSpec(index, values.get(S.ID), values), block)
                 job.fail(f"internal error reading the row: {e!r}", retryable=True)
                 jobs.append(job)
                 continue
-            job = Job(spec, block)
+            job = RowJob(spec, block)
             problem = str(error) if error is not None else self.planner.voices_problem(spec)
             if problem:
                 job.fail(problem)
             jobs.append(job)
         return jobs
 
-    def prepare(self, jobs: list[Job], ready: Callable[[list[Job]], None] = lambda jobs: None) -> None:
+    def prepare(self, jobs: list[RowJob], ready: Callable[[list[RowJob]], None] = lambda jobs: None) -> None:
         """References and chains for the jobs; a row that cannot run gets its failure here.
         Each wave goes to `ready` longest frame budget first (see longest_first)."""
         for job in jobs:
@@ -78,7 +78,7 @@ class Preparer:
         self.resolve(with_clip)
         self._plan(with_clip, ready)
 
-    def _plan(self, wave: list[Job], ready: Callable[[list[Job]], None]) -> None:
+    def _plan(self, wave: list[RowJob], ready: Callable[[list[RowJob]], None]) -> None:
         for job in wave:
             if job.ok:
                 try:
@@ -87,7 +87,7 @@ class Preparer:
                     job.fail(str(e))
         ready(sorted(wave, key=longest_first))
 
-    def resolve(self, jobs: list[Job]) -> None:
+    def resolve(self, jobs: list[RowJob]) -> None:
         """The jobs' voices' codes (or failures), each distinct clip read and encoded once; a
         clip's encode time is shared by the voices using it."""
         wanted = [(job, i) for job in jobs for i, codes in enumerate(job.voice_codes) if codes is None]
@@ -112,7 +112,7 @@ def run_block(actor: Any, batch: pa.Table, number: int) -> pa.Table:
     handed: set[int] = set()
     waited_s = 0.0  # in hand_over, for room in the engine: not preparation
 
-    def hand_over(wave: list[Job]) -> None:
+    def hand_over(wave: list[RowJob]) -> None:
         nonlocal waited_s
         began = time.perf_counter()
         for job in wave:

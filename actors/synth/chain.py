@@ -22,7 +22,7 @@ from typing import Any, Optional
 import numpy as np
 
 from actors import schema as S
-from actors.engine.config import FAMILY_S2
+from actors.engine.architecture import FAMILY_S2
 from actors.engine.dialogue import DialogueError, DialogueSegment, dialogue_segments, dialogue_turns, spoken_text
 from actors.engine.prompt import PreviousSegment, Prompt, PromptError, Reference, check_text
 from actors.engine.segment import segment_budget, segment_text, utf8_len

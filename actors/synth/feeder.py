@@ -6,10 +6,10 @@ among the blocks whose rows were live. A row leaves it done or failed, to the fi
 The bench's engine-only pass runs the same loop (`drain`) in the caller's thread, so there is
 one engine loop to measure and to trust.
 
-Every segment's result passes the quality gate (gate.py) before it is recorded: an attempt the
-gate rejects goes back to the front of `ready` at once (the chain then asks for the same
-segment, same prompt, the next attempt's seed), and a segment whose kept attempt has no frames
-ends its row there, as `rejected`, not as an error.
+Every segment's result passes the quality gate (actors/quality/gate.py) before it is recorded:
+an attempt the gate rejects goes back to the front of `ready` at once (the chain then asks for
+the same segment, same prompt, the next attempt's seed), and a segment whose kept attempt has no
+frames ends its row there, as `rejected`, not as an error.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.engine.prompt import PromptError
+from actors.quality.gate import QualityGate
 from actors.synth.clock import BusyClock
-from actors.synth.gate import QualityGate
-from actors.synth.jobs import Job
+from actors.synth.jobs import RowJob
 from actors.synth.recorder import Recorder
 from actors.synth.settings import ActorSettings
 
@@ -40,7 +40,7 @@ class _Loop:
     -> row), `suspects` (rows that were in the engine when it raised: they run one at a time,
     so a row that breaks the engine fails only itself), and where a row goes when it leaves."""
 
-    leave: Callable[[Job], None]
+    leave: Callable[[RowJob], None]
     ready: deque = field(default_factory=deque)
     running: dict = field(default_factory=dict)
     suspects: set = field(default_factory=set)
@@ -73,7 +73,7 @@ class EngineFeeder:
     def start(self) -> None:
         threading.Thread(target=self._serve, name="chorus-engine", daemon=True).start()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: RowJob) -> None:
         """Hand a planned row to the loop; waits while max_rows + feed_queue_rows are in flight."""
         self._in_flight.acquire()  # released when the row leaves the engine
         self.inbox.put(job)
@@ -92,11 +92,11 @@ class EngineFeeder:
             self.holding = loop.holding()
             self._turn(loop)
 
-    def _leave(self, job: Job) -> None:
+    def _leave(self, job: RowJob) -> None:
         self._in_flight.release()
         self._finished(job)
 
-    def drain(self, jobs: list[Job]) -> int:
+    def drain(self, jobs: list[RowJob]) -> int:
         """Run `jobs` to the end in this thread, exactly as the loop would with nothing else
         coming in, and return the engine steps it took; call with no block in flight."""
         before = self.steps
@@ -170,7 +170,7 @@ class EngineFeeder:
         job.result = job.chain.joined() if job.ok else result
         self._out(loop, job)
 
-    def _out(self, loop: _Loop, job: Job) -> None:
+    def _out(self, loop: _Loop, job: RowJob) -> None:
         loop.suspects.discard(id(job))
         loop.leave(job)
 
@@ -191,7 +191,7 @@ class EngineFeeder:
             log.warning("engine failed with %d rows in flight (%r); running each alone", len(loop.running), error)
         loop.running.clear()
 
-    def _account(self, live: list[Job], seconds: float) -> None:
+    def _account(self, live: list[RowJob], seconds: float) -> None:
         """One engine step's time and slots, shared among the blocks whose rows were live."""
         self.steps += 1
         self.busy_s += seconds

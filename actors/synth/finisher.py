@@ -4,11 +4,10 @@ codec's child process on CPU, so none of that work runs in the engine loop's pro
 into output rows; a block's call returns when its last row is here. On CUDA its codec work runs
 on a stream of its own, so it overlaps the engine's kernels instead of queueing behind them.
 
-Each heard batch goes through the quality gate (gate.py: loudness, silence, clipping, speech
-rate from the measurements; ASR, speaker similarity and MOS when set) before its output rows
-are built; a row
-whose audio fails a check quality.reject lists goes back to the engine feeder for another
-round instead (gate.py says from where), and a row the gate kept without frames has nothing to
+Each heard batch goes through the quality gate (actors/quality/gate.py: loudness, silence,
+clipping, speech rate from the measurements; ASR, speaker similarity and MOS when set) before
+its output rows are built; a row whose audio fails a check quality.reject lists goes back to the
+engine feeder for another round instead (the gate says from where), and a row the gate kept without frames has nothing to
 decode and is written as `rejected`.
 """
 
@@ -25,9 +24,9 @@ from typing import Any
 
 from actors import schema as S
 from actors.quality import hearing
+from actors.quality.gate import QualityGate
 from actors.synth.clock import BusyClock
-from actors.synth.gate import QualityGate
-from actors.synth.jobs import Job
+from actors.synth.jobs import RowJob
 from actors.synth.output import RowWriter
 from actors.synth.settings import ActorSettings
 
@@ -43,7 +42,7 @@ class Finisher:
         writer: RowWriter,
         engine_holding: Callable[[], int],
         gate: QualityGate,
-        send_back: Callable[[Job], None],
+        send_back: Callable[[RowJob], None],
         stream: Any = None,
     ):
         self.settings, self.codec_runner, self.clock, self.writer = settings, codec_runner, clock, writer
@@ -65,7 +64,7 @@ class Finisher:
             torch.cuda.set_stream(self._stream)  # this thread's current stream from now on
         while True:
             jobs = self._next_batch()
-            again: list[Job] = []
+            again: list[RowJob] = []
             try:
                 # similar lengths decode together: a batch pads to its longest row
                 with self.clock.busy():
@@ -82,7 +81,7 @@ class Finisher:
                 else:
                     self._finish(job)
 
-    def _checked(self, jobs: list[Job]) -> list[Job]:
+    def _checked(self, jobs: list[RowJob]) -> list[RowJob]:
         """The gate on the heard rows (those it sends back are returned); the CPU time of what
         it runs here (the checks on models: ASR, speaker, MOS) is shared among the rows by
         length (their cost grows with the audio)."""
@@ -95,7 +94,7 @@ class Finisher:
             job.checks_ms += spent_ms * n / samples
         return again
 
-    def _finish(self, job: Job) -> None:
+    def _finish(self, job: RowJob) -> None:
         began = time.perf_counter()
         heard = job.heard
         out = self.writer.row(job, heard.flac if job.ok and heard is not None else None)
@@ -103,7 +102,7 @@ class Finisher:
         job.heard, job.rounds = None, []  # the row holds the FLAC now; an actor keeps no audio longer
         job.block.finish(job, out, flac_ms + (time.perf_counter() - began) * 1000.0)
 
-    def _next_batch(self) -> list[Job]:
+    def _next_batch(self) -> list[RowJob]:
         """Up to codec_batch_rows finished rows. Rows leave the engine one or two at a time, and
         on a GPU a codec call costs nearly the same for one row as for eight (launch and dispatch
         bound at these sizes; on CPU rows of like length still share a call's fixed cost), so
@@ -128,7 +127,7 @@ class Finisher:
                 pass
         return jobs
 
-    def _task(self, job: Job) -> hearing.HearTask:
+    def _task(self, job: RowJob) -> hearing.HearTask:
         """What hearing a row needs: its codes, words, segments' and turns' frames, channels."""
         plan = job.chain.plan
         segment_frames = [r.frames for r in job.chain.results]
@@ -142,14 +141,14 @@ class Finisher:
             channels=len(job.spec.voices) if per_speaker else 1,
         )
 
-    def hear(self, jobs: list[Job]) -> None:
+    def hear(self, jobs: list[RowJob]) -> None:
         """The rows decoded, measured and FLAC-encoded, codec_batch_rows per decode call: by the
         codec's child process when there is one, else here. A row whose codes break a batch
         fails alone (retryable), after its batch is decoded row by row."""
         settings = self.settings
         tasks = [self._task(job) for job in jobs]
         runner, engine = self.codec_runner, settings.engine
-        # the codec's child process hears in the child (actors/codec/worker.py); a codec in
+        # the codec's child process hears in the child (actors/synth/codec_process.py); a codec in
         # this process, here
         hear = runner.hear if hasattr(runner, "hear") else functools.partial(hearing.hear_with, runner)
         heard = hear(

@@ -1,6 +1,6 @@
 """The small types the actor's parts hand each other: a `Failure` (the first one a row meets is
-its cause), a `Job` (one row in flight: its spec, its segment chain, what the finisher made of
-it) and a `Block` (one call's rows and what the shared engine did for them)."""
+its cause), a `RowJob` (one row in flight: its spec, its segment chain, what the finisher made
+of it) and a `Block` (one call's rows and what the shared engine did for them)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Failure:
     retryable: bool = False
 
 
-class Job:
+class RowJob:
     """One row on its way through the actor. Each part writes its own fields: the caller the
     voices' codes and the chain, the engine feeder the chain's results and `result`, the
     quality gate `quality` and `tries`, the finisher `heard` (actors/quality/hearing.py: the
@@ -38,7 +38,7 @@ class Job:
         self.voice_codes: list[Optional[np.ndarray]] = [voice.ref.codes for voice in spec.voices]
         self.chain: Any = None  # the RowChain, once planned
         self.result: Any = None  # the engine's result for the whole row (or its failing segment)
-        self.quality: Any = None  # the quality gate's RowQuality (actors/quality/gate.py)
+        self.quality: Any = None  # the quality gate's RowQuality (actors/quality/row_quality.py)
         self.tries: Any = None  # the current segment's attempts (SegmentAttempts), while it runs
         self.heard: Any = None  # a hearing.Heard, from the row's decode until it is written
         self.rounds: list = []  # the gate's AudioRounds: each rejected decoded version, until written
@@ -73,7 +73,7 @@ class Block:
         self.engine_ms = self.engine_steps = self.slot_rows = 0.0
         self.occupancy_sum, self.steps_seen = 0.0, 0
 
-    def finish(self, job: Job, out: dict, encode_ms: float) -> None:
+    def finish(self, job: RowJob, out: dict, encode_ms: float) -> None:
         with self._lock:
             self.outputs[job.spec.index] = out
             self.codec_ms += job.decode_ms

@@ -32,7 +32,7 @@ def model_paths(model: ModelSettings) -> tuple[Path, Path]:
     first use) when no checkpoint is configured."""
     checkpoint, codec_path = model.checkpoint, model.codec
     if checkpoint is None:
-        from actors.demo import demo_assets
+        from actors.synth.demo_models import demo_assets
 
         cache_dir = model.cache_dir
         checkpoint, demo_codec = demo_assets(Path(cache_dir).expanduser() if cache_dir else None, model.demo_family)
@@ -84,7 +84,7 @@ def load(settings: ActorSettings) -> Loaded:
     # holds the engine loop's GIL
     codec_runner = codec
     if settings.engine.codec_process and codec.device.type == "cpu":
-        from actors.codec.worker import CodecProcess
+        from actors.synth.codec_process import CodecProcess
 
         dtype_name = str(codec_dtype).removeprefix("torch.")
         codec_runner = CodecProcess(

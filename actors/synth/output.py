@@ -18,7 +18,7 @@ import pyarrow as pa
 from actors import schema as S
 from actors.alone import each_alone
 from actors.engine.types import STOP_BUDGET
-from actors.synth.jobs import Block, Job
+from actors.synth.jobs import Block, RowJob
 from actors.synth.rows import RowSpec
 from actors.synth.settings import ActorSettings
 
@@ -90,7 +90,7 @@ class RowWriter:
         fields = {S.ID: spec.id, **self.provenance, S.FINISHED_AT: time.time(), S.CONTENT_HASH: spec.content_hash}
         return as_error(fields, message, retryable)
 
-    def row(self, job: Job, flac: Optional[bytes]) -> dict:
+    def row(self, job: RowJob, flac: Optional[bytes]) -> dict:
         """The row's output (ok with `flac`, else its failure), or an error row when building it
         fails: inside the per-row boundary like every other step."""
         try:
@@ -99,7 +99,7 @@ class RowWriter:
             log.error("building the output of row %r failed:\n%s", job.spec.id, traceback.format_exc())
             return self.error(job.spec, f"internal error building the output row: {e!r}", retryable=True)
 
-    def _row(self, job: Job, flac: Optional[bytes]) -> dict:
+    def _row(self, job: RowJob, flac: Optional[bytes]) -> dict:
         spec, chain = job.spec, job.chain
         out = {
             S.ID: spec.id if isinstance(spec.id, str) else None,
@@ -129,7 +129,7 @@ class RowWriter:
             audio[S.STATUS] = S.STATUS_REJECTED
         return {**out, **audio}
 
-    def _audio_columns(self, job: Job, flac: bytes) -> dict:
+    def _audio_columns(self, job: RowJob, flac: bytes) -> dict:
         result, seconds = job.result, job.heard.samples / self.sample_rate
         total_ms = result.total_ms + job.codec_ms
         audio = {
@@ -147,7 +147,7 @@ class RowWriter:
             audio[S.CODES] = np.asarray(result.codes, dtype=np.int16).tolist()
         return audio
 
-    def _turns(self, job: Job) -> list[dict]:
+    def _turns(self, job: RowJob) -> list[dict]:
         """The row's turns in order, each its voice, words, span in the audio (at the frame
         seams between its segments and the next turn's) and similarity to its own voice."""
         plan, quality = job.chain.plan, job.quality

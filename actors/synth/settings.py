@@ -21,14 +21,15 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from actors.bounds import at_least, check_bounds, described, one_of, within
+from actors.dtype_names import DTYPE_NAMES
 from actors.engine.segment import DEFAULT_MAX_TURNS, DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
-from actors.engine.settings import DTYPE_NAMES, EngineConfig
+from actors.engine.settings import EngineConfig
 from actors.engine.types import SamplingParams
 from actors.errors import ConfigError
 from actors.quality.settings import QualitySettings
 from actors.synth.job_settings import MISSING, ClusterSettings, DataSettings, OutputSettings
 
-DEMO_FAMILIES = ("s1", "s2")  # the built-in demo checkpoints (actors/demo.py)
+DEMO_FAMILIES = ("s1", "s2")  # the built-in demo checkpoints (actors/synth/demo_models.py)
 
 INT32_MAX = (1 << 31) - 1  # top_k, max_frames: int32 output columns
 # The engine samples in float32 (bfloat16 on GPU: the same exponent range): a temperature of
@@ -73,7 +74,7 @@ class ModelSettings:
     # auto = cuda when the actor was granted a GPU, else cpu
     device: str = field(default="auto", metadata=described("auto, cpu, cuda, cuda:N, mps, xpu or xpu:N"))
     # auto = bfloat16 on GPU and on CPUs with bf16 units (AVX512-BF16, AMX), else float32
-    # (actors/engine/precision.py); the codec's likewise
+    # (actors/precision.py); the codec's likewise
     dtype: str = field(default="auto", metadata=described(_DTYPE_WORDS))
     codec_dtype: str = field(default="auto", metadata=described(_DTYPE_WORDS))
     # a float32 codec on CPU runs its narrow layers (Snake + conv, <= 32 channels) through

@@ -25,8 +25,8 @@ from .inputs import InputScan
 
 log = logging.getLogger("chorus")
 
-# the built-in demo is built from these sources (actors/demo.py), so they are its weights
-_DEMO_SOURCES = ("actors/demo.py", "actors/engine/tiny.py", "actors/codec/tiny.py")
+# the built-in demo is built from these sources (actors/synth/demo_models.py), so they are its weights
+_DEMO_SOURCES = ("actors/synth/demo_models.py", "actors/engine/tiny.py", "actors/codec/tiny.py")
 # the settings a row's audio depends on (the rest -- batching, threads -- leave the codes of a
 # row unchanged, which the determinism tests check). compile is one: a compiled frame's fused
 # kernels keep bfloat16 intermediates in float32 where the eager frame rounds them

@@ -20,6 +20,7 @@ from actors.codec import (
     CodecCheckpointError,
     CodecConfig,
     codec_from_state_dict,
+    hydra_tree,
     layers,
     load_codec,
     transformer,
@@ -61,7 +62,7 @@ def codec(request) -> Codec:
 
 @pytest.fixture(scope="module")
 def tiny_config() -> CodecConfig:
-    return CodecConfig.from_json_file(TINY / "config.json")
+    return hydra_tree.read_file(TINY / "config.json")
 
 
 @pytest.fixture(scope="module")
@@ -421,7 +422,7 @@ def test_both_weight_norm_storages_load_the_same_model(upstream_state, tiny_conf
 
 @needs_vectors
 def test_wrapped_and_prefixed_checkpoints_load(upstream_state, tiny_config, codec, tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(tiny_config.to_hydra()))
+    (tmp_path / "config.json").write_text(json.dumps(hydra_tree.to_tree(tiny_config)))
     reference = codec.state_dict()
     layouts = {
         "wrapped": {"state_dict": upstream_state},
@@ -433,7 +434,7 @@ def test_wrapped_and_prefixed_checkpoints_load(upstream_state, tiny_config, code
     for name, layout in layouts.items():
         folder = tmp_path / name
         folder.mkdir()
-        (folder / "config.json").write_text(json.dumps(tiny_config.to_hydra()))
+        (folder / "config.json").write_text(json.dumps(hydra_tree.to_tree(tiny_config)))
         torch.save(layout, folder / "codec.pth")
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # nothing unexpected may be left over
@@ -511,7 +512,7 @@ def test_config_json_parses_to_the_tiny_architecture(tiny_config, upstream_state
     assert tiny_config == CodecConfig.tiny(semantic_codebook_size=256, codebook_size=128)
     assert tiny_config.pre_module.window_size == 8 and tiny_config.pre_module.head_dim == 16
     assert tiny_config.encoder_transformer(3).window_size == 512
-    assert CodecConfig.from_hydra(tiny_config.to_hydra()) == tiny_config
+    assert hydra_tree.from_tree(hydra_tree.to_tree(tiny_config)) == tiny_config
     tensors, values = _upstream_layout_counts(tiny_config)
     assert tensors == len(upstream_state) == 400
     assert values == sum(t.numel() for t in upstream_state.values()) == 652_462
@@ -525,7 +526,7 @@ def test_default_config_is_the_real_codec():
     assert real.post_module.window_size == 128 and real.post_module.n_layer == 8
     # CODEC.md: 535 tensors and 391,430,530 values in the real codec.pth.
     assert _upstream_layout_counts(real) == (535, 391_430_530)
-    assert CodecConfig.from_hydra(real.to_hydra()) == real
+    assert hydra_tree.from_tree(hydra_tree.to_tree(real)) == real
 
 
 # -------------------------------------------------------------- tiny + CLI

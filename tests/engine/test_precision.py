@@ -1,4 +1,4 @@
-"""`auto`'s dtype rule (actors/engine/precision.py): both branches by handing in the CPU's units,
+"""`auto`'s dtype rule (actors/precision.py): both branches by handing in the CPU's units,
 the probe against the kernel's own flags, and `auto` end to end through the engine's loader,
 `python -m actors.engine info`, and the codec's loader."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from actors.engine import precision
-from actors.engine.precision import CpuUnits, auto_dtype, choose_dtype
+from actors import precision
+from actors.precision import CpuUnits, auto_dtype, choose_dtype
 from tests.helpers import run_module
 
 AMX = CpuUnits(amx_bf16=True, avx512_bf16=True)  # Sapphire Rapids

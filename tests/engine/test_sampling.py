@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors.engine.config import parse_config, with_semantic_ids
+from actors.engine.architecture import parse_config, with_semantic_ids
 from actors.engine.decoding import Candidates, SlotSampling, pick_main
 from actors.engine.sampling import (
     RowSampling,

@@ -12,7 +12,7 @@ add_end=True, speaker=0)`)."""
 import numpy as np
 import pytest
 
-from actors.engine.config import load_config, with_semantic_ids
+from actors.engine.architecture import load_config, with_semantic_ids
 from actors.engine.prompt import PreviousSegment, PromptBuilder, PromptError
 from actors.engine.tokenizer import load_tokenizer
 from helpers import vector_set

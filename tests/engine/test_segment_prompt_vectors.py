@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from actors.engine.config import load_config, with_semantic_ids
+from actors.engine.architecture import load_config, with_semantic_ids
 from actors.engine.prompt import PreviousSegment, PromptBuilder
 from actors.engine.tokenizer import load_tokenizer
 from helpers import vector_set

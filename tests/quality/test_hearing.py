@@ -12,9 +12,9 @@ import soundfile as sf
 import torch
 
 from actors.codec import load_codec
-from actors.demo import demo_assets
 from actors.quality import checks, hearing
 from actors.quality.settings import QualitySettings
+from actors.synth.demo_models import demo_assets
 
 STEP = 1.0 / 32768  # one 16-bit FLAC step
 

@@ -9,7 +9,7 @@ import pytest
 
 from actors.errors import ConfigError
 from actors.quality import attempts, checks
-from actors.quality.gate import RowQuality, SegmentAttempts
+from actors.quality.row_quality import RowQuality, SegmentAttempts
 from actors.quality.settings import QualitySettings
 from actors.quality.text import char_error_rate, edit_distance, normalize, word_error_rate
 

@@ -1,4 +1,4 @@
-"""The quality gate in the actor (actors/synth/gate.py) on the random demo model: a row whose
+"""The quality gate in the actor (actors/quality/gate.py) on the random demo model: a row whose
 first attempt draws <|im_end|> before any frame is generated again with the derived seed and
 ends ok, the same every run and in any batch; a long row regenerates only its failed segment;
 a row failing every attempt is `rejected` with its flags; decoded rows carry their metrics."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from actors import schema as S
-from actors.engine.config import load_config, with_semantic_ids
+from actors.engine.architecture import load_config, with_semantic_ids
 from actors.engine.prompt import PromptBuilder
 from actors.engine.tokenizer import load_tokenizer
 from actors.engine.types import STOP_BUDGET, STOP_EOS, STOP_ERROR, Result, SamplingParams

@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 
 from actors import schema as S
-from actors.engine.config import load_config, with_semantic_ids
+from actors.engine.architecture import load_config, with_semantic_ids
 from actors.engine.prompt import PromptBuilder
 from actors.engine.tokenizer import load_tokenizer
 from actors.engine.types import SamplingParams

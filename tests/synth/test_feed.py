@@ -263,7 +263,7 @@ def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(sma
     audio bytes and measurements are the in-process codec's,
     and a child that dies is started again (the rows of the call that found it dead are
     decoded one by one by the new one)."""
-    from actors.codec.worker import CodecProcess
+    from actors.synth.codec_process import CodecProcess
     from helpers import DEMO_TABLE
 
     settings = small_settings + ["engine.max_rows=4"]

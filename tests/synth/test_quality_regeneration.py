@@ -1,4 +1,4 @@
-"""Regeneration on the checks measured on decoded audio (actors/synth/gate.py), on the random demo
+"""Regeneration on the checks measured on decoded audio (actors/quality/gate.py), on the random demo
 model: a row whose first decoded round is silenced (a planted fault: the gate's input zeroed
 before the real checks run) goes back to the engine and comes out ok from its second attempt,
 the same audio in any batch and on rerun; a row failing every round is `rejected` with its best

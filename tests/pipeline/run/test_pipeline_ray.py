@@ -75,7 +75,7 @@ def test_demo_end_to_end(demo_output, read_rows, small_settings):
     import torch
 
     from actors.codec import load_codec
-    from actors.demo import demo_assets
+    from actors.synth.demo_models import demo_assets
 
     torch.set_num_threads(1)  # beside Ray's workers on two cores, more threads only thrash
 

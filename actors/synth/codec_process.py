@@ -28,7 +28,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..memory import CODEC_ONEDNN_CACHE_ENTRIES, bound_native_caches
+from actors.memory import CODEC_ONEDNN_CACHE_ENTRIES, bound_native_caches
 
 # the child's scheduling priority below the engine's: on a CPU node the engine loop is what the
 # node is for, and the codec's work waits in a queue at no cost while the engine has the cores
@@ -43,10 +43,9 @@ NICENESS = 10
 def _serve(fd: int, path: str, dtype: str, threads: int, kernels: str) -> None:
     import torch
 
+    from actors.codec.loader import load_codec
+    from actors.memory import HeapTrimmer
     from actors.quality import hearing
-
-    from ..memory import HeapTrimmer
-    from .loader import load_codec
 
     conn = Connection(fd)
     os.nice(NICENESS)
@@ -101,7 +100,7 @@ class CodecProcess:
         # environment holds the actor's, too small for a decode call's shapes
         bound_native_caches(env, CODEC_ONEDNN_CACHE_ENTRIES)
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "actors.codec.worker", str(theirs.fileno()), *map(str, self._args)],
+            [sys.executable, "-m", "actors.synth.codec_process", str(theirs.fileno()), *map(str, self._args)],
             pass_fds=[theirs.fileno()],
             env=env,
         )

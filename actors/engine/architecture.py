@@ -1,6 +1,7 @@
-"""One typed model config read from either on-disk `config.json` form of the dual-AR family:
-the flat OpenAudio S1 form (`model_type: "dual_ar"`) and the nested S2-Pro form
-(`model_type: "fish_qwen3_omni"`). Defaults follow upstream fish-speech's model args."""
+"""The model's architecture (ModelArchitecture: its shapes and options), read from either
+on-disk `config.json` form of the dual-AR family: the flat OpenAudio S1 form
+(`model_type: "dual_ar"`) and the nested S2-Pro form (`model_type: "fish_qwen3_omni"`).
+Defaults follow upstream fish-speech's model args."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ MODEL_TYPE_NESTED = "fish_qwen3_omni"
 
 
 @dataclass
-class ModelConfig:
+class ModelArchitecture:
     family: str  # "s1" (flat dual_ar) or "s2" (fish_qwen3_omni)
     vocab_size: int
     n_layer: int
@@ -190,7 +191,7 @@ def _with_fast_defaults(cfg: dict, fast: dict) -> dict:
     return out
 
 
-def parse_config(data: dict, source: str = "config.json") -> ModelConfig:
+def parse_config(data: dict, source: str = "config.json") -> ModelArchitecture:
     top = _Fields(data, source)
     model_type = top.get("model_type", str)
     if model_type == MODEL_TYPE_FLAT:
@@ -245,12 +246,12 @@ def parse_config(data: dict, source: str = "config.json") -> ModelConfig:
             f"{source}: field 'model_type' is {model_type!r}; chorus loads "
             f"'{MODEL_TYPE_FLAT}' (OpenAudio S1) and '{MODEL_TYPE_NESTED}' (S2-Pro) checkpoints"
         )
-    config = ModelConfig(**cfg)
+    config = ModelArchitecture(**cfg)
     _check_shapes(config, source)
     return config
 
 
-def _check_shapes(c: ModelConfig, source: str) -> None:
+def _check_shapes(c: ModelArchitecture, source: str) -> None:
     positive = (
         "vocab_size",
         "n_layer",
@@ -285,7 +286,7 @@ def _check_shapes(c: ModelConfig, source: str) -> None:
         raise CheckpointError(f"{source}: num_codebooks must be >= 1")
 
 
-def load_config(checkpoint_dir: str | Path) -> ModelConfig:
+def load_config(checkpoint_dir: str | Path) -> ModelArchitecture:
     path = Path(checkpoint_dir) / "config.json"
     if not path.is_file():
         raise CheckpointError(
@@ -298,7 +299,7 @@ def load_config(checkpoint_dir: str | Path) -> ModelConfig:
     return parse_config(data, str(path))
 
 
-def with_semantic_ids(config: ModelConfig, begin: int, end: int, source: str) -> ModelConfig:
+def with_semantic_ids(config: ModelArchitecture, begin: int, end: int, source: str) -> ModelArchitecture:
     """Attach the tokenizer's semantic id range and check it against the model's shapes."""
     if end >= config.vocab_size:
         raise CheckpointError(f"{source}: semantic id {end} is outside vocab_size {config.vocab_size}")

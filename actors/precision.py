@@ -1,4 +1,5 @@
-"""Which dtype `auto` means, for the engine and the codec alike, and why.
+"""Which dtype `auto` means, for the engine and the codec alike, and why (a leaf of actors/:
+both import it).
 
 The rule: bfloat16 on CUDA, and on a CPU whose cores multiply bf16 natively -- AVX512-BF16
 (`vdpbf16ps`) or AMX-BF16 tiles, as torch's cpuinfo reports them; float32 on every other CPU.
@@ -19,11 +20,10 @@ from typing import Optional
 
 import torch
 
-from .settings import DTYPE_NAMES
+from actors.dtype_names import AUTO, DTYPE_NAMES
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
 DTYPES = {name: getattr(torch, attribute) for name, attribute in DTYPE_NAMES.items()}
 
 
