@@ -7,11 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from omegaconf import DictConfig
-
 from actors.settings import ActorSettings, CrashSettings, RunContext
 
-from ..config import settings
+from ..config import ChorusConfig
 from ..location import absolute
 
 
@@ -42,23 +40,23 @@ ACTOR_GROUPS = ("model", "data", "engine", "long_form", "sampling", "quality")
 
 
 def actor_arguments(
-    cfg: DictConfig, input_dir: str | None, run_id: str, attempts: str | None = None, rows: int | None = None
+    config: ChorusConfig, input_dir: str | None, run_id: str, attempts: str | None = None, rows: int | None = None
 ) -> dict:
     """SynthActor's constructor arguments: one ActorSettings (actors/settings.py) holding the
-    actor's groups as typed dataclasses (`OmegaConf.to_object`: resolved, each default from its
-    dataclass), the run context and the crash settings; small, picklable and the same on every
-    actor. `rows`: the input's row count, when known (see concurrent_blocks)."""
-    groups = {group: settings(cfg, group) for group in ACTOR_GROUPS}
+    actor's groups of `config` (typed dataclasses, resolved), the run context and the crash
+    settings; small, picklable and the same on every actor. `rows`: the input's row count,
+    when known (see concurrent_blocks)."""
+    groups = {group: getattr(config, group) for group in ACTOR_GROUPS}
     groups["data"] = replace(groups["data"], audio_root=absolute(groups["data"].audio_root))
-    cluster = settings(cfg, "cluster")
+    cluster, output = config.cluster, config.output
     engine = groups["engine"]
     blocks = concurrent_blocks(engine, cluster.rows_per_block, rows, cluster.num_actors)
     groups["engine"] = replace(engine, max_concurrent_blocks=blocks)
     run_context = RunContext(
         run_id=run_id,
         input_dir=input_dir,
-        keep_codes=bool(cfg.output.keep_codes),
-        channels=str(cfg.output.channels),
+        keep_codes=output.keep_codes,
+        channels=output.channels,
         threads=cluster.threads_per_actor or max(1, math.floor(cluster.cpus_per_actor)),
     )
     crash = CrashSettings(
