@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -265,11 +265,11 @@ class ExportSettings:
             )
 
 
-def export_settings(**keys) -> dict:
-    """The plain export group with `keys` set, checked (a caller without a command line)."""
+def export_settings(**keys) -> ExportSettings:
+    """The export group with `keys` set, checked (a caller without a command line)."""
     chosen = ExportSettings(**keys)
     chosen.validate()
-    return asdict(chosen)
+    return chosen
 
 
 @dataclass

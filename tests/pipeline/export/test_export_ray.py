@@ -14,14 +14,14 @@ import pytest
 from test_export_formats import READERS, decoded
 
 from actors import schema as S
-from helpers import REPO, export_settings
+from helpers import REPO, export_cluster, export_settings
 from pipeline.config import compose_typed
 from pipeline.export.job import export
 from pipeline.run.steps import run
 
 pytestmark = pytest.mark.slow
 
-DISTRIBUTED = {"address": None, "num_cpus": 2, "distributed_rows": 0}
+DISTRIBUTED = export_cluster(0)
 DEMO = REPO / "data" / "demo"
 
 
