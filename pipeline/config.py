@@ -301,11 +301,9 @@ CHECKED_GROUPS = ("model", "data", "engine", "long_form", "sampling", "quality",
 
 
 def typed(cfg: DictConfig) -> ChorusConfig:
-    """The run config as the one typed object the driver reads: resolved, every group's range
-    checks passed (`validate`). Only the entry points hold the Hydra object; everything below
-    them takes this. A config built without the schema (OmegaConf.create of a plain dict) is
-    typed by it first, checked as Hydra would. Raises MissingMandatoryValue for a required
-    key left unset, ConfigError for a value out of range."""
+    """The run config as the one object the driver reads (the entry points convert Hydra's
+    once): resolved, every group checked (`validate`; ConfigError, MissingMandatoryValue). A
+    config built without the schema (OmegaConf.create) is typed by it first, as Hydra would."""
     if OmegaConf.get_type(cfg) is not ChorusConfig:
         cfg = OmegaConf.merge(OmegaConf.structured(ChorusConfig), cfg)
     config = OmegaConf.to_object(cfg)
@@ -314,21 +312,18 @@ def typed(cfg: DictConfig) -> ChorusConfig:
 
 
 def compose_typed(overrides: Optional[list[str]] = None) -> ChorusConfig:
-    """`typed(compose(overrides))`: the run config for command-line style overrides in one
-    call (tests, scripts, notebooks)."""
+    """`typed(compose(overrides))`, in one call (tests, scripts, notebooks)."""
     return typed(compose(overrides))
 
 
 def validate(config: ChorusConfig) -> None:
-    """Every group's range checks (its dataclass's `validate()`), before anything starts;
-    raises ConfigError naming the key."""
+    """Every group's range checks (its dataclass's `validate()`); ConfigError names the key."""
     for group in CHECKED_GROUPS:
         getattr(config, group).validate()
 
 
 def as_yaml(config: ChorusConfig) -> str:
-    """The resolved config as YAML, in the schema's key order: the snapshot a run records
-    (the same text `OmegaConf.to_yaml(cfg, resolve=True)` gives for the Hydra object)."""
+    """The snapshot a run records: the text `OmegaConf.to_yaml(cfg, resolve=True)` gives."""
     return OmegaConf.to_yaml(OmegaConf.structured(config))
 
 
@@ -337,10 +332,9 @@ def in_ray_job() -> bool:
 
 
 def check_for_run(config: ChorusConfig) -> None:
-    """Everything about the settings that can be checked before Ray starts: each group's range
-    checks (again: a caller may have replaced a group since `typed`), then what depends on
-    where the run is (a relative output inside a Ray Job, a checkpoint directory without its
-    config or codec)."""
+    """What can be checked before Ray starts: the groups' range checks (again: a caller may
+    have replaced a group since `typed`), then what depends on where the run is (a relative
+    output inside a Ray Job, a checkpoint directory without its config or codec)."""
     validate(config)
     output_dir = config.output.dir
     if in_ray_job() and is_local(output_dir) and not os.path.isabs(os.path.expanduser(output_dir)):

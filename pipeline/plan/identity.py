@@ -111,7 +111,8 @@ def model_fingerprint(model: ModelConfig) -> str:
 def settings_digest(config: ChorusConfig, fingerprint: str) -> str:
     """One digest of every setting a row's audio depends on, the model's fingerprint included.
     The JSON hashed is what it was when the driver read the config as plain dicts (outputs
-    written then keep their rows' hashes): a group's fields by name, `asdict`."""
+    written then keep their rows' hashes): a group's fields by name, `asdict`
+    (tests/pipeline/test_typed_config.py compares the two)."""
     model = config.model
     relevant = {
         "model": {
