@@ -1,5 +1,5 @@
 """The actor side's error for settings: a leaf module, so the settings of every part
-(actors/settings.py, actors/quality/settings.py) can raise it without importing each other."""
+(actors/synth/settings.py, actors/synth/job_settings.py, actors/quality/settings.py) can raise it without importing each other."""
 
 
 class ConfigError(ValueError):

@@ -27,4 +27,11 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # every key with its default, range and meaning, instead of Hydra's template (--hydra-help,
+    # --cfg job and --info stay Hydra's)
+    if {"--help", "-h"} & set(sys.argv[1:]):
+        from .config_page import terminal_help
+
+        print(terminal_help(), end="")
+        sys.exit(0)
     main()

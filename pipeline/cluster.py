@@ -15,10 +15,12 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from actors.settings import ConfigError
+from actors.errors import ConfigError
 
 if TYPE_CHECKING:
-    from .config import ClusterSettings, ExportCluster
+    from actors.synth.job_settings import ClusterSettings
+
+    from .config import ExportCluster
 
 log = logging.getLogger("chorus")
 

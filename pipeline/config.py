@@ -4,10 +4,11 @@ in a key or a value of the wrong type is rejected when Hydra composes, before an
 
 Groups: model/ (checkpoint + codec), data/ (input table), engine/ (batching and frame
 budget), long_form (keys only), sampling/, quality/ (checks, regeneration, ASR), output/,
-cluster/ (Ray resources), bench/; and `python -m pipeline.export`'s own schema (ExportConfig). The groups the actor receives (model, data, engine,
-long_form, sampling, quality) are defined in
-actors/settings.py, torch- and Hydra-free, and reach it as those dataclasses
-(`OmegaConf.to_object`); the driver's own groups are here. Each group's range checks are its
+cluster/ (Ray resources), bench/; and `python -m pipeline.export`'s own schema (ExportConfig).
+The groups the actor receives (model, data, engine, long_form, sampling, quality, output,
+cluster) are defined in actors/synth/settings.py, actors/synth/job_settings.py and
+actors/quality/settings.py, torch- and Hydra-free, and reach it as those dataclasses; the
+driver's own groups (bench, preview, export) are here. Each group's range checks are its
 dataclass's `validate()`. The entry points hold the Hydra object and convert it once,
 `typed(cfg)` (which runs every group's checks); the rest of the driver reads that ChorusConfig.
 """
@@ -24,17 +25,12 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from actors import schema as S
+from actors.bounds import at_least, check_bounds, described, one_of
 from actors.demo import cache_root
-from actors.quality.flags import FLAGS
-from actors.settings import (
-    ConfigError,
-    DataConfig,
-    EngineSettings,
-    LongFormSettings,
-    ModelConfig,
-    QualitySettings,
-    SamplingSettings,
-)
+from actors.errors import ConfigError
+from actors.quality.settings import FLAGS
+from actors.synth.job_settings import RayConnection
+from actors.synth.settings import RunGroups
 
 from .location import is_local, local_path
 from .names import RUNS_DIR
@@ -45,127 +41,10 @@ RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a job's driver proc
 
 
 @dataclass
-class OutputSettings:
-    # local path or URI; relative paths are under the working directory
-    dir: str = "outputs/${data.name}"
-    # keep the generated codes next to the audio (re-decodable, small)
-    keep_codes: bool = True
-    # mono: every row's audio is one channel; per_speaker: a dialogue row's audio has one
-    # channel per voice, each voice's turns on its channel and exact silence elsewhere (plain
-    # rows stay mono; FLAC holds at most 8 channels)
-    channels: str = S.CHANNELS_MONO
-    # true: delete what the output holds and start over; false: resume it
-    overwrite: bool = False
-    # periodic progress line (when there is no terminal for a bar), seconds
-    progress_interval_s: float = 15.0
-    # auto: a bar on a terminal, log lines otherwise
-    progress_bar: str = "auto"
-    # the driver's lease on output.dir (one driver at a time): heartbeat period, and after how
-    # long without one a lease held from another host counts as dead (same host: pid checked);
-    # a driver whose renewals fail for half of lease_stale_s stops (pipeline/output/lease.py)
-    lease_heartbeat_s: float = 5.0
-    lease_stale_s: float = 60.0
-    # a rerun over rows whose content (text, reference, settings, model) changed since they
-    # were written: redo them (and say so), or refuse to run
-    on_change: str = "redo"
-    # a rerun redoes error rows whose cause may be gone (I/O, timeout, internal); true: all
-    retry_errors: bool = False
-    # a rerun keeps rows whose every attempt failed quality.reject (status rejected); true: redo
-    # them (worth it after raising quality.max_attempts or changing the model)
-    retry_rejected: bool = False
-    # finished blocks are packed into shards of about this many bytes, while the job runs and
-    # at its end (pipeline/output/shards.py), and of at most this many rows
-    shard_bytes: int = 512 * 1024 * 1024
-    shard_rows: int = 100_000
-
-    def validate(self) -> None:
-        if self.shard_bytes < 1 or self.shard_rows < 1:
-            raise ConfigError(
-                f"output.shard_bytes and output.shard_rows must be >= 1, got {self.shard_bytes} and {self.shard_rows}"
-            )
-        if self.channels not in S.CHANNEL_CHOICES:
-            raise ConfigError(f"output.channels must be one of {', '.join(S.CHANNEL_CHOICES)}, got {self.channels!r}")
-        if self.on_change not in ("redo", "refuse"):
-            raise ConfigError(f"output.on_change must be redo or refuse, got {self.on_change!r}")
-        if not 0 < self.lease_heartbeat_s <= self.lease_stale_s / 4:
-            raise ConfigError(
-                f"output.lease_heartbeat_s must be > 0 and at most a quarter of output.lease_stale_s (a failed "
-                f"renewal is tried at every beat until half of it has passed), got {self.lease_heartbeat_s:g} "
-                f"and {self.lease_stale_s:g}"
-            )
-        if self.progress_bar not in ("auto", "on", "off"):
-            raise ConfigError(f"output.progress_bar must be auto, on or off, got {self.progress_bar!r}")
-
-
-@dataclass
-class ClusterSettings:
-    # null: RAY_ADDRESS / a running `ray start` cluster / a new local one; "local": always new
-    address: Optional[str] = None
-    # CPUs of a Ray started here (null = all)
-    num_cpus: Optional[int] = None
-    num_actors: int = 1
-    # fractional on CPU machines: reads and writes need CPU too, never give actors all of it
-    cpus_per_actor: float = 0.5
-    gpus_per_actor: float = 0.0
-    # torch threads per actor; null = max(1, floor(cpus_per_actor))
-    threads_per_actor: Optional[int] = None
-    # rows per block = rows per actor call; small blocks spread work over every actor
-    rows_per_block: int = 16
-    # rows the job's read may run ahead of the rows written (pipeline/run/readahead.py); null =
-    # three times what the actors hold at once (num_actors x blocks per actor x rows_per_block)
-    read_ahead_rows: Optional[int] = None
-    # inputs of at least this many rows are planned as distributed Ray Data work (hash
-    # shuffles by id and ref_id); smaller ones in-process, where a shuffle's start-up would
-    # cost more than the planning (same decisions either way; 0 = always distributed)
-    distributed_plan_rows: int = 100_000
-    # a dead actor (crash, OOM) is restarted and its block retried, a bounded number of times
-    # (Ray Data's default is forever); a block that killed its actor this many times has its
-    # rows run alone, and the row that kills it alone becomes an error row (quarantined).
-    # max_actor_restarts null = 10 + (crash_quarantine_after + 1) per 100 blocks an actor takes
-    # (pipeline/run/synthesis.py actor_restarts): room for a few such rows in a long job.
-    # max_task_retries null = as long as the block's actor restarts (bounded above): Ray counts
-    # every try at an actor on a lost node until it notices the loss (15-30 s with its default
-    # health checks), and 4 tries were spent within that and failed the job (measured, Ray 2.60)
-    max_actor_restarts: Optional[int] = None
-    max_task_retries: Optional[int] = None
-    crash_quarantine_after: int = 2
-    # watchdog: an actor whose block runs longer than this is stuck and exits (then counts as
-    # a crash above); null = no watchdog. Size it for the slowest block (rows_per_block rows
-    # of engine.max_frames frames) on the slowest device
-    block_timeout_s: Optional[float] = 3600.0
-    # test hooks: the actor process exits hard on its N-th batch, once per marker file; or
-    # whenever it processes the row with this id
-    crash_on_batch: int = 0
-    crash_marker: Optional[str] = None
-    crash_on_id: Optional[str] = None
-
-    def validate(self) -> None:
-        if self.num_actors < 1:
-            raise ConfigError("cluster.num_actors must be >= 1")
-        if self.cpus_per_actor < 0 or self.gpus_per_actor < 0:
-            raise ConfigError("cluster.cpus_per_actor and cluster.gpus_per_actor must be >= 0")
-        if self.rows_per_block < 1:
-            raise ConfigError("cluster.rows_per_block must be >= 1")
-        if self.read_ahead_rows is not None and self.read_ahead_rows < 1:
-            raise ConfigError("cluster.read_ahead_rows must be >= 1 (or null: from the actors' blocks)")
-        if self.distributed_plan_rows < 0:
-            raise ConfigError("cluster.distributed_plan_rows must be >= 0")
-        retries = self.max_task_retries
-        if self.crash_quarantine_after < 1 or (retries is not None and retries <= self.crash_quarantine_after):
-            raise ConfigError(
-                "cluster.max_task_retries must exceed cluster.crash_quarantine_after (>= 1): a block is retried "
-                "crash_quarantine_after times, then once more row by row to find the row that kills its actor"
-            )
-        if self.max_actor_restarts is not None and self.max_actor_restarts < 0:
-            raise ConfigError("cluster.max_actor_restarts must be >= 0")
-        if self.crash_on_batch and not self.crash_marker:
-            raise ConfigError("cluster.crash_on_batch needs cluster.crash_marker (it makes the crash happen once)")
-
-
-@dataclass
 class BenchSettings:
     """`python -m pipeline.bench` (a synthesis run ignores this group)."""
 
+    # true in every bench=... option (conf/bench/); pipeline.bench refuses to run without one
     enabled: bool = False
     # generated workload: rows, mean words per text (lognormal), share of rows with a reference
     rows: int = 200
@@ -178,6 +57,7 @@ class BenchSettings:
     # S2 checkpoint); above 0 every configuration runs twice: the dialogues, then the same
     # texts as single-voice rows (the first voice), so the cost of per-turn segments shows
     dialogue_fraction: float = 0.0
+    # seed of the generated workload (the texts, references and which rows are long or dialogues)
     seed: int = 0
     # the sweep: every (actors, slots) pair runs end to end on the same rows
     actors: list[int] = field(default_factory=lambda: [1])
@@ -199,15 +79,10 @@ class PreviewSettings:
 
 
 @dataclass
-class ChorusConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    engine: EngineSettings = field(default_factory=EngineSettings)
-    long_form: LongFormSettings = field(default_factory=LongFormSettings)
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)
-    quality: QualitySettings = field(default_factory=QualitySettings)
-    output: OutputSettings = field(default_factory=OutputSettings)
-    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+class ChorusConfig(RunGroups):
+    """`python -m pipeline`'s configuration: the groups an actor reads (RunGroups,
+    actors/synth/settings.py) and the driver's own commands' groups."""
+
     bench: BenchSettings = field(default_factory=BenchSettings)
     preview: PreviewSettings = field(default_factory=PreviewSettings)
 
@@ -222,29 +97,31 @@ class ExportSettings:
 
     # files: one audio file per row + files.csv; webdataset: <prefix>-NNNNNN.tar; lhotse: Lhotse
     # Shar (cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar); hf: data/train-NNNNN-of-NNNNN.parquet + README.md
-    format: str = "files"
+    format: str = field(default="files", metadata=one_of(*EXPORT_FORMATS))
     # where it goes (local or URI); null = <output.dir>/<format> (files: <output.dir>/audio)
     dir: Optional[str] = None
     # start over: delete what an earlier export wrote there (only its own files)
     overwrite: bool = False
     # the rows exported: by status, then by the quality columns (null: no threshold); a row
     # without the metric's value fails its threshold
-    status: list = field(default_factory=lambda: [S.STATUS_OK])
+    status: list = field(
+        default_factory=lambda: [S.STATUS_OK], metadata=described(f"some of {', '.join(EXPORT_STATUSES)}")
+    )
     min_mos: Optional[float] = None
     min_speaker_similarity: Optional[float] = None
     max_wer: Optional[float] = None
-    exclude_flags: list = field(default_factory=list)
+    exclude_flags: list = field(default_factory=list, metadata=described("quality flags (quality.reject's)"))
     # a shard's rows and bytes (its samples' audio and metadata) at most; null: the format's
     # own recommendation (pipeline/export/formats.py)
-    shard_rows: Optional[int] = None
-    shard_bytes: Optional[int] = None
+    shard_rows: Optional[int] = field(default=None, metadata=at_least(1, or_null=True))
+    shard_bytes: Optional[int] = field(default=None, metadata=at_least(1, or_null=True))
     # webdataset's shard names: <prefix>-000000.tar, ...
-    prefix: str = "train"
+    prefix: str = field(default="train", metadata=described("letters, digits, '_' or '-'; 1-64 characters"))
+    # periodic progress line, seconds
     progress_interval_s: float = 10.0
 
     def validate(self) -> None:
-        if self.format not in EXPORT_FORMATS:
-            raise ConfigError(f"export.format must be one of {', '.join(EXPORT_FORMATS)}, got {self.format!r}")
+        check_bounds(self, "export")
         wrong = [s for s in self.status if s not in EXPORT_STATUSES]
         if wrong or not self.status:
             raise ConfigError(
@@ -254,11 +131,6 @@ class ExportSettings:
         unknown = [f for f in self.exclude_flags if f not in FLAGS]
         if unknown:
             raise ConfigError(f"export.exclude_flags: unknown flag(s) {unknown}; the flags are {', '.join(FLAGS)}")
-        for key in ("shard_rows", "shard_bytes"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise ConfigError(
-                    f"export.{key} must be >= 1 (or null: the format's default), got {getattr(self, key)}"
-                )
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", self.prefix):
             raise ConfigError(
                 f"export.prefix must be letters, digits, '_' or '-' (a file name's start), got {self.prefix!r}"
@@ -274,16 +146,16 @@ def export_settings(**keys) -> ExportSettings:
 
 @dataclass
 class ExportSource:
+    """The run output that `python -m pipeline.export` reads."""
+
     # the chorus output directory (local or URI), as given to the run's output.dir
     dir: str = MISSING
 
 
 @dataclass
-class ExportCluster:
-    # null: RAY_ADDRESS / a running `ray start` cluster / a new local one; "local": always new
-    address: Optional[str] = None
-    # CPUs of a local Ray this command starts (null: all of the machine's)
-    num_cpus: Optional[int] = None
+class ExportCluster(RayConnection):
+    """The Ray cluster an export runs on, when it is large enough to need one."""
+
     # an output of at least this many rows is exported as Ray Data work (one Ray task per unit,
     # across the cluster); a smaller one in this process, where starting Ray would cost more
     distributed_rows: int = 20_000
@@ -291,6 +163,8 @@ class ExportCluster:
 
 @dataclass
 class ExportConfig:
+    """`python -m pipeline.export`'s configuration: this schema and the command line (no YAML)."""
+
     output: ExportSource = field(default_factory=ExportSource)
     export: ExportSettings = field(default_factory=ExportSettings)
     cluster: ExportCluster = field(default_factory=ExportCluster)

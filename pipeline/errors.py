@@ -3,8 +3,8 @@ reported as one message naming the file, key or row and the fix, never as a trac
 
 from __future__ import annotations
 
+from actors.errors import ConfigError
 from actors.input_types import InputSchemaError
-from actors.settings import ConfigError
 from actors.storage import StoreError
 
 

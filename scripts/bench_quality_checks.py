@@ -50,7 +50,7 @@ def timed(fn, repeats: int) -> tuple[float, float]:
 
 def checks_to_time(args) -> dict:
     from actors.quality import checks
-    from actors.settings import QualitySettings
+    from actors.quality.settings import QualitySettings
 
     settings = QualitySettings()
     found = {"numpy checks": lambda clip: checks.audio_metrics(clip, SAMPLE_RATE, "a text of some words", settings)}

@@ -108,7 +108,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from pipeline.config import OutputSettings
+    from actors.synth.job_settings import OutputSettings
     from pipeline.output import shards
     from pipeline.output.layout import OutputLayout
 

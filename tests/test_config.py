@@ -1,5 +1,5 @@
 """One config object from Hydra to the engine: the actor's groups reach it as the typed
-dataclasses of actors/settings.py (not dicts re-read with defaults of their own), and each
+dataclasses of actors/synth/settings.py (not dicts re-read with defaults of their own), and each
 group's range checks -- its dataclass's validate() -- refuse bad settings before Ray starts,
 naming the key."""
 
@@ -11,17 +11,11 @@ from dataclasses import fields
 import pytest
 
 from actors.engine.settings import compile_mode
-from actors.settings import (
-    ActorSettings,
-    ConfigError,
-    DataConfig,
-    EngineSettings,
-    LongFormSettings,
-    ModelConfig,
-    QualitySettings,
-    SamplingSettings,
-)
+from actors.errors import ConfigError
+from actors.quality.settings import QualitySettings
 from actors.synth import SynthActor
+from actors.synth.job_settings import ClusterSettings, DataSettings, OutputSettings
+from actors.synth.settings import ActorSettings, EngineSettings, LongFormSettings, ModelSettings, SamplingSettings
 from pipeline.cluster import Cluster
 from pipeline.config import compose, compose_typed, typed
 from pipeline.run.actor_settings import ACTOR_GROUPS, actor_arguments
@@ -29,12 +23,14 @@ from pipeline.run.steps import run
 from tests.helpers import REPO
 
 TYPES = {
-    "model": ModelConfig,
-    "data": DataConfig,
+    "model": ModelSettings,
+    "data": DataSettings,
     "engine": EngineSettings,
     "long_form": LongFormSettings,
     "sampling": SamplingSettings,
     "quality": QualitySettings,
+    "output": OutputSettings,
+    "cluster": ClusterSettings,
 }
 
 
@@ -59,7 +55,7 @@ def test_the_actor_receives_its_groups_as_dataclasses(tmp_path):
     assert compile_mode(actor.engine.compile) == "on" and actor.engine.engine_config().compile == actor.engine.compile
     # resolved: interpolations and URIs are values by now, the input's directory its own setting
     assert actor.data.name == "demo" and actor.data.audio_root == str(tmp_path)
-    assert actor.run.input_dir == "/input/dir" and "input_dir" not in {f.name for f in fields(DataConfig)}
+    assert actor.run.input_dir == "/input/dir" and "input_dir" not in {f.name for f in fields(DataSettings)}
     # Ray ships them to every actor
     assert pickle.loads(pickle.dumps(args)) == args
 
@@ -108,20 +104,20 @@ def test_defaults_are_the_dataclasses():
     assert args.sampling == SamplingSettings()
     assert args.quality == QualitySettings()
     data = args.data
-    for f in fields(DataConfig):
+    for f in fields(DataSettings):
         if f.name not in ("path", "name"):
-            assert getattr(data, f.name) == getattr(DataConfig(), f.name), f.name
+            assert getattr(data, f.name) == getattr(DataSettings(), f.name), f.name
 
 
 def test_the_text_byte_cap_admits_every_text_within_max_text_chars():
     # the cap that refuses a 20 MB text before tokenizing must not refuse a 50,000-character
     # Chinese chapter (3 bytes a character) that max_text_chars admits
-    data = DataConfig()
+    data = DataSettings()
     assert data.max_text_chars == 50_000
     for char in ("a", "Ж", "語", "😀"):
         assert len((char * data.max_text_chars).encode("utf-8")) <= data.text_byte_limit
-    assert DataConfig(max_text_chars=10).text_byte_limit == 40
-    assert DataConfig(max_text_bytes=100).text_byte_limit == 100  # set: taken as it is
+    assert DataSettings(max_text_chars=10).text_byte_limit == 40
+    assert DataSettings(max_text_bytes=100).text_byte_limit == 100  # set: taken as it is
 
 
 @pytest.mark.parametrize(
@@ -181,11 +177,11 @@ def test_the_actor_refuses_dicts_and_bad_values_before_loading_anything(monkeypa
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr(actors.engine, "load_model", load_model)
-    typed = {"model": ModelConfig(checkpoint=None), "engine": EngineSettings(), "sampling": SamplingSettings()}
+    typed = {"model": ModelSettings(checkpoint=None), "engine": EngineSettings(), "sampling": SamplingSettings()}
     for group, plain in [("model", {"checkpoint": None}), ("engine", {}), ("sampling", {"seed": 0})]:
         with pytest.raises(TypeError, match=f"SynthActor's {group} must be a {TYPES[group].__name__}"):
             SynthActor(ActorSettings(**{**typed, group: plain}))
-    with pytest.raises(TypeError, match="SynthActor's data must be a DataConfig"):
+    with pytest.raises(TypeError, match="SynthActor's data must be a DataSettings"):
         SynthActor(ActorSettings(**typed, data={"max_text_chars": 10}))
     # a caller that builds the actor itself (tests, encode_refs) gets the driver's checks
     with pytest.raises(ConfigError, match="long_form.segment_bytes must be >= 16"):

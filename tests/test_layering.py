@@ -75,11 +75,21 @@ def test_engine_and_codec_are_plain_torch(folder):
     assert offending(folder, ORCHESTRATION) == {}
 
 
-def test_actor_settings_are_plain_python():
+SETTINGS_MODULES = [
+    "actors/synth/settings.py",
+    "actors/synth/job_settings.py",
+    "actors/engine/settings.py",
+    "actors/quality/settings.py",
+]
+
+
+@pytest.mark.parametrize("module", SETTINGS_MODULES)
+def test_actor_settings_are_plain_python(module):
     # the driver's Hydra schema nests them and the actor receives them: neither side's
     # machinery belongs in them (required values are OmegaConf's "???" spelled out)
-    path = REPO / "actors" / "settings.py"
-    hits = {m for m in imported_modules(path.read_text(), "actors") if m.split(".")[0] in ORCHESTRATION + ("torch",)}
+    path = REPO / module
+    package = ".".join(path.relative_to(REPO).parts[:-1])
+    hits = {m for m in imported_modules(path.read_text(), package) if m.split(".")[0] in ORCHESTRATION + ("torch",)}
     assert hits == set()
 
 
@@ -209,7 +219,7 @@ def test_driver_never_imports_torch():
         "[importlib.import_module(m.name) for m in pkgutil.walk_packages(pipeline.__path__, 'pipeline.')];"
         # what the driver uses from the actors' side: the column contract, the actor's and the
         # engine's settings, the engine's types, the actor class (it loads torch in its constructor)
-        "import actors, actors.schema, actors.settings, actors.synth, actors.engine.settings, actors.engine.types;"
+        "import actors, actors.schema, actors.synth.settings, actors.synth, actors.engine.settings, actors.engine.types;"
         "print('torch' in sys.modules)"
     )
     result = subprocess.run(

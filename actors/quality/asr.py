@@ -16,8 +16,9 @@ from typing import Optional
 import numpy as np
 
 from actors.audio import resample
+from actors.errors import ConfigError
+from actors.quality.settings import QualitySettings
 from actors.quality.text import char_error_rate, word_error_rate
-from actors.settings import ConfigError, QualitySettings
 
 WHISPER_RATE = 16000
 # Whisper reads 30 s windows; a longer clip is transcribed window by window and the texts

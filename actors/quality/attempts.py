@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from actors.quality.flags import FLAGS
+from actors.quality.settings import FLAGS
 
 # higher = worse; FLAGS lists the most severe first
 _SEVERITY = {flag: len(FLAGS) - i for i, flag in enumerate(FLAGS)}

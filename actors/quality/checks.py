@@ -14,7 +14,8 @@ from typing import Optional
 
 import numpy as np
 
-from actors.quality.flags import (
+from actors.quality.loudness import integrated_loudness
+from actors.quality.settings import (
     CLIPPING,
     FLAGS,
     LOUDNESS,
@@ -23,9 +24,8 @@ from actors.quality.flags import (
     SILENCE,
     SPEECH_RATE,
     TRUNCATED,
+    QualitySettings,
 )
-from actors.quality.loudness import integrated_loudness
-from actors.settings import QualitySettings
 
 STOP_BUDGET = "budget"  # actors/engine/types.py's STOP_BUDGET, spelled here to stay torch- and engine-free
 

@@ -15,8 +15,7 @@ import numpy as np
 
 from actors import schema as S
 from actors.quality import attempts, checks
-from actors.quality.flags import LOCAL_FLAGS, MOS, NO_AUDIO, SPEAKER, SPEECH_RATE, WER
-from actors.settings import QualitySettings
+from actors.quality.settings import LOCAL_FLAGS, MOS, NO_AUDIO, SPEAKER, SPEECH_RATE, WER, QualitySettings
 
 
 @dataclass

@@ -20,8 +20,7 @@ import numpy as np
 
 from actors.alone import each_alone
 from actors.quality import checks
-from actors.quality.flags import LOCAL_FLAGS
-from actors.settings import QualitySettings
+from actors.quality.settings import LOCAL_FLAGS, QualitySettings
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,8 @@ from typing import Optional
 import numpy as np
 
 from actors.audio import resample
-from actors.quality.flags import EMILIA_MIN_OVRL, MOS_BACKENDS  # noqa: F401 (named here too)
-from actors.settings import ConfigError
+from actors.errors import ConfigError
+from actors.quality.settings import EMILIA_MIN_OVRL, MOS_BACKENDS  # noqa: F401 (named here too)
 
 DNSMOS_RATE = 16000
 WINDOW_S = 9.01

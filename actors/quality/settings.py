@@ -1,78 +1,112 @@
-"""The quality group of the actor's settings (re-exported by actors/settings.py, where the
-other groups live): which flags reject an attempt, the bound each check raises its flag at,
-and the optional model-based checks. Free of torch, Hydra and OmegaConf, like its siblings."""
+"""The quality group of the run's settings: the flags' names, which of them reject an attempt,
+the bound each check raises its flag at, and the optional model-based checks. A leaf of
+quality/ (it imports only actors.errors and actors.bounds): the checks, the gate and the driver all name the
+flags from here. Free of torch, Hydra and OmegaConf, like the other settings."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
+from actors.bounds import at_least, check_bounds, described, one_of, within
 from actors.errors import ConfigError
-from actors.quality.flags import (
-    ASR_BACKENDS,
-    EMILIA_MIN_OVRL,
-    FLAGS,
-    MOS,
-    MOS_BACKENDS,
-    NO_AUDIO,
-    SPEAKER,
-    SPEAKER_BACKENDS,
-    WAVLM_SAME_SPEAKER_THRESHOLD,
-    WER,
-)
+
+# flags, most severe first: the order the best attempt is chosen by (attempts.py). No audio is
+# unusable; a cut-off or looping row says the wrong thing; an ASR mismatch says other words;
+# another voice is the wrong speaker saying them; a wrong speech rate, long silences, clipping,
+# loudness and a low predicted MOS are flaws of a row that says them in the right voice.
+NO_AUDIO = "no_audio"
+TRUNCATED = "truncated"
+REPETITION = "repetition"
+WER = "wer"
+SPEAKER = "speaker"
+SPEECH_RATE = "speech_rate"
+SILENCE = "silence"
+CLIPPING = "clipping"
+LOUDNESS = "loudness"
+MOS = "mos"
+FLAGS = (NO_AUDIO, TRUNCATED, REPETITION, WER, SPEAKER, SPEECH_RATE, SILENCE, CLIPPING, LOUDNESS, MOS)
+# the flags a stretch of a row's audio (a segment's, a turn's) shows on its own; the others
+# need the whole row
+LOCAL_FLAGS = (SILENCE, CLIPPING, LOUDNESS)
+
+ASR_BACKENDS = ("whisper",)  # Whisper through transformers (actors/quality/asr.py)
+SPEAKER_BACKENDS = ("wavlm",)  # a WavLM x-vector model through transformers (actors/quality/speaker.py)
+MOS_BACKENDS = ("dnsmos",)  # DNSMOS P.835's ONNX file through onnxruntime (actors/quality/mos.py)
+
+# the thresholds the checks' defaults take (QualitySettings), each from its source
+# The model card of microsoft/wavlm-base-plus-sv (https://huggingface.co/microsoft/wavlm-base-plus-sv,
+# "Usage") compares the cosine of two of its x-vectors with `threshold = 0.86` ("the optimal threshold
+# is dataset-dependent"): below it, not the same speaker. It holds for that checkpoint only.
+WAVLM_SAME_SPEAKER_THRESHOLD = 0.86
+# Emilia keeps only utterances with DNSMOS P.835 OVRL >= 3.0, "the lowest 'fair' quality
+# anchor" of ITU-T P.835: He et al., "Emilia: A Large-Scale, Extensive, Multilingual, and
+# Diverse Dataset for Speech Generation", arXiv:2501.15907, Sec. III (Filtering). The
+# Emilia-YODAS increment used 2.4 instead (same paper, Sec. IV-B).
+EMILIA_MIN_OVRL = 3.0
+
+_REJECT_WORDS = f"flags from {', '.join(FLAGS)}; wer, speaker, mos need their check set"
+_MODEL_WORDS = "set when quality.{backend} is"
 
 
 @dataclass
 class QualitySettings:
-    """The quality gate (actors/synth/gate.py; the checks in actors/quality/): which flags reject
+    """The quality gate and its checks (actors/quality/): which flags reject
     an attempt, how many attempts a row gets, the bound each flag is raised at, optional ASR."""
 
     # flags that reject an attempt and have the row (or the failed segment) generated again.
     # Default: no audio only, so a random demo model is not regenerated endlessly; quality=strict
     # adds truncated, repetition, speech_rate and silence for real checkpoints
-    reject: list[str] = field(default_factory=lambda: [NO_AUDIO])
+    reject: list[str] = field(default_factory=lambda: [NO_AUDIO], metadata=described(_REJECT_WORDS))
     # attempts per row (or per segment of a long row) before it is kept as `rejected`
-    max_attempts: int = 3
-    # repetition: share of codebook-0 n-grams of repeat_ngram frames repeating an earlier one
-    repeat_ngram: int = 4
-    max_repeat_ratio: float = 0.5
-    # speech_rate: seconds of audio per non-space character (English ~0.06-0.08, Chinese ~0.2-0.3)
-    min_s_per_char: float = 0.02
-    max_s_per_char: float = 0.4
-    # silence: share of 20 ms frames quieter than silence_dbfs (RMS, full scale 1.0)
+    max_attempts: int = field(default=3, metadata=at_least(1))
+    # repetition: share of codebook-0 n-grams of repeat_ngram frames repeating an earlier one;
+    # half the 4-grams repeating is a loop, not speech (chorus's own; no published bound)
+    repeat_ngram: int = field(default=4, metadata=at_least(1))
+    max_repeat_ratio: float = field(default=0.5, metadata=within(0, 1))
+    # speech_rate: seconds of audio per non-space character (English ~0.06-0.08, Chinese ~0.2-0.3);
+    # 0.02-0.4 spans fast English to slow Chinese with margin (chorus's own; no published bound)
+    min_s_per_char: float = field(default=0.02, metadata=described("<= max_s_per_char"))
+    max_s_per_char: float = field(default=0.4, metadata=described(">= min_s_per_char"))
+    # silence: share of 20 ms frames quieter than silence_dbfs (RMS, full scale 1.0); a read
+    # sentence's pauses are a small part of it, so over half is too much (chorus's own)
     silence_dbfs: float = -45.0
-    max_silence_ratio: float = 0.5
-    # clipping: share of samples with |x| >= clip_level
-    clip_level: float = 0.999
-    max_clipped_ratio: float = 0.001
+    max_silence_ratio: float = field(default=0.5, metadata=within(0, 1))
+    # clipping: share of samples with |x| >= clip_level; over 0.1% is audible distortion
+    # (chorus's own)
+    clip_level: float = field(default=0.999, metadata=within(0, 1, closed="(]"))
+    max_clipped_ratio: float = field(default=0.001, metadata=within(0, 1))
     # loudness: BS.1770-4 integrated loudness outside [min_lufs, max_lufs], or all below -70 LUFS
-    min_lufs: float = -45.0
-    max_lufs: float = -5.0
+    min_lufs: float = field(default=-45.0, metadata=described("<= max_lufs"))
+    max_lufs: float = field(default=-5.0, metadata=described(">= min_lufs"))
     # ASR (asr_text, wer, cer): a backend and a local model directory (nothing downloaded; null:
     # none, nothing of it imported), the language (null: detected), rows per batch, the wer bound
-    asr: Optional[str] = None
-    asr_model: Optional[str] = None
+    # (0.5 keeps rows whose words mostly match: chorus's own; TTS evaluations report WER, they
+    # publish no per-row filter)
+    asr: Optional[str] = field(default=None, metadata=one_of(*ASR_BACKENDS, or_null=True))
+    asr_model: Optional[str] = field(default=None, metadata=described(_MODEL_WORDS.format(backend="asr")))
     asr_language: Optional[str] = None
-    asr_batch_rows: int = 8
-    max_wer: float = 0.5
+    asr_batch_rows: int = field(default=8, metadata=at_least(1))
+    max_wer: float = field(default=0.5, metadata=at_least(0))
     # speaker similarity (speaker_similarity): a WavLM x-vector model from a local directory
     # (null: none, nothing imported), the row's audio against its reference clip; the flag below
     # the bound. 0.86: the same-speaker threshold microsoft/wavlm-base-plus-sv's model card gives
-    speaker: Optional[str] = None
-    speaker_model: Optional[str] = None
+    speaker: Optional[str] = field(default=None, metadata=one_of(*SPEAKER_BACKENDS, or_null=True))
+    speaker_model: Optional[str] = field(default=None, metadata=described(_MODEL_WORDS.format(backend="speaker")))
     min_speaker_similarity: float = WAVLM_SAME_SPEAKER_THRESHOLD
     # predicted MOS (mos, mos_sig, mos_bak): DNSMOS P.835's ONNX file (null: none, nothing
     # imported); the flag below the bound. 3.0 OVRL: the Emilia corpus's filter (He et al., 2024)
-    mos: Optional[str] = None
-    mos_model: Optional[str] = None
+    mos: Optional[str] = field(default=None, metadata=one_of(*MOS_BACKENDS, or_null=True))
+    mos_model: Optional[str] = field(default=None, metadata=described(_MODEL_WORDS.format(backend="mos")))
     min_mos: float = EMILIA_MIN_OVRL
     # regeneration for the checks on decoded audio (silence, clipping, loudness, wer, speaker,
     # mos) stops once the frames generated again for them would exceed this multiple of the
     # row's frames: a one-segment row at max_attempts=3 needs 2.0; a long row that fails early
     # would otherwise regenerate most of itself max_attempts times per segment
-    max_regenerated_share: float = 2.0
+    max_regenerated_share: float = field(default=2.0, metadata=at_least(0))
 
     def validate(self) -> None:
+        check_bounds(self, "quality")
         for flag in self.reject:
             if flag not in FLAGS:
                 raise ConfigError(f"quality.reject: unknown flag {flag!r} (known: {', '.join(FLAGS)})")
@@ -81,32 +115,15 @@ class QualitySettings:
                 raise ConfigError(
                     f"quality.reject lists {flag!r} but quality.{backend} is null (set quality.{backend}={example})"
                 )
-        for key in ("max_attempts", "repeat_ngram", "asr_batch_rows"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"quality.{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("max_repeat_ratio", "max_silence_ratio", "max_clipped_ratio"):
-            if not 0.0 <= getattr(self, key) <= 1.0:
-                raise ConfigError(f"quality.{key} must be in [0, 1], got {getattr(self, key)}")
         for low, high in (("min_s_per_char", "max_s_per_char"), ("min_lufs", "max_lufs")):
             if not getattr(self, low) <= getattr(self, high):
                 raise ConfigError(
                     f"quality.{low} ({getattr(self, low)}) must be <= quality.{high} ({getattr(self, high)})"
                 )
-        if not 0.0 < self.clip_level <= 1.0:
-            raise ConfigError(f"quality.clip_level must be in (0, 1], got {self.clip_level}")
-        if self.max_wer < 0:
-            raise ConfigError(f"quality.max_wer must be >= 0, got {self.max_wer}")
-        if self.max_regenerated_share < 0:
-            raise ConfigError(f"quality.max_regenerated_share must be >= 0, got {self.max_regenerated_share}")
-        for backend, known, where in (
-            ("asr", ASR_BACKENDS, "a local model directory"),
-            ("speaker", SPEAKER_BACKENDS, "a local model directory"),
-            ("mos", MOS_BACKENDS, "the local sig_bak_ovr.onnx file"),
+        for backend, where in (
+            ("asr", "a local model directory"),
+            ("speaker", "a local model directory"),
+            ("mos", "the local sig_bak_ovr.onnx file"),
         ):
-            chosen = getattr(self, backend)
-            if chosen is None:
-                continue
-            if chosen not in known:
-                raise ConfigError(f"quality.{backend} must be null or one of {', '.join(known)}, got {chosen!r}")
-            if not getattr(self, f"{backend}_model"):
+            if getattr(self, backend) is not None and not getattr(self, f"{backend}_model"):
                 raise ConfigError(f"quality.{backend} is set but quality.{backend}_model is null: name {where}")

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from actors.audio import resample
-from actors.quality.flags import SPEAKER_BACKENDS, WAVLM_SAME_SPEAKER_THRESHOLD  # noqa: F401 (named here too)
-from actors.settings import ConfigError
+from actors.errors import ConfigError
+from actors.quality.settings import SPEAKER_BACKENDS, WAVLM_SAME_SPEAKER_THRESHOLD  # noqa: F401 (named here too)
 
 XVECTOR_ARCHITECTURE = "WavLMForXVector"
 DOWNLOAD_HINT = "huggingface-cli download microsoft/wavlm-base-plus-sv --local-dir DIR"

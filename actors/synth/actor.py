@@ -34,7 +34,6 @@ from actors import schema as S
 from actors.memory import HeapTrimmer, bound_native_caches
 from actors.quality.asr import load_asr
 from actors.ray_metrics import ActorMetrics
-from actors.settings import ActorSettings
 from actors.synth import loading
 from actors.synth.blocks import Preparer, longest_first, run_block
 from actors.synth.chain import ChainPlanner
@@ -50,6 +49,7 @@ from actors.synth.priority import yield_to_engine
 from actors.synth.recorder import Recorder
 from actors.synth.references import CodecShape, ReferenceStore
 from actors.synth.rows import RefSpec, RowError, RowSpec
+from actors.synth.settings import ActorSettings
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,9 @@ class SynthActor:
     def __init__(self, settings: ActorSettings, recorder: Optional[Recorder] = None):
         constructed = time.perf_counter()  # the actor's own start-up: imports, model + codec load
         if not isinstance(settings, ActorSettings):
-            raise TypeError(f"SynthActor takes an ActorSettings (actors/settings.py), got {type(settings).__name__}")
+            raise TypeError(
+                f"SynthActor takes an ActorSettings (actors/synth/settings.py), got {type(settings).__name__}"
+            )
         settings.validate()
         bound_native_caches()  # before the model's first oneDNN call (actors/memory.py)
         self.settings, self.recorder = settings, recorder or Recorder()

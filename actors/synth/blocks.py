@@ -17,12 +17,12 @@ import pyarrow as pa
 
 from actors import schema as S
 from actors.engine.prompt import PromptError
-from actors.settings import ActorSettings
 from actors.synth.chain import ChainPlanner
 from actors.synth.jobs import Block, Job
 from actors.synth.output import output_table_per_row
 from actors.synth.references import ReferenceStore
 from actors.synth.rows import RowError, RowSpec, parse_row
+from actors.synth.settings import ActorSettings
 
 log = logging.getLogger(__name__)
 

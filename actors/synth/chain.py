@@ -27,8 +27,8 @@ from actors.engine.dialogue import DialogueError, DialogueSegment, dialogue_segm
 from actors.engine.prompt import PreviousSegment, Prompt, PromptError, Reference, check_text
 from actors.engine.segment import segment_budget, segment_text, utf8_len
 from actors.engine.types import STOP_ERROR, Request, Result
-from actors.settings import ActorSettings
 from actors.synth.rows import RowError, RowSpec, escape_special_tokens, frame_budget, row_seed
+from actors.synth.settings import ActorSettings
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.engine.prompt import PromptError
-from actors.settings import ActorSettings
 from actors.synth.clock import BusyClock
 from actors.synth.gate import QualityGate
 from actors.synth.jobs import Job
 from actors.synth.recorder import Recorder
+from actors.synth.settings import ActorSettings
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from typing import Any
 
 from actors import schema as S
 from actors.quality import hearing
-from actors.settings import ActorSettings
 from actors.synth.clock import BusyClock
 from actors.synth.gate import QualityGate
 from actors.synth.jobs import Job
 from actors.synth.output import RowWriter
+from actors.synth.settings import ActorSettings
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class Finisher:
         """What hearing a row needs: its codes, words, segments' and turns' frames, channels."""
         plan = job.chain.plan
         segment_frames = [r.frames for r in job.chain.results]
-        per_speaker = job.spec.dialogue and self.settings.run.channels == S.CHANNELS_PER_SPEAKER
+        per_speaker = job.spec.dialogue and self.settings.output.channels == S.CHANNELS_PER_SPEAKER
         return hearing.HearTask(
             job.result.codes,
             plan.words,

@@ -27,11 +27,11 @@ from typing import Any, Optional
 
 from actors.engine.types import STOP_ERROR
 from actors.quality import attempts, checks, hearing
-from actors.quality.flags import LOCAL_FLAGS
 from actors.quality.gate import RowQuality, SegmentAttempts
 from actors.quality.hearing import Heard
-from actors.settings import ActorSettings
+from actors.quality.settings import LOCAL_FLAGS
 from actors.synth.jobs import Job
+from actors.synth.settings import ActorSettings
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The actor's crash guard: what keeps one row that kills its process (a segfault, out of
 memory, a hang) from killing the job. An attempts ledger outlives the process and counts the
-deaths each block caused; a block that killed actors `quarantine_after` times runs row by row,
+deaths each block caused; a block that killed actors `cluster.crash_quarantine_after` times runs row by row,
 alone in the actor, until the row that does it is quarantined as an error row. A watchdog
 turns a block stuck past block_timeout_s into such a death. The fault-injection hooks the
 reliability tests use (crash_on_batch, crash_on_id) live here too."""
@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from actors import schema as S
 from actors.files import write_atomically
-from actors.settings import ActorSettings
+from actors.synth.settings import ActorSettings
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +103,11 @@ Quarantined = Callable[[pa.Table, str], pa.Table]  # a one-row batch and why -> 
 
 class CrashGuard:
     def __init__(self, settings: ActorSettings, actor: str, quarantined: Quarantined):
-        crash = settings.crash
-        self.crash, self.actor, self._quarantined = crash, actor, quarantined
-        self.ledger = AttemptLedger(crash.attempts_dir) if crash.attempts_dir else None
-        self.quarantine_after = max(1, int(crash.quarantine_after))
+        # the run config's cluster group itself: crash_quarantine_after, block_timeout_s, the hooks
+        self.cluster, self.actor, self._quarantined = settings.cluster, actor, quarantined
+        attempts = settings.run.attempts_dir
+        self.ledger = AttemptLedger(attempts) if attempts else None
+        self.quarantine_after = int(self.cluster.crash_quarantine_after)
         self._lock = SuspectLock()
 
     def run(self, batch: pa.Table, number: int, process: Process) -> pa.Table:
@@ -150,14 +151,14 @@ class CrashGuard:
         return table
 
     def _watched(self, batch: pa.Table, number: int, process: Process) -> pa.Table:
-        if self.crash.crash_on_id is not None and self.crash.crash_on_id in batch.column(S.ID).to_pylist():
-            log.warning("crash_on_id=%r: actor %s exits now", self.crash.crash_on_id, self.actor)
+        if self.cluster.crash_on_id is not None and self.cluster.crash_on_id in batch.column(S.ID).to_pylist():
+            log.warning("crash_on_id=%r: actor %s exits now", self.cluster.crash_on_id, self.actor)
             os._exit(71)  # test hook: a row that kills its process (segfault, OOM)
-        if not self.crash.block_timeout_s:
+        if not self.cluster.block_timeout_s:
             return process(batch, number)
         # the block's clock includes its wait for slots behind the other blocks in flight:
         # block_timeout_s must cover max_concurrent_blocks blocks' work
-        watchdog = threading.Timer(float(self.crash.block_timeout_s), self._watchdog_fires, args=(batch.num_rows,))
+        watchdog = threading.Timer(float(self.cluster.block_timeout_s), self._watchdog_fires, args=(batch.num_rows,))
         watchdog.daemon = True
         watchdog.start()
         try:
@@ -173,7 +174,7 @@ class CrashGuard:
         log.error(
             "watchdog: a block of %d rows ran past cluster.block_timeout_s=%g s; actor %s exits",
             rows,
-            float(self.crash.block_timeout_s),
+            float(self.cluster.block_timeout_s),
             self.actor,
         )
         for handler in logging.getLogger().handlers:
@@ -183,12 +184,12 @@ class CrashGuard:
     def _maybe_crash(self, number: int) -> None:
         """Test hook for the fault-tolerance test: exit hard (no cleanup, as a killed process
         would) on the N-th batch; the marker file makes it happen once per run."""
-        on_batch = int(self.crash.crash_on_batch or 0)
+        on_batch = int(self.cluster.crash_on_batch or 0)
         if not on_batch or number != on_batch:
             return
-        if self.crash.crash_marker:
+        if self.cluster.crash_marker:
             try:
-                os.close(os.open(self.crash.crash_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                os.close(os.open(self.cluster.crash_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
                 return
         log.warning("crash_on_batch=%d: actor %s exits now", on_batch, self.actor)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from actors.settings import QualitySettings
+from actors.quality.settings import QualitySettings
 from actors.synth.rows import RefSpec
 
 log = logging.getLogger(__name__)

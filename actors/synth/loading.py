@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from actors.settings import ActorSettings, ModelConfig
+from actors.synth.settings import ActorSettings, ModelSettings
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class Loaded:
     codec_path: Path
 
 
-def model_paths(model: ModelConfig) -> tuple[Path, Path]:
+def model_paths(model: ModelSettings) -> tuple[Path, Path]:
     """(checkpoint dir, codec file or dir): the configured ones, or the demo's (built here on
     first use) when no checkpoint is configured."""
     checkpoint, codec_path = model.checkpoint, model.codec

@@ -18,9 +18,9 @@ import pyarrow as pa
 from actors import schema as S
 from actors.alone import each_alone
 from actors.engine.types import STOP_BUDGET
-from actors.settings import ActorSettings
 from actors.synth.jobs import Block, Job
 from actors.synth.rows import RowSpec
+from actors.synth.settings import ActorSettings
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class RowWriter:
             S.TOTAL_MS: total_ms,
             S.RTF: (total_ms / 1000.0) / seconds if seconds > 0 else None,
         }
-        if self.settings.run.keep_codes:
+        if self.settings.output.keep_codes:
             audio[S.CODES] = np.asarray(result.codes, dtype=np.int16).tolist()
         return audio
 

@@ -19,10 +19,11 @@ from actors import schema as S
 from actors.alone import each_alone
 from actors.engine.dialogue import voice_text_problem
 from actors.lru import LRU
-from actors.settings import ActorSettings, uri_scheme
 from actors.storage import StoreError
+from actors.synth.job_settings import uri_scheme
 from actors.synth.jobs import Failure
 from actors.synth.rows import RefSpec, RowError, VoiceSpec
+from actors.synth.settings import ActorSettings
 
 
 class ReferenceTooLarge(ValueError):
@@ -111,7 +112,7 @@ class ReferenceStore:
         limit = self.settings.data.max_voices
         if len(listed) > limit:
             raise RowError(f"the row has {len(listed)} voices, more than data.max_voices={limit}; split the dialogue")
-        if self.settings.run.channels == S.CHANNELS_PER_SPEAKER and len(listed) > S.FLAC_MAX_CHANNELS:
+        if self.settings.output.channels == S.CHANNELS_PER_SPEAKER and len(listed) > S.FLAC_MAX_CHANNELS:
             raise RowError(
                 f"the row has {len(listed)} voices, but output.channels=per_speaker gives each its channel and a "
                 f"FLAC file holds at most {S.FLAC_MAX_CHANNELS}; split the dialogue or use output.channels=mono"

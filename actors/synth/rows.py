@@ -18,7 +18,7 @@ import numpy as np
 
 from actors import schema as S
 from actors.engine.segment import SPEAKER_TAG
-from actors.settings import INT32_MAX, ActorSettings, sampling_problem
+from actors.synth.settings import INT32_MAX, ActorSettings, sampling_problem
 
 SEED_MASK = (1 << 63) - 1  # seeds are stored as int64
 WORD_JOINER = "\u2060"  # zero width, no sound, not a control character: breaks `<|` for the tokenizer

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from actors import schema as S
-from actors.settings import ConfigError
+from actors.errors import ConfigError
 
 # format name -> "module:Class" under pipeline.export, imported only when asked for (lhotse's
 # writer loads torch: never in the driver)

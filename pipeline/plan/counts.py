@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from actors import schema as S
+from actors.synth.settings import EngineSettings
 
-from ..config import EngineSettings
 from ..errors import OutputMismatch
 from ..output.supersede import PlannedRows
 from . import rules as P

@@ -18,9 +18,10 @@ import pyarrow.parquet as pq
 from actors import schema as S
 from actors.demo import cache_root
 from actors.files import write_atomically
+from actors.synth.settings import ModelSettings
 
 from ..cluster import TASK_CPUS
-from ..config import REPO_ROOT, ChorusConfig, ModelConfig
+from ..config import REPO_ROOT, ChorusConfig
 from ..location import open_location
 from .inputs import InputScan
 
@@ -93,7 +94,7 @@ def _fingerprint_location(digest, location: str) -> None:
         digest.update(f"{f.path[len(path) :]}|{f.size}|{content}|".encode())
 
 
-def model_fingerprint(model: ModelConfig) -> str:
+def model_fingerprint(model: ModelSettings) -> str:
     """What the model's weights are, not what its folder is called: the content of every
     file of the checkpoint and codec (hashed whole; see _file_hashes for the cache)."""
     digest = hashlib.blake2b(digest_size=16)
@@ -164,7 +165,7 @@ def input_ids_digest(scan: InputScan, distributed: bool) -> str:
     return ids_digest(ray.get([task.remote(path, scan.filesystem, id_column) for path in scan.files]))
 
 
-def identity(model: ModelConfig, scan: InputScan, ids: str) -> dict:
+def identity(model: ModelSettings, scan: InputScan, ids: str) -> dict:
     """What an output belongs to: the input's ids (not its path: a Ray Job reads its copy of
     the table from a new temporary directory each time) and the model."""
     checkpoint = model.checkpoint

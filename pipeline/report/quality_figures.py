@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from actors import schema as S
 from actors.quality.attempts import severity_key
-from actors.quality.flags import FLAGS
+from actors.quality.settings import FLAGS
 
 from . import metrics
 

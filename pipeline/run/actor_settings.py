@@ -1,13 +1,13 @@
 """What each actor is built with: the run config's actor groups as their typed dataclasses
-(actors/settings.py), the run context and the crash settings, in one ActorSettings that is
+(actors/synth/settings.py) and the run context, in one ActorSettings that is
 small, picklable and the same on every actor; and how many blocks an actor holds at once."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
-from actors.settings import ActorSettings, CrashSettings, RunContext
+from actors.synth.settings import ActorSettings, RunContext, RunGroups
 
 from ..config import ChorusConfig
 from ..location import absolute
@@ -35,36 +35,27 @@ def concurrent_blocks(engine, rows_per_block: int, rows: int | None = None, acto
     return max(1, min(cover, blocks_per_actor(rows, rows_per_block, actors)))
 
 
-# the run config's groups SynthActor receives, as their dataclasses (actors/settings.py)
-ACTOR_GROUPS = ("model", "data", "engine", "long_form", "sampling", "quality")
+# the run config's groups SynthActor receives, as their dataclasses (actors/synth/settings.py)
+ACTOR_GROUPS = tuple(f.name for f in fields(RunGroups))
 
 
 def actor_arguments(
     config: ChorusConfig, input_dir: str | None, run_id: str, attempts: str | None = None, rows: int | None = None
 ) -> dict:
-    """SynthActor's constructor arguments: one ActorSettings (actors/settings.py) holding the
-    actor's groups of `config` (typed dataclasses, resolved), the run context and the crash
-    settings; small, picklable and the same on every actor. `rows`: the input's row count,
-    when known (see concurrent_blocks)."""
+    """SynthActor's constructor arguments: one ActorSettings (actors/synth/settings.py) holding
+    the actor's groups of `config` (typed dataclasses, resolved) and the run context; small,
+    picklable and the same on every actor. `rows`: the input's row count, when known (see
+    concurrent_blocks)."""
     groups = {group: getattr(config, group) for group in ACTOR_GROUPS}
     groups["data"] = replace(groups["data"], audio_root=absolute(groups["data"].audio_root))
-    cluster, output = config.cluster, config.output
+    cluster = groups["cluster"]
     engine = groups["engine"]
     blocks = concurrent_blocks(engine, cluster.rows_per_block, rows, cluster.num_actors)
     groups["engine"] = replace(engine, max_concurrent_blocks=blocks)
     run_context = RunContext(
         run_id=run_id,
         input_dir=input_dir,
-        keep_codes=output.keep_codes,
-        channels=output.channels,
         threads=cluster.threads_per_actor or max(1, math.floor(cluster.cpus_per_actor)),
-    )
-    crash = CrashSettings(
         attempts_dir=attempts,
-        quarantine_after=cluster.crash_quarantine_after,
-        block_timeout_s=cluster.block_timeout_s,
-        crash_on_batch=cluster.crash_on_batch,
-        crash_marker=cluster.crash_marker,
-        crash_on_id=cluster.crash_on_id,
     )
-    return {"settings": ActorSettings(**groups, run=run_context, crash=crash)}
+    return {"settings": ActorSettings(**groups, run=run_context)}

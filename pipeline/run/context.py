@@ -6,8 +6,10 @@ import datetime
 import uuid
 from dataclasses import dataclass
 
+from actors.synth.job_settings import OutputSettings
+
 from ..cluster import Cluster
-from ..config import ChorusConfig, OutputSettings
+from ..config import ChorusConfig
 from ..location import scratch_dir
 from ..output.layout import OutputLayout
 from ..plan.inputs import InputScan

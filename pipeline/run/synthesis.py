@@ -11,9 +11,9 @@ import time
 import warnings
 
 from actors.storage import retries_spent
+from actors.synth.job_settings import ClusterSettings
 
 from ..cluster import TASK_CPUS
-from ..config import ClusterSettings
 from ..output import space
 from ..output.compaction import RunningCompaction
 from ..output.parts import write_block

@@ -12,7 +12,8 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import MissingMandatoryValue
 
 from actors.engine.settings import EngineConfig
-from pipeline.config import EngineSettings, compose, compose_typed
+from actors.synth.settings import EngineSettings
+from pipeline.config import compose, compose_typed
 from pipeline.errors import ConfigError
 from pipeline.run.steps import run
 from tests.helpers import REPO

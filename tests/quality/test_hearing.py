@@ -14,7 +14,7 @@ import torch
 from actors.codec import load_codec
 from actors.demo import demo_assets
 from actors.quality import checks, hearing
-from actors.settings import QualitySettings
+from actors.quality.settings import QualitySettings
 
 STEP = 1.0 / 32768  # one 16-bit FLAC step
 

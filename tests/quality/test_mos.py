@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import soxr
 
+from actors.errors import ConfigError
 from actors.quality.mos import DNSMOS, EMILIA_MIN_OVRL, MOS_BACKENDS, MOSScore, calibrate, window_starts
 from actors.quality.tiny import build_tiny_dnsmos
-from actors.settings import ConfigError
 from tests.helpers import REPO
 
 onnx = pytest.importorskip("onnx")

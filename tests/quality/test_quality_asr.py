@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from actors.settings import ConfigError, QualitySettings
+from actors.errors import ConfigError
+from actors.quality.settings import QualitySettings
 from tests.helpers import REPO
 
 SR = 44100
@@ -146,7 +147,7 @@ def test_without_asr_nothing_of_it_is_imported():
     code = (
         "import sys\n"
         "from actors.quality.asr import load_asr\n"
-        "from actors.settings import QualitySettings\n"
+        "from actors.quality.settings import QualitySettings\n"
         "assert load_asr(QualitySettings(), 'cpu') is None\n"
         "assert 'transformers' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)\n"
     )

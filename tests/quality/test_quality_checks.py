@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from actors.errors import ConfigError
 from actors.quality import attempts, checks
 from actors.quality.gate import RowQuality, SegmentAttempts
+from actors.quality.settings import QualitySettings
 from actors.quality.text import char_error_rate, edit_distance, normalize, word_error_rate
-from actors.settings import ConfigError, QualitySettings
 
 SR = 44100
 LIMITS = QualitySettings()

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from actors.audio import resample
+from actors.errors import ConfigError
 from actors.quality.speaker import (
     SPEAKER_BACKENDS,
     WAVLM_SAME_SPEAKER_THRESHOLD,
@@ -24,7 +25,6 @@ from actors.quality.speaker import (
     min_clip_samples,
 )
 from actors.quality.tiny import build_tiny_wavlm
-from actors.settings import ConfigError
 from tests.helpers import REPO
 
 MODEL_RATE = 16000

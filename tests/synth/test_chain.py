@@ -14,9 +14,9 @@ from actors.engine.config import load_config, with_semantic_ids
 from actors.engine.prompt import PromptBuilder
 from actors.engine.tokenizer import load_tokenizer
 from actors.engine.types import STOP_BUDGET, STOP_EOS, STOP_ERROR, Result, SamplingParams
-from actors.settings import ActorSettings, EngineSettings, LongFormSettings, ModelConfig, SamplingSettings
 from actors.synth.chain import ChainPlanner, segment_seed
 from actors.synth.rows import RowSpec, parse_row
+from actors.synth.settings import ActorSettings, EngineSettings, LongFormSettings, ModelSettings, SamplingSettings
 from helpers import vector_set
 
 POSITIONS = 512
@@ -28,9 +28,9 @@ def planner() -> ChainPlanner:
     tok = load_tokenizer(checkpoint)
     config = with_semantic_ids(load_config(checkpoint), tok.semantic_begin_id, tok.semantic_end_id, tok.source)
     settings = ActorSettings(
-        ModelConfig(checkpoint=None),
-        EngineSettings(frames_per_char=0.1, min_frames=2, max_frames=64),
-        SamplingSettings(),
+        model=ModelSettings(checkpoint=None),
+        engine=EngineSettings(frames_per_char=0.1, min_frames=2, max_frames=64),
+        sampling=SamplingSettings(),
         long_form=LongFormSettings(segment_bytes=120),
     )
     return ChainPlanner(settings, PromptBuilder(tok, config), POSITIONS, frozenset(tok.special))

@@ -21,10 +21,10 @@ from actors.engine.types import SamplingParams
 from actors.lru import LRU
 from actors.quality import hearing
 from actors.quality.tiny import build_tiny_wavlm
-from actors.settings import ActorSettings, EngineSettings, ModelConfig, SamplingSettings
 from actors.synth import SynthActor, Trace
 from actors.synth.chain import ChainPlanner
 from actors.synth.rows import RefSpec, RowError, VoiceSpec, parse_row
+from actors.synth.settings import ActorSettings, EngineSettings, ModelSettings
 from helpers import REPO, plant, tune, vector_set
 from pipeline.config import compose_typed
 from pipeline.run.actor_settings import actor_arguments
@@ -129,7 +129,7 @@ def test_turns_span_the_audio_at_frame_seams_each_voice_on_its_channel(actor, mo
         assert not channels[~inside, voice].any()  # exact silence outside its own turns
         assert np.abs(channels[inside, voice]).max() > 0
     # the same row mono: the same codes, and its audio is the channels' sum, sample for sample
-    tune(monkeypatch, actor, "run", channels=S.CHANNELS_MONO)
+    tune(monkeypatch, actor, "output", channels=S.CHANNELS_MONO)
     (mono,) = actor(rows(dialogue())).to_pylist()
     assert mono[S.CODES] == row[S.CODES] and mono[S.TURNS] == turns
     np.testing.assert_array_equal(audio(mono), channels.sum(axis=1))
@@ -233,7 +233,7 @@ def test_s1_refuses_several_voices_and_takes_one():
     checkpoint = vector_set("dualar-s1-tiny") / "checkpoint"
     tok = load_tokenizer(checkpoint)
     config = with_semantic_ids(load_config(checkpoint), tok.semantic_begin_id, tok.semantic_end_id, tok.source)
-    settings = ActorSettings(ModelConfig(checkpoint=None), EngineSettings(max_frames=16), SamplingSettings())
+    settings = ActorSettings(model=ModelSettings(checkpoint=None), engine=EngineSettings(max_frames=16))
     planner = ChainPlanner(settings, PromptBuilder(tok, config), 2048, frozenset(tok.special))
     codes = [np.random.default_rng(i).integers(0, config.codebook_size, (config.num_codebooks, 5)) for i in range(2)]
     two = tuple(VoiceSpec(RefSpec(f"codes:{i}", codes=c), "Words.") for i, c in enumerate(codes))

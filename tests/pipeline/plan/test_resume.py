@@ -19,7 +19,7 @@ from tests.helpers import decide_rows, hashes
 def test_resume_redoes_changed_rows_and_transient_errors(tmp_path, distributed, request):
     import pyarrow.fs as pafs
 
-    from pipeline.config import EngineSettings
+    from actors.synth.settings import EngineSettings
     from pipeline.plan.counts import count_decisions, refuse_changed
     from pipeline.plan.decide import decide, output_key_files
     from pipeline.plan.inputs import scan_input

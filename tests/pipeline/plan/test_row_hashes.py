@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import ModelConfig, compose_typed
+from actors.synth.settings import ModelSettings
+from pipeline.config import compose_typed
 from tests.helpers import hashes
 
 PINNED_HASH = "a1f9b881d0134741b62ab6f37f6b236c"  # inputs.scan_rows of commit 87c655c, for the row below
@@ -85,7 +86,7 @@ def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkey
     (ckpt / "config.json").write_text('{"dim": 8}')
     weights = bytearray(os.urandom(3 << 20))
     (ckpt / "model.pth").write_bytes(bytes(weights))
-    model = ModelConfig(checkpoint=str(ckpt))
+    model = ModelSettings(checkpoint=str(ckpt))
     first = model_fingerprint(model)
     assert model_fingerprint(model) == first
     seen = {first}
@@ -105,4 +106,4 @@ def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkey
     (latest,) = [key for key in cached if "model.pth" in key and key.endswith(f"|{len(weights) - 1}")]
     cache_file.write_text(json.dumps({**cached, latest: "doctored"}))
     assert model_fingerprint(model) != now
-    assert model_fingerprint(ModelConfig(checkpoint=None)) == model_fingerprint(ModelConfig(checkpoint=None))
+    assert model_fingerprint(ModelSettings(checkpoint=None)) == model_fingerprint(ModelSettings(checkpoint=None))

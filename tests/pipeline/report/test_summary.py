@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from actors import schema as S
-from actors.quality.flags import FLAGS
+from actors.quality.settings import FLAGS
 from helpers import assert_same_summary
 from pipeline.names import REJECTED_PART
 from pipeline.output import shards

@@ -124,7 +124,7 @@ def test_ray_datas_per_block_stats_are_cleared_while_streaming(ray_cluster):
 
 @pytest.mark.parametrize("configured", [0, -5])
 def test_read_ahead_rows_must_be_positive(configured):
-    from pipeline.config import ClusterSettings
+    from actors.synth.job_settings import ClusterSettings
     from pipeline.errors import ConfigError
 
     with pytest.raises(ConfigError, match="read_ahead_rows"):

@@ -1,7 +1,8 @@
-"""The settings the actor receives: the run config's model, data, engine, long_form, sampling and
-quality groups as typed dataclasses, each default here once. The driver's Hydra schema
-(pipeline/config.py) nests them, and `OmegaConf.to_object` hands the actor these objects, not
-dicts (docs/architecture.md §3).
+"""The settings a SynthActor receives, as one ActorSettings: the run config's groups as typed
+dataclasses, each default defined once, here (model, engine, long_form, sampling), in
+job_settings.py (data, output, cluster) or in the engine's and the quality checks' own
+settings. The driver's Hydra schema (pipeline/config.py) nests these same classes, and
+`OmegaConf.to_object` hands the actor these objects, not dicts (docs/architecture.md §3).
 
 Free of torch, Hydra and OmegaConf: the driver and the actor both import it. A required field
 is the string "???", which OmegaConf reads as a missing value; `${...}` defaults are OmegaConf
@@ -15,18 +16,19 @@ runs them again for callers that build it directly.
 from __future__ import annotations
 
 import re
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
-from actors import schema
+from actors.bounds import at_least, check_bounds, described, one_of, within
 from actors.engine.segment import DEFAULT_MAX_TURNS, DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from actors.engine.settings import DTYPE_NAMES, EngineConfig
 from actors.engine.types import SamplingParams
 from actors.errors import ConfigError
 from actors.quality.settings import QualitySettings
+from actors.synth.job_settings import MISSING, ClusterSettings, DataSettings, OutputSettings
 
 DEMO_FAMILIES = ("s1", "s2")  # the built-in demo checkpoints (actors/demo.py)
-MISSING = "???"  # OmegaConf's mark of a required value (omegaconf.MISSING), without importing it
 
 INT32_MAX = (1 << 31) - 1  # top_k, max_frames: int32 output columns
 # The engine samples in float32 (bfloat16 on GPU: the same exponent range): a temperature of
@@ -39,14 +41,7 @@ TOP_P_MIN = 1e-6
 
 # torch device types a model may be put on, with an optional index ("cuda:1")
 _DEVICE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
-# the one spelling of a URI's scheme (`s3://...`), for clip paths and for data.uri_schemes
-_URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-def uri_scheme(path: str) -> Optional[str]:
-    """The lowercased scheme of a URI (`S3://b/k` -> "s3"); None for a plain path."""
-    match = _URI.match(path)
-    return match.group(1).lower() if match else None
+_DTYPE_WORDS = f"auto or one of {', '.join(DTYPE_NAMES)}"
 
 
 def sampling_problem(temperature: float, top_p: float, top_k: int) -> Optional[str]:
@@ -65,7 +60,9 @@ def sampling_problem(temperature: float, top_p: float, top_k: int) -> Optional[s
 
 
 @dataclass
-class ModelConfig:
+class ModelSettings:
+    """The checkpoint and its codec, and the device and precision they run in."""
+
     # recorded in every output row's `model` column
     name: str = "demo-s1-tiny"
     # checkpoint directory (config.json + weights + tokenizer), required; null = the built-in
@@ -74,11 +71,11 @@ class ModelConfig:
     # codec.pth or a directory holding it; null = codec.pth inside `checkpoint` (or the demo's)
     codec: Optional[str] = None
     # auto = cuda when the actor was granted a GPU, else cpu
-    device: str = "auto"
+    device: str = field(default="auto", metadata=described("auto, cpu, cuda, cuda:N, mps, xpu or xpu:N"))
     # auto = bfloat16 on GPU and on CPUs with bf16 units (AVX512-BF16, AMX), else float32
     # (actors/engine/precision.py); the codec's likewise
-    dtype: str = "auto"
-    codec_dtype: str = "auto"
+    dtype: str = field(default="auto", metadata=described(_DTYPE_WORDS))
+    codec_dtype: str = field(default="auto", metadata=described(_DTYPE_WORDS))
     # a float32 codec on CPU runs its narrow layers (Snake + conv, <= 32 channels) through
     # chorus's C++ kernel, built once per node (actors/codec/kernels.py): the demo codec decodes
     # ~2x faster. Samples differ from torch's layers by float rounding (~1e-6), as they do
@@ -86,14 +83,13 @@ class ModelConfig:
     codec_kernels: bool = True
     # the family of the built-in demo checkpoint (model.checkpoint null): s1 (model=demo) or s2
     # (model=demo_s2), each a tiny random model of that family's on-disk format
-    demo_family: str = "s1"
+    demo_family: str = field(default="s1", metadata=one_of(*DEMO_FAMILIES))
     # where the demo checkpoint is built on each actor's node (null = ~/.cache/chorus there);
     # the driver's $CHORUS_CACHE, when set, is passed on
     cache_dir: Optional[str] = "${oc.env:CHORUS_CACHE,null}"
 
     def validate(self) -> None:
-        if self.demo_family not in DEMO_FAMILIES:
-            raise ConfigError(f"model.demo_family must be one of {', '.join(DEMO_FAMILIES)}, got {self.demo_family!r}")
+        check_bounds(self, "model")
         if self.device != "auto" and not _DEVICE.match(self.device):
             raise ConfigError(f"model.device must be auto, cpu, cuda, cuda:N, mps, xpu or xpu:N, got {self.device!r}")
         names = ", ".join(DTYPE_NAMES)
@@ -104,89 +100,17 @@ class ModelConfig:
 
 
 @dataclass
-class InputColumns:
-    """The table's name for each input column (actors/schema.py); defaults are the canonical ones."""
-
-    id: str = schema.ID
-    text: str = schema.TEXT
-    ref_audio: str = schema.REF_AUDIO
-    ref_audio_path: str = schema.REF_AUDIO_PATH
-    ref_text: str = schema.REF_TEXT
-    ref_id: str = schema.REF_ID
-    ref_codes: str = schema.REF_CODES
-    voices: str = schema.VOICES
-    speaker: str = schema.SPEAKER
-    seed: str = schema.SEED
-    max_frames: str = schema.MAX_FRAMES
-    temperature: str = schema.TEMPERATURE
-    top_p: str = schema.TOP_P
-    top_k: str = schema.TOP_K
-
-
-@dataclass
-class DataConfig:
-    """The input table (path, name and columns: the driver's) and the per-row limits the actor
-    applies: text is refused before it is tokenized, a clip before it is read, and a clip
-    fetch/decode that takes longer than reference_timeout_s fails its rows."""
-
-    # a Parquet file, a directory of them or a glob; local or any URI pyarrow reads (s3://, gs://, ...)
-    path: str = MISSING
-    # short name of the input, used in the default output directory
-    name: str = "${chorus_stem:${.path}}"
-    columns: InputColumns = field(default_factory=InputColumns)
-    # the directory (or URI prefix) every ref_audio_path must lie in, relative paths start
-    # there; null = the input's directory
-    audio_root: Optional[str] = None
-    # longest reference clip accepted, seconds
-    max_reference_seconds: float = 30.0
-    # longest row text synthesised (characters); a longer row is an error row, the run goes on
-    max_text_chars: int = 50_000
-    # per-row limits: a clip's size (checked before it is read), the time to fetch and decode
-    # it, a text's size (checked before it is tokenized)
-    max_reference_bytes: int = 50 * 1024 * 1024
-    reference_timeout_s: float = 60.0
-    # null = 4 x max_text_chars (UTF-8's widest character): every text within max_text_chars
-    # passes, Chinese or Cyrillic as much as English
-    max_text_bytes: Optional[int] = None
-    # false: spellings of the tokenizer's special tokens in text (`<|im_end|>`, ...) are
-    # escaped and read as plain characters; true: they act as control tokens (power users)
-    allow_special_tokens: bool = False
-    # most voices a dialogue row may have (its `voices` list); each voice's clip and codes are
-    # in every turn's prompt
-    max_voices: int = 8
-    # URI schemes a ref_audio_path may use (local paths and file:// always work)
-    uri_schemes: list[str] = field(default_factory=lambda: ["s3", "gs", "gcs", "hdfs", "abfs", "abfss"])
-
-    @property
-    def text_byte_limit(self) -> int:
-        """The most UTF-8 bytes of text a row may have (checked before it is tokenized)."""
-        return self.max_text_bytes if self.max_text_bytes is not None else 4 * self.max_text_chars
-
-    def validate(self) -> None:
-        for key in ("max_text_chars", "max_reference_bytes", "max_text_bytes", "max_voices"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise ConfigError(f"data.{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("max_reference_seconds", "reference_timeout_s"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"data.{key} must be > 0, got {getattr(self, key)}")
-        for scheme in self.uri_schemes:
-            if uri_scheme(f"{scheme}://") != scheme:
-                raise ConfigError(
-                    f"data.uri_schemes must be lowercase URI schemes (s3, gs, ...) without '://', got {scheme!r}"
-                )
-
-
-@dataclass
 class EngineSettings(EngineConfig):
     """The engine group: the engine's own settings, each default once in `EngineConfig`
     (actors/engine/settings.py: slots, KV positions, prefill chunk, prefix cache, compile,
     ...), plus what the actor decides around the engine for each row."""
 
     # frame budget per row (21.5 frames = 1 s of audio); a `max_frames` column overrides it
-    max_frames: int = 1024
+    max_frames: int = field(default=1024, metadata=at_least(0))
     # when set, a row's budget is min(max_frames, min_frames + frames_per_char * len(text))
-    frames_per_char: Optional[float] = None
-    min_frames: int = 8
+    frames_per_char: Optional[float] = field(default=None, metadata=at_least(0, or_null=True))
+    min_frames: int = field(default=8, metadata=at_least(0))
+    # a row ends at the model's end-of-speech token; false: it always runs to its frame budget
     stop_on_eos: bool = True
     # rows per codec decode call, and how long the finisher waits for that many while the
     # engine still has rows live. 1 (each row alone) makes a row's audio a function of the row:
@@ -197,48 +121,40 @@ class EngineSettings(EngineConfig):
     # of 8-row batches at the median (runs spread 0.7-1.2x), slot occupancy 0.80 against 0.95;
     # the real-size codec decoded a second of audio faster alone than in 8-row batches. engine=gpu
     # batches 16: there a call for many rows costs about what one row's does
-    codec_batch_rows: int = 1
-    codec_wait_ms: float = 200.0
+    codec_batch_rows: int = field(default=1, metadata=at_least(1))
+    codec_wait_ms: float = field(default=200.0, metadata=at_least(0))
     # a row's codes are decoded padded (code 0) to a multiple of this many frames and the wave
     # cut back to its own length: every layer is causal, so the padding never reaches the row's
     # samples, and the decode's shapes repeat, so oneDNN (CPU) reuses its kernels instead of
     # building ~70 new ones for every new length (demo codec, 1 thread, Sapphire Rapids, rows
     # of 10-110 frames: 0.88-0.92 ms per frame at 1, 0.68 at 16, padding included). The bucket
     # is a function of the row's own length, so its audio still depends on nothing else
-    codec_frame_bucket: int = 16
+    codec_frame_bucket: int = field(default=16, metadata=at_least(1))
     # CPU: decode in a child process holding its own copy of the codec, so the codec does not
     # share the engine loop's GIL (CUDA: the codec has a stream of its own; this is ignored)
     codec_process: bool = False
     # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
-    reference_cache: int = 256
+    reference_cache: int = field(default=256, metadata=at_least(0))
     # Ray Data blocks one actor holds at once: its engine loop takes rows from all of them, so
     # a slot freed at the end of one block is refilled from the next at once. null = enough
     # blocks of cluster.rows_per_block rows to cover max_rows + feed_queue_rows, plus two, at
     # most each actor's share of the input's blocks (pipeline/run/actor_settings.py::concurrent_blocks)
-    max_concurrent_blocks: Optional[int] = None
+    max_concurrent_blocks: Optional[int] = field(default=None, metadata=at_least(1, or_null=True))
     # rows an actor holds beyond its slots, prepared and waiting for one (back-pressure: a
     # block's rows enter the engine's queue only while fewer than max_rows + this are in flight)
-    feed_queue_rows: int = 8
+    feed_queue_rows: int = field(default=8, metadata=at_least(0))
 
     def engine_config(self) -> EngineConfig:
         """The engine's own settings alone, for `Engine`."""
         return EngineConfig(**{f.name: getattr(self, f.name) for f in fields(EngineConfig)})
 
     def validate(self) -> None:
-        """EngineConfig's range checks and the per-row settings'."""
+        """EngineConfig's range checks, which include the per-row settings' bounds (its
+        check_bounds sees every field of this subclass)."""
         try:
             super().validate()
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        for key in ("max_frames", "min_frames", "reference_cache", "feed_queue_rows", "codec_wait_ms"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"engine.{key} must be >= 0, got {getattr(self, key)}")
-        for key in ("codec_batch_rows", "codec_frame_bucket", "max_concurrent_blocks"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ConfigError(f"engine.{key} must be >= 1, got {value}")
-        if self.frames_per_char is not None and self.frames_per_char < 0:
-            raise ConfigError(f"engine.frames_per_char must be >= 0 or null, got {self.frames_per_char}")
 
 
 @dataclass
@@ -249,33 +165,32 @@ class LongFormSettings:
 
     # most UTF-8 bytes of text per segment (upstream's chunk_length default); the engine's
     # max_tokens, the reference's length and the frame budget may make segments smaller
-    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    segment_bytes: int = field(default=DEFAULT_SEGMENT_BYTES, metadata=at_least(MIN_SEGMENT_BYTES))
     # most speaker turns grouped into one segment (upstream: 5)
-    max_turns: int = DEFAULT_MAX_TURNS
+    max_turns: int = field(default=DEFAULT_MAX_TURNS, metadata=at_least(1))
     # share of a row's positions (after the system part and reference) that segment sizing
     # leaves for previous segments, so that at least the last one stays in the prompt and the
     # voice carries over; 0 sizes segments to fill the budget. Only binds when engine.max_tokens
     # is small against segment_bytes (real checkpoints' context is far larger than 300 bytes)
-    history_fraction: float = 0.5
+    history_fraction: float = field(default=0.5, metadata=within(0, 1, closed="[)"))
 
     def validate(self) -> None:
-        if not 0.0 <= self.history_fraction < 1.0:
-            raise ConfigError(f"long_form.history_fraction must be in [0, 1), got {self.history_fraction}")
-        if self.segment_bytes < MIN_SEGMENT_BYTES:
-            raise ConfigError(f"long_form.segment_bytes must be >= {MIN_SEGMENT_BYTES}, got {self.segment_bytes}")
-        if self.max_turns < 1:
-            raise ConfigError(f"long_form.max_turns must be >= 1, got {self.max_turns}")
+        check_bounds(self, "long_form")
 
 
 @dataclass
 class SamplingSettings:
+    """The run's sampling values; a row's own `temperature`, `top_p`, `top_k` columns override them."""
+
     # null = upstream's default for the model family (S1: 0.8/0.8/30 + repetition penalty 1.1;
     # S2: 0.8/0.8/30 + repetition-aware sampling over 10 frames). temperature 0 = greedy.
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    repetition_penalty: Optional[float] = None
-    ras_window: Optional[int] = None
+    temperature: Optional[float] = field(
+        default=None, metadata=described(f"0 or in [{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}], or null")
+    )
+    top_p: Optional[float] = field(default=None, metadata=described(f"in [{TOP_P_MIN:g}, 1] or null"))
+    top_k: Optional[int] = field(default=None, metadata=described(f"in [0, {INT32_MAX}] (0 = off) or null"))
+    repetition_penalty: Optional[float] = field(default=None, metadata=described("> 0 or null"))
+    ras_window: Optional[int] = field(default=None, metadata=described(">= 0 or null"))
     # a row's seed is its `seed` column, else a stable hash of (this seed, row id)
     seed: int = 0
 
@@ -300,66 +215,50 @@ class SamplingSettings:
 
 @dataclass
 class RunContext:
-    """What the driver knows about the run that the actor records or needs: the run's id (every
-    output row's `run`), the input's directory (where clips are confined when data.audio_root
-    is not set), whether rows keep their codes, the torch threads an actor may use."""
+    """What the driver decides for this run that is no setting of the run config: the run's id
+    (every output row's `run`), the input's directory (where clips are confined when
+    data.audio_root is not set), the torch threads an actor may use, and where the crash
+    guard's attempts ledger lives (null: no ledger)."""
 
     run_id: str = ""
     input_dir: Optional[str] = None
-    keep_codes: bool = True
     threads: Optional[int] = None
-    # output.channels: mono, or per_speaker (a dialogue row's audio gets one channel per voice)
-    channels: str = schema.CHANNELS_MONO
-
-
-@dataclass
-class CrashSettings:
-    """The actor's crash guard (cluster.crash_* and block_timeout_s in the run config): where
-    the attempts ledger lives (null: no ledger), after how many deaths a block's rows run alone,
-    the per-block watchdog, and the fault-injection hooks the reliability tests use."""
-
     attempts_dir: Optional[str] = None
-    quarantine_after: int = 2
-    block_timeout_s: Optional[float] = None
-    crash_on_batch: int = 0
-    crash_marker: Optional[str] = None
-    crash_on_id: Optional[str] = None
-
-
-# the groups of ActorSettings and the dataclass each must be
-_ACTOR_GROUPS = {
-    "model": ModelConfig,
-    "engine": EngineSettings,
-    "sampling": SamplingSettings,
-    "data": DataConfig,
-    "long_form": LongFormSettings,
-    "quality": QualitySettings,
-}
 
 
 @dataclass
-class ActorSettings:
-    """Everything a SynthActor is told, as one object: the run config's six actor groups, the
-    run context and the crash settings. Small, picklable, the same on every actor; parts read
-    what they need from it (`settings.engine.codec_batch_rows`) and copy nothing."""
+class RunGroups:
+    """The run config's groups an actor reads, each its dataclass: the driver's schema
+    (pipeline/config.py ChorusConfig) and ActorSettings both extend this, so the list of them
+    is written once."""
 
-    model: ModelConfig
-    engine: EngineSettings
-    sampling: SamplingSettings
-    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+    engine: EngineSettings = field(default_factory=EngineSettings)
     long_form: LongFormSettings = field(default_factory=LongFormSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
     quality: QualitySettings = field(default_factory=QualitySettings)
+    output: OutputSettings = field(default_factory=OutputSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+
+
+@dataclass
+class ActorSettings(RunGroups):
+    """Everything a SynthActor is told, as one object: the run config's groups the actor reads
+    (the same objects the driver validated, not copies of their keys) and the run context.
+    Small, picklable, the same on every actor; parts read what they need from it
+    (`settings.engine.codec_batch_rows`, `settings.cluster.block_timeout_s`) and copy nothing."""
+
     run: RunContext = field(default_factory=RunContext)
-    crash: CrashSettings = field(default_factory=CrashSettings)
 
     def validate(self) -> None:
-        """Each group is its dataclass (not a dict: each default lives once, here) and within
-        its ranges; TypeError or ConfigError naming the group."""
-        for name, kind in _ACTOR_GROUPS.items():
+        """Each group is its dataclass (not a dict: each default lives once) and within its
+        ranges; TypeError or ConfigError naming the group."""
+        for name, kind in typing.get_type_hints(RunGroups).items():
             value = getattr(self, name)
             if not isinstance(value, kind):
                 raise TypeError(
-                    f"SynthActor's {name} must be a {kind.__name__} (actors/settings.py; "
+                    f"SynthActor's {name} must be a {kind.__name__} (actors/synth/settings.py; "
                     f"pipeline/run/actor_settings.py::actor_arguments builds them from the run config), got {type(value).__name__}"
                 )
             value.validate()
