@@ -17,7 +17,7 @@ tests/test_layering.py holds them and refuses any import cycle):
     output/   the output directory: layout, lease, parts, shards, the run's end, export
     plan/     every input row's decision before synthesis       -> output, leaves
     report/   summary.json and report.html from an output       -> output, leaves
-    run/      one run's sequence and its synthesis stream        -> plan, report, output, leaves
+    run/      one run's steps and its synthesis stream           -> plan, report, output, leaves
     export/   an output where training stacks read it, as Ray Data work  -> output, leaves
     bench/, and the entry modules above                          -> anything
 """

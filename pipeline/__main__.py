@@ -10,15 +10,15 @@ from omegaconf.errors import MissingMandatoryValue
 
 from actors.cli import error
 
-from .config import CONF_DIR
+from .config import CONF_DIR, typed
 from .errors import USER_ERRORS
-from .run.sequence import run
+from .run.steps import run
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
-        report = run(cfg)
+        report = run(typed(cfg))  # the one conversion: below here the driver reads ChorusConfig
     except MissingMandatoryValue as e:
         sys.exit(error(f"missing mandatory value: {e.full_key}=..."))
     except USER_ERRORS as e:

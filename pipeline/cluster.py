@@ -13,8 +13,14 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
 from actors.errors import ConfigError
+
+if TYPE_CHECKING:
+    from actors.synth.job_settings import ClusterSettings
+
+    from .config import ExportCluster
 
 log = logging.getLogger("chorus")
 
@@ -36,17 +42,18 @@ LOCAL_RAY_SYSTEM_CONFIG = {"idle_worker_killing_time_threshold_ms": 60_000}
 class Cluster:
     """The run's Ray connection and its in-process / distributed choice.
 
-    settings: the plain `cluster` config group. distributed: planning, the run's end and the
-    summary run as Ray Data work (a job of at least cluster.distributed_plan_rows rows)."""
+    settings: the `cluster` config group (a run's ClusterSettings, or an export's
+    ExportCluster: connect reads only what both have). distributed: planning, the run's end
+    and the summary run as Ray Data work (a job of at least cluster.distributed_plan_rows rows)."""
 
-    settings: dict
+    settings: Union[ClusterSettings, ExportCluster]
     distributed: bool
     started: bool = False  # this run started Ray, so it stops it
     connected: bool = False
 
     @classmethod
-    def for_rows(cls, settings: dict, rows: int) -> Cluster:
-        return cls(settings, distributed=rows >= settings["distributed_plan_rows"])
+    def for_rows(cls, settings: ClusterSettings, rows: int) -> Cluster:
+        return cls(settings, distributed=rows >= settings.distributed_plan_rows)
 
     def connect(self) -> None:
         """Join or start Ray (once per run) and set Ray Data's context for every dataset of
@@ -57,11 +64,11 @@ class Cluster:
         import ray
 
         if not ray.is_initialized():
-            address = self.settings["address"] or os.environ.get("RAY_ADDRESS") or "local"
+            address = self.settings.address or os.environ.get("RAY_ADDRESS") or "local"
             options = {}
             if address == "local":
                 options = {
-                    "num_cpus": self.settings["num_cpus"],
+                    "num_cpus": self.settings.num_cpus,
                     "include_dashboard": False,
                     "_system_config": LOCAL_RAY_SYSTEM_CONFIG,
                 }
@@ -79,14 +86,14 @@ class Cluster:
 
         cluster = self.settings
         cpus = ray.cluster_resources().get("CPU", 0.0)
-        wanted = cluster["num_actors"] * cluster["cpus_per_actor"]
+        wanted = cluster.num_actors * cluster.cpus_per_actor
         if cpus and wanted >= cpus:
             message = (
-                f"{cluster['num_actors']} actors x {cluster['cpus_per_actor']} CPU = {wanted:g} CPU of the "
+                f"{cluster.num_actors} actors x {cluster.cpus_per_actor} CPU = {wanted:g} CPU of the "
                 f"cluster's {cpus:g}: nothing is left for reading and writing, and the run would "
                 f"hang; lower cluster.cpus_per_actor or cluster.num_actors"
             )
-            if cluster["gpus_per_actor"] == 0:
+            if cluster.gpus_per_actor == 0:
                 raise ConfigError(message)
             log.warning(message)
 
@@ -114,7 +121,7 @@ def data_context():
     return context
 
 
-def connect(settings: dict) -> Cluster:
+def connect(settings: ClusterSettings) -> Cluster:
     """A connected Cluster for work outside a run (the benchmark's one Ray for every
     configuration); close() stops Ray only if this call started it."""
     cluster = Cluster(settings, distributed=True)

@@ -7,16 +7,17 @@ budget), long_form (keys only), sampling/, quality/ (checks, regeneration, ASR),
 cluster/ (Ray resources), bench/; and `python -m pipeline.export`'s own schema (ExportConfig).
 The groups the actor receives (model, data, engine, long_form, sampling, quality, output,
 cluster) are defined in actors/synth/settings.py, actors/synth/job_settings.py and
-actors/quality/settings.py, torch- and Hydra-free, and reach it as those dataclasses
-(`OmegaConf.to_object`); the driver's own groups (bench, preview, export) are here. Each
-group's range checks are its dataclass's `validate()`; `validate(cfg)` runs them all.
+actors/quality/settings.py, torch- and Hydra-free, and reach it as those dataclasses; the
+driver's own groups (bench, preview, export) are here. Each group's range checks are its
+dataclass's `validate()`. The entry points hold the Hydra object and convert it once,
+`typed(cfg)` (which runs every group's checks); the rest of the driver reads that ChorusConfig.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -136,11 +137,11 @@ class ExportSettings:
             )
 
 
-def export_settings(**keys) -> dict:
-    """The plain export group with `keys` set, checked (a caller without a command line)."""
+def export_settings(**keys) -> ExportSettings:
+    """The export group with `keys` set, checked (a caller without a command line)."""
     chosen = ExportSettings(**keys)
     chosen.validate()
-    return asdict(chosen)
+    return chosen
 
 
 @dataclass
@@ -173,42 +174,53 @@ class ExportConfig:
 CHECKED_GROUPS = ("model", "data", "engine", "long_form", "sampling", "quality", "output", "cluster")
 
 
-def settings(cfg: DictConfig, group: str):
-    """One group of the run config as its dataclass, resolved. A config built without the
-    schema (OmegaConf.create of a plain dict) is typed by it first, checked as Hydra would."""
+def typed(cfg: DictConfig) -> ChorusConfig:
+    """The run config as the one object the driver reads (the entry points convert Hydra's
+    once): resolved, every group checked (`validate`; ConfigError, MissingMandatoryValue). A
+    config built without the schema (OmegaConf.create) is typed by it first, as Hydra would."""
     if OmegaConf.get_type(cfg) is not ChorusConfig:
         cfg = OmegaConf.merge(OmegaConf.structured(ChorusConfig), cfg)
-    return OmegaConf.to_object(cfg[group])
+    config = OmegaConf.to_object(cfg)
+    validate(config)
+    return config
 
 
-def validate(cfg: DictConfig) -> None:
-    """Every group's range checks (its dataclass's `validate()`), before anything starts;
-    raises ConfigError naming the key."""
+def compose_typed(overrides: Optional[list[str]] = None) -> ChorusConfig:
+    """`typed(compose(overrides))`, in one call (tests, scripts, notebooks)."""
+    return typed(compose(overrides))
+
+
+def validate(config: ChorusConfig) -> None:
+    """Every group's range checks (its dataclass's `validate()`); ConfigError names the key."""
     for group in CHECKED_GROUPS:
-        settings(cfg, group).validate()
+        getattr(config, group).validate()
+
+
+def as_yaml(config: ChorusConfig) -> str:
+    """The snapshot a run records: the text `OmegaConf.to_yaml(cfg, resolve=True)` gives."""
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
 
 
 def in_ray_job() -> bool:
     return RAY_JOB_ENV in os.environ
 
 
-def check_for_run(cfg: DictConfig, plain: dict) -> None:
-    """Everything about the settings that can be checked before Ray starts: each group's range
-    checks (`validate`), then what depends on where the run is (a relative output inside a
-    Ray Job, a checkpoint directory without its config or codec)."""
-    validate(cfg)
-    output = plain["output"]
-    if in_ray_job() and is_local(output["dir"]) and not os.path.isabs(os.path.expanduser(output["dir"])):
+def check_for_run(config: ChorusConfig) -> None:
+    """What can be checked before Ray starts: the groups' range checks (again: a caller may
+    have replaced a group since `typed`), then what depends on where the run is (a relative
+    output inside a Ray Job, a checkpoint directory without its config or codec)."""
+    validate(config)
+    output_dir = config.output.dir
+    if in_ray_job() and is_local(output_dir) and not os.path.isabs(os.path.expanduser(output_dir)):
         raise ConfigError(
-            f"output.dir={output['dir']!r} is relative: inside a Ray Job that is the job's "
+            f"output.dir={output_dir!r} is relative: inside a Ray Job that is the job's "
             f"temporary working directory, deleted afterwards; pass an absolute path or a URI"
         )
-    model = plain["model"]
-    checkpoint = model["checkpoint"]
+    checkpoint = config.model.checkpoint
     if checkpoint is not None and is_local(checkpoint):
         if not os.path.isfile(os.path.join(local_path(checkpoint), "config.json")):
             raise ConfigError(f"model.checkpoint={checkpoint!r} is not a checkpoint directory (no config.json there)")
-        codec = model["codec"] or os.path.join(checkpoint, "codec.pth")
+        codec = config.model.codec or os.path.join(checkpoint, "codec.pth")
         if is_local(codec) and not os.path.exists(local_path(codec)):
             raise ConfigError(f"codec {codec!r} does not exist (set model.codec)")
 
@@ -260,9 +272,3 @@ def compose(overrides: Optional[list[str]] = None) -> DictConfig:
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return hydra_compose(config_name="config", overrides=list(overrides or []))
-
-
-def to_plain(cfg: DictConfig) -> dict:
-    """Resolved plain containers: what the driver reads and the snapshot and identity record
-    (the actors get typed dataclasses: pipeline/run/actor_settings.py actor_arguments)."""
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)

@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import uuid
+from dataclasses import asdict
 from typing import Optional
 
 import pyarrow as pa
@@ -23,7 +24,7 @@ import pyarrow.parquet as pq
 
 from actors import schema as S
 
-from .config import compose, to_plain
+from .config import ChorusConfig, compose_typed
 from .location import is_local, local_path
 from .plan.inputs import scan_input
 from .run.actor_settings import actor_arguments
@@ -33,17 +34,15 @@ ROWS_PER_CALL = 64  # rows per actor call: distinct clips of a call are encoded 
 REF_CODES_TYPE = pa.list_(pa.list_(pa.int16()))
 
 
-def encode_refs(out_path: str, overrides: list[str]) -> dict:
-    """Write the input with its ref_codes column to `out_path` (atomically); returns counts."""
+def encode_refs(out_path: str, config: ChorusConfig) -> dict:
+    """Write the input of `config` with its ref_codes column to `out_path` (atomically);
+    returns counts."""
     from actors.synth import SynthActor
 
-    cfg = compose(overrides)
-    plain = to_plain(cfg)
-    columns = plain["data"]["columns"]
-    scan = scan_input(plain["data"]["path"], columns)
-    actor = SynthActor(**actor_arguments(cfg, scan.root, run_id="encode-refs"))
-    codes_name = columns.get(S.REF_CODES, S.REF_CODES)
-    voices_name = columns.get(S.VOICES, S.VOICES)
+    columns = config.data.columns
+    scan = scan_input(config.data.path, asdict(columns))
+    actor = SynthActor(**actor_arguments(config, scan.root, run_id="encode-refs"))
+    codes_name, voices_name = columns.ref_codes, columns.voices
     tables, failures, counts = [], [], {"encoded": 0}
     for path in scan.files:
         table = pq.read_table(path, filesystem=scan.filesystem)
@@ -130,7 +129,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    counts = encode_refs(argv[0], argv[1:])
+    counts = encode_refs(argv[0], compose_typed(argv[1:]))
     log.info(
         "%d rows, %d references encoded, %d without codes (listed above); written to %s",
         counts["rows"],

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from dataclasses import asdict
 from typing import Optional
 
 from actors.cli import error
 
 from .cluster import Cluster
-from .config import check_for_run, compose, to_plain
+from .config import ChorusConfig, check_for_run, compose_typed
 from .errors import USER_ERRORS
 from .location import local_path
 from .output.layout import OutputLayout
@@ -80,21 +81,19 @@ def table(figures: dict, summary: DecisionCounts) -> str:
     return "\n".join(lines)
 
 
-def preview(overrides: list[str]) -> dict:
-    """Plan the run these overrides describe; returns the figures (see the module doc)."""
-    cfg = compose(overrides)
-    plain = to_plain(cfg)
-    check_for_run(cfg, plain)
-    scan = scan_input(plain["data"]["path"], plain["data"]["columns"])
-    layout = OutputLayout(plain["output"]["dir"])
+def preview(config: ChorusConfig) -> dict:
+    """Plan the run `config` describes; returns the figures (see the module doc)."""
+    check_for_run(config)
+    scan = scan_input(config.data.path, asdict(config.data.columns))
+    layout = OutputLayout(config.output.dir)
     layout.check_ours()
-    with Cluster.for_rows(plain["cluster"], scan.total_rows) as cluster:
+    with Cluster.for_rows(config.cluster, scan.total_rows) as cluster:
         if cluster.distributed:
             cluster.connect()
-        digest = settings_digest(plain, model_fingerprint(plain["model"]))
-        summary = plan_job(plain, scan, layout, digest, cluster.distributed).counts
-    bench = plain["preview"]["bench"]
-    rate = bench_frames_per_s(bench, plain["cluster"]["num_actors"], plain["engine"]["max_rows"]) if bench else None
+        digest = settings_digest(config, model_fingerprint(config.model))
+        summary = plan_job(config, scan, layout, digest, cluster.distributed).counts
+    bench = config.preview.bench
+    rate = bench_frames_per_s(bench, config.cluster.num_actors, config.engine.max_rows) if bench else None
     figures = result(summary, rate)
     print(table(figures, summary), flush=True)
     print(json.dumps(figures), flush=True)
@@ -104,7 +103,7 @@ def preview(overrides: list[str]) -> dict:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        preview(argv)
+        preview(compose_typed(argv))
     except USER_ERRORS as e:
         return error(e)
     return 0

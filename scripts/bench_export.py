@@ -62,7 +62,7 @@ def measure_export(source: str, dest: str, shard_rows: int, cpus: int) -> dict:
     import ray.data  # noqa: F401
 
     from pipeline.cluster import LOCAL_RAY_SYSTEM_CONFIG
-    from pipeline.config import export_settings
+    from pipeline.config import ExportCluster, export_settings
     from pipeline.export.job import export
 
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, _system_config=LOCAL_RAY_SYSTEM_CONFIG)
@@ -70,7 +70,7 @@ def measure_export(source: str, dest: str, shard_rows: int, cpus: int) -> dict:
     before = rss_mb()
     began = time.perf_counter()
     with PeakRss() as peak:
-        report = export(source, settings, {"address": None, "num_cpus": cpus, "distributed_rows": 0})
+        report = export(source, settings, ExportCluster(num_cpus=cpus, distributed_rows=0))
     seconds = time.perf_counter() - began
     ray.shutdown()
     s = report.summary

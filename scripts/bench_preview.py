@@ -63,15 +63,15 @@ def write_done(data: str, output: str, rows: int) -> None:
     import pyarrow as pa
 
     from actors import schema as S
-    from pipeline.config import compose, to_plain
+    from pipeline.config import compose_typed
     from pipeline.output.layout import OutputLayout
     from pipeline.plan.identity import model_fingerprint, settings_digest
     from pipeline.plan.inputs import read_fragment, scan_input
     from pipeline.plan.keys import RowHasher, annotate
 
-    plain = to_plain(compose([f"data.path={data}"]))
+    config = compose_typed([f"data.path={data}"])
     scan = scan_input(data, {})
-    hasher = RowHasher(settings_digest(plain, model_fingerprint(plain["model"])), None, scan.root)
+    hasher = RowHasher(settings_digest(config, model_fingerprint(config.model)), None, scan.root)
     layout = OutputLayout(output)
     layout.claim({"bench": "an earlier run"}, overwrite=False)
     written = 0

@@ -434,14 +434,22 @@ def export_source(folder: Path, rows: list[dict], block_rows: int = 4):
 
 
 # an in-process export's Ray settings: every test output is below distributed_rows
-EXPORT_IN_PROCESS = {"address": None, "num_cpus": 2, "distributed_rows": 1_000_000}
+def export_cluster(distributed_rows: int):
+    """An export's Ray settings (pipeline/config.py ExportCluster): a local Ray of 2 CPUs, used
+    for outputs of at least `distributed_rows` rows."""
+    from pipeline.config import ExportCluster
+
+    return ExportCluster(num_cpus=2, distributed_rows=distributed_rows)
 
 
-def export_settings(fmt: str = "files", dest=None, **more) -> dict:
-    """The plain export group (pipeline/config.py ExportSettings) with `more` set."""
-    from pipeline.config import export_settings as plain
+EXPORT_IN_PROCESS = export_cluster(1_000_000)
 
-    return plain(format=fmt, dir=None if dest is None else str(dest), progress_interval_s=0.0, **more)
+
+def export_settings(fmt: str = "files", dest=None, **more):
+    """The export group (pipeline/config.py ExportSettings) with `more` set, checked."""
+    from pipeline.config import export_settings as checked
+
+    return checked(format=fmt, dir=None if dest is None else str(dest), progress_interval_s=0.0, **more)
 
 
 def two_voice_flac(seconds: float, rate: int = 44100):

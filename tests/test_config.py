@@ -17,9 +17,9 @@ from actors.synth import SynthActor
 from actors.synth.job_settings import ClusterSettings, DataSettings, OutputSettings
 from actors.synth.settings import ActorSettings, EngineSettings, LongFormSettings, ModelSettings, SamplingSettings
 from pipeline.cluster import Cluster
-from pipeline.config import compose, validate
+from pipeline.config import compose, compose_typed, typed
 from pipeline.run.actor_settings import ACTOR_GROUPS, actor_arguments
-from pipeline.run.sequence import run
+from pipeline.run.steps import run
 from tests.helpers import REPO
 
 TYPES = {
@@ -35,7 +35,7 @@ TYPES = {
 
 
 def test_the_actor_receives_its_groups_as_dataclasses(tmp_path):
-    cfg = compose(
+    config = compose_typed(
         [
             "data.max_text_chars=100",
             "long_form.segment_bytes=64",
@@ -45,7 +45,7 @@ def test_the_actor_receives_its_groups_as_dataclasses(tmp_path):
             f"data.audio_root=file://{tmp_path}",
         ]
     )
-    args = actor_arguments(cfg, "/input/dir", run_id="typed")
+    args = actor_arguments(config, "/input/dir", run_id="typed")
     actor = args["settings"]
     assert set(ACTOR_GROUPS) == set(TYPES)
     for group, kind in TYPES.items():
@@ -65,14 +65,16 @@ def test_blocks_in_flight_cover_the_slots_unless_set():
     slots and the feed queue, plus two; the actor and its Ray stage get the resolved number."""
 
     def blocks(*overrides):
-        return actor_arguments(compose(list(overrides)), None, run_id="blocks")["settings"].engine.max_concurrent_blocks
+        return actor_arguments(compose_typed(list(overrides)), None, run_id="blocks")[
+            "settings"
+        ].engine.max_concurrent_blocks
 
     assert blocks("engine.max_rows=16", "engine.feed_queue_rows=8", "cluster.rows_per_block=16") == 2 + 2
     assert blocks("engine.max_rows=64", "engine.feed_queue_rows=0", "cluster.rows_per_block=8") == 8 + 2
     assert blocks("engine.max_rows=64", "cluster.rows_per_block=8", "engine.max_concurrent_blocks=3") == 3
     # a small job: no more than each actor's share of the input's blocks, so the actor that
     # starts first cannot take every block while the others idle
-    small = compose(["engine.max_rows=8", "cluster.rows_per_block=6", "cluster.num_actors=2"])
+    small = compose_typed(["engine.max_rows=8", "cluster.rows_per_block=6", "cluster.num_actors=2"])
     for rows, expected in ((12, 1), (30, 3), (10_000, 3 + 2)):
         assert actor_arguments(small, None, run_id="b", rows=rows)["settings"].engine.max_concurrent_blocks == expected
 
@@ -81,11 +83,10 @@ def test_actor_restarts_grow_with_the_input_unless_set():
     """cluster.max_actor_restarts null: 10 restarts for deaths that are no row's fault, plus
     the cost of one actor-killing row (crash_quarantine_after + 1 deaths) per 100 blocks an
     actor takes: a long job survives a few such rows, and nothing restarts forever."""
-    from pipeline.config import to_plain
     from pipeline.run.synthesis import actor_restarts
 
     def restarts(rows, *overrides):
-        return actor_restarts(to_plain(compose(["cluster.rows_per_block=16", *overrides]))["cluster"], rows)
+        return actor_restarts(compose_typed(["cluster.rows_per_block=16", *overrides]).cluster, rows)
 
     assert restarts(100) == 10 + 3  # a small job: room for one such row (and ten other deaths)
     assert restarts(16 * 100) == 10 + 3
@@ -98,7 +99,7 @@ def test_actor_restarts_grow_with_the_input_unless_set():
 def test_defaults_are_the_dataclasses():
     """What a run composes with no overrides is what the dataclasses say, for every key the
     YAML groups leave alone (the demo groups set data.path and a few engine keys)."""
-    args = actor_arguments(compose(), None, run_id="defaults")["settings"]
+    args = actor_arguments(compose_typed(), None, run_id="defaults")["settings"]
     assert args.long_form == LongFormSettings()
     assert args.sampling == SamplingSettings()
     assert args.quality == QualitySettings()
@@ -149,7 +150,7 @@ def test_bad_settings_are_refused_before_ray_starts(tmp_path, monkeypatch, overr
 
     monkeypatch.setattr(Cluster, "connect", connect)
     with pytest.raises(ConfigError, match=message):
-        run(compose([override, f"output.dir={tmp_path}/out"]))
+        run(compose_typed([override, f"output.dir={tmp_path}/out"]))
     assert not (tmp_path / "out").exists()
 
 
@@ -166,7 +167,7 @@ def test_every_shipped_group_option_passes_its_checks(group, option):
     required = ["data.path=/in.parquet"]  # data=parquet names no table
     if group == "model" and option != "demo":
         required.append("model.checkpoint=/ckpt")  # a real model needs its checkpoint
-    validate(compose([f"{group}={option}", *required]))
+    compose_typed([f"{group}={option}", *required])
 
 
 def test_the_actor_refuses_dicts_and_bad_values_before_loading_anything(monkeypatch):
@@ -197,8 +198,8 @@ def test_a_config_built_without_the_schema_is_typed_by_it():
     from omegaconf import OmegaConf
 
     untyped = OmegaConf.create(OmegaConf.to_container(compose(["long_form.max_turns=3"]), resolve=False))
-    args = actor_arguments(untyped, None, run_id="untyped")["settings"]
+    args = actor_arguments(typed(untyped), None, run_id="untyped")["settings"]
     assert type(args.long_form) is LongFormSettings and args.long_form.max_turns == 3
     untyped.long_form.segment_bytes = 10
     with pytest.raises(ConfigError, match="long_form.segment_bytes must be >= 16, got 10"):
-        validate(untyped)
+        typed(untyped)

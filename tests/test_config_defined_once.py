@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from actors.engine.types import SamplingParams
 from actors.synth.job_settings import InputColumns
 from actors.synth.settings import ActorSettings, RunContext, SamplingSettings
-from pipeline.config import CONF_DIR, ChorusConfig, ExportConfig, compose
+from pipeline.config import CONF_DIR, ChorusConfig, ExportConfig, compose, typed
 from pipeline.run.actor_settings import ACTOR_GROUPS, actor_arguments
 
 # keys spelled alike in two groups that are two settings, not one copied: each line says why
@@ -72,7 +72,7 @@ def test_the_run_context_copies_no_setting():
 def test_the_actor_holds_the_run_configs_groups_themselves(tmp_path):
     # not copies of some of their keys: every value the driver validated, under its own name
     cfg = compose(["cluster.block_timeout_s=77", "cluster.crash_quarantine_after=3", "output.keep_codes=false"])
-    actor = actor_arguments(cfg, str(tmp_path), run_id="once")["settings"]
+    actor = actor_arguments(typed(cfg), str(tmp_path), run_id="once")["settings"]
     assert {f.name for f in dataclasses.fields(ActorSettings)} == {*ACTOR_GROUPS, "run"}
     plain = OmegaConf.to_container(cfg, resolve=True)
     for group in ("output", "cluster", "sampling", "long_form"):

@@ -15,7 +15,7 @@ import pytest
 
 from actors.bounds import at_least, check_bounds, described, one_of, within
 from actors.errors import ConfigError
-from pipeline.config import ChorusConfig, ExportConfig, compose, validate
+from pipeline.config import ChorusConfig, ExportConfig, compose_typed
 from pipeline.config_page import PAGE, README, WRITE_COMMAND, all_groups, heading_anchor, markdown_page
 from pipeline.schema_comments import field_comments
 from tests.helpers import REPO
@@ -123,9 +123,9 @@ def test_bounds_refuse_out_of_range_values_naming_the_key():
     ],
 )
 def test_the_runs_keys_are_refused_by_their_bounds(override, message):
-    validate(compose())
+    compose_typed()
     with pytest.raises(ConfigError, match=message):
-        validate(compose([override]))
+        compose_typed([override])
 
 
 def test_the_page_shows_the_bounds_that_are_enforced():

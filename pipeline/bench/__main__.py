@@ -12,15 +12,16 @@ from omegaconf import DictConfig
 
 from actors.cli import error
 
-from ..config import CONF_DIR
+from ..config import CONF_DIR, typed
 from .sweep import run_bench
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
-    if not cfg.bench.enabled:
+    config = typed(cfg)  # the one conversion: below here the bench reads ChorusConfig
+    if not config.bench.enabled:
         sys.exit(error("choose a benchmark: bench=smoke, bench=sweep or bench=overhead"))
-    run_bench(cfg)
+    run_bench(config)
 
 
 if __name__ == "__main__":

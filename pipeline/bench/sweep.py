@@ -22,60 +22,62 @@ Nothing here imports torch: the actors do the work.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from omegaconf import DictConfig, OmegaConf
 
 from actors.files import write_atomically
 
 from ..cluster import connect
+from ..config import BenchSettings, ChorusConfig
 from ..location import is_local, local_path
 from ..names import BENCH_FILE, BENCH_TABLE_FILE, REPORT_FILE
 from ..run.actor_settings import actor_arguments
-from ..run.sequence import run
+from ..run.steps import run
 from .measure import measure, rows_saved
 from .workload import make_workload
 
 log = logging.getLogger("chorus")
 
 
-def _settings(cfg: DictConfig, actors: int, slots: int, cpus: float, data_path: str, out: str) -> DictConfig:
-    run_cfg = copy.deepcopy(cfg)  # keeps the schema: its types check what is set here too
-    OmegaConf.set_struct(run_cfg, True)
-    run_cfg.data.path = data_path
-    run_cfg.data.name = "bench"
-    run_cfg.output.dir = out
-    run_cfg.output.overwrite = True
-    run_cfg.engine.max_rows = slots
+def _settings(config: ChorusConfig, actors: int, slots: int, cpus: float, data_path: str, out: str) -> ChorusConfig:
+    """One configuration's run config: `config` with this workload, output, slots and actors
+    (new group objects: `config` itself is left as it is; the run checks the ranges)."""
+    cluster = config.cluster
     # an actor call must bring at least `slots` rows, or the extra slots never fill
-    run_cfg.cluster.rows_per_block = max(cfg.cluster.rows_per_block, slots)
-    run_cfg.cluster.num_actors = actors
-    if cfg.cluster.gpus_per_actor == 0:
+    cluster = replace(cluster, rows_per_block=max(cluster.rows_per_block, slots), num_actors=actors)
+    if cluster.gpus_per_actor == 0:
         # CPU machine: the actors share what is left after one half CPU for reads and writes
-        run_cfg.cluster.cpus_per_actor = round(min(1.0, (cpus - 0.5) / actors), 3)
-    return run_cfg
+        cluster = replace(cluster, cpus_per_actor=round(min(1.0, (cpus - 0.5) / actors), 3))
+    return replace(
+        config,
+        data=replace(config.data, path=data_path, name="bench"),
+        output=replace(config.output, dir=out, overwrite=True),
+        engine=replace(config.engine, max_rows=slots),
+        cluster=cluster,
+    )
 
 
-def engine_only_pass(run_cfg: DictConfig, workload: Path) -> dict:
+def engine_only_pass(run_config: ChorusConfig, workload: Path) -> dict:
     """The workload's rows through one engine alone (SynthActor.engine_only), in a fresh actor
     with the run's per-actor CPUs, threads and settings: {rows, frames, seconds, steps}."""
     import ray
 
     from actors.synth import SynthActor
 
-    arguments = actor_arguments(run_cfg, str(workload.parent), run_id="engine-only")
+    arguments = actor_arguments(run_config, str(workload.parent), run_id="engine-only")
+    cluster = run_config.cluster
     actor = (
         ray.remote(SynthActor)
-        .options(num_cpus=run_cfg.cluster.cpus_per_actor, num_gpus=run_cfg.cluster.gpus_per_actor)
+        .options(num_cpus=cluster.cpus_per_actor, num_gpus=cluster.gpus_per_actor)
         .remote(**arguments)
     )
     try:
-        return ray.get(actor.engine_only.remote(pq.read_table(workload), block_rows=run_cfg.cluster.rows_per_block))
+        return ray.get(actor.engine_only.remote(pq.read_table(workload), block_rows=cluster.rows_per_block))
     finally:
         ray.kill(actor)
 
@@ -119,15 +121,15 @@ def _saved(single: dict | None) -> str:
 
 
 def _bench_config(
-    cfg: DictConfig, actors: int, slots: int, cpus: float, root: Path, workload: Path, rows_as: str = ""
+    config: ChorusConfig, actors: int, slots: int, cpus: float, root: Path, workload: Path, rows_as: str = ""
 ) -> dict:
     """One configuration: the job on a fresh output, its figures, and the same rows through
     the engine alone for comparison. `rows_as` names the workload when there are several."""
     out = root / "runs" / (f"a{actors}-s{slots}" + (f"-{rows_as}" if rows_as else ""))
-    run_cfg = _settings(cfg, actors, slots, cpus, str(workload), str(out))
-    log.info("bench: %d actor(s) x %d slots on %d rows", actors, slots, cfg.bench.rows)
+    run_config = _settings(config, actors, slots, cpus, str(workload), str(out))
+    log.info("bench: %d actor(s) x %d slots on %d rows", actors, slots, config.bench.rows)
     t0, unix0 = time.monotonic(), time.time()
-    finished = run(run_cfg)
+    finished = run(run_config)
     # the job's wall time: start to the last row written and summarised; the report page
     # written after it is timed on its own
     wall = time.monotonic() - t0 - finished.report_s
@@ -136,15 +138,15 @@ def _bench_config(
         "num_actors": actors,
         "slots": slots,
         "rows_as": rows_as or None,
-        "cpus_per_actor": run_cfg.cluster.cpus_per_actor,
+        "cpus_per_actor": run_config.cluster.cpus_per_actor,
         "output": str(out),
         **measure(str(out), wall, unix0, stream),
         "report_s": finished.report_s,
     }
-    if cfg.bench.single_attempt_pass:
-        entry["single_attempt"] = _single_attempt(cfg, actors, slots, cpus, root, workload, str(out))
+    if config.bench.single_attempt_pass:
+        entry["single_attempt"] = _single_attempt(run_config, root, workload, str(out))
     log.info("bench: the same rows through the engine alone (%d slots)", slots)
-    alone = engine_only_pass(run_cfg, workload)
+    alone = engine_only_pass(run_config, workload)
     # each actor's engine runs side by side with the others on its own CPU share
     alone_rate = actors * alone["frames"] / alone["seconds"] if alone["seconds"] > 0 else None
     entry["engine_only"] = {**alone, "frames_per_s": alone_rate}
@@ -155,20 +157,25 @@ def _bench_config(
     return entry
 
 
-def _single_attempt(cfg: DictConfig, actors: int, slots: int, cpus: float, root: Path, workload: Path, out: str):
-    """The same rows with one attempt each (no regeneration): its rows/s and rejected rows,
-    and the rows regeneration saved (rejected there, ok in the configured run)."""
-    single_out = root / "runs" / f"a{actors}-s{slots}-single-attempt"
-    run_cfg = _settings(cfg, actors, slots, cpus, str(workload), str(single_out))
-    run_cfg.quality.max_attempts = 1
+def _single_attempt(run_config: ChorusConfig, root: Path, workload: Path, out: str):
+    """The same rows as the configuration `run_config` (written to `out`) with one attempt
+    each (no regeneration): its rows/s and rejected rows, and the rows regeneration saved
+    (rejected there, ok in the configured run)."""
+    cluster = run_config.cluster
+    single_out = root / "runs" / f"a{cluster.num_actors}-s{run_config.engine.max_rows}-single-attempt"
+    single = replace(
+        run_config,
+        output=replace(run_config.output, dir=str(single_out)),
+        quality=replace(run_config.quality, max_attempts=1),
+    )
     log.info("bench: the same rows with one attempt each (quality.max_attempts=1)")
     t0 = time.monotonic()
-    finished = run(run_cfg)
+    finished = run(single)
     wall = time.monotonic() - t0 - finished.report_s
-    return {"wall_s": wall, "rows_per_s": cfg.bench.rows / wall, **rows_saved(str(single_out), out)}
+    return {"wall_s": wall, "rows_per_s": run_config.bench.rows / wall, **rows_saved(str(single_out), out)}
 
 
-def _workloads(b: DictConfig, root: Path) -> dict[str, Path]:
+def _workloads(b: BenchSettings, root: Path) -> dict[str, Path]:
     """The generated workload(s), by what their rows are: one table, or with dialogues, the
     dialogues and the same texts as single-voice rows."""
     args = (b.rows, b.text_words, b.reference_fraction, b.seed, b.long_fraction, b.long_chars, b.dialogue_fraction)
@@ -190,11 +197,11 @@ def _against_single_voice(results: list[dict]) -> None:
             r["vs_single_voice"] = {key: r[key] / twin[key] for key in ("frames_per_s", "rows_per_s") if twin[key]}
 
 
-def run_bench(cfg: DictConfig) -> dict:
-    b = cfg.bench
-    if not is_local(cfg.output.dir):
+def run_bench(config: ChorusConfig) -> dict:
+    b = config.bench
+    if not is_local(config.output.dir):
         raise ValueError("the benchmark writes its tables locally: give a local output.dir")
-    root = Path(local_path(cfg.output.dir))
+    root = Path(local_path(config.output.dir))
     root.mkdir(parents=True, exist_ok=True)
     workloads = _workloads(b, root)
     configs = [(a, s) for a in b.actors for s in b.slots]
@@ -202,12 +209,11 @@ def run_bench(cfg: DictConfig) -> dict:
         configs.insert(0, (1, 1))
     import ray
 
-    plain_cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
-    cluster = connect(plain_cluster)  # one Ray for every configuration: ray.init is ~9 s
+    cluster = connect(config.cluster)  # one Ray for every configuration: ray.init is ~9 s
     try:
         cpus = ray.cluster_resources().get("CPU", 1.0)
         results = [
-            _bench_config(cfg, actors, slots, cpus, root, workload, rows_as)
+            _bench_config(config, actors, slots, cpus, root, workload, rows_as)
             for actors, slots in configs
             for rows_as, workload in workloads.items()
         ]
@@ -220,9 +226,9 @@ def run_bench(cfg: DictConfig) -> dict:
             r["frames_per_s"] / baseline["frames_per_s"] if baseline and baseline["frames_per_s"] else None
         )
     report = {
-        "bench": OmegaConf.to_container(b, resolve=True),
-        "model": cfg.model.name,
-        "engine": OmegaConf.to_container(cfg.engine, resolve=True),
+        "bench": asdict(b),
+        "model": config.model.name,
+        "engine": asdict(config.engine),
         "cpus": cpus,
         "configs": results,
     }

@@ -49,13 +49,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = OmegaConf.merge(
             OmegaConf.structured(ExportConfig), OmegaConf.from_cli(sys.argv[1:] if argv is None else argv)
         )
-        source = cfg.output.dir
-        settings = OmegaConf.to_object(cfg.export)
+        config = OmegaConf.to_object(cfg)  # the one conversion: below here the export reads ExportConfig
     except Exception as e:  # unknown keys, wrong types, missing output.dir
         return error(f"{e}\n{USAGE}")
     try:
-        settings.validate()
-        report = export(source, OmegaConf.to_container(cfg.export), OmegaConf.to_container(cfg.cluster))
+        config.export.validate()
+        report = export(config.output.dir, config.export, config.cluster)
     except USER_ERRORS as e:
         return error(e)
     print(describe(report), flush=True)

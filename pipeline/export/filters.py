@@ -9,12 +9,16 @@ table, never a loop over rows.
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from actors import schema as S
+
+if TYPE_CHECKING:  # the config module imports Hydra: not in every export task
+    from ..config import ExportSettings
 
 COLUMNS = [S.STATUS, S.MOS, S.SPEAKER_SIMILARITY, S.WER, S.QUALITY_FLAGS]
 # (key, column, keeps the row when the value is ...)
@@ -25,10 +29,12 @@ THRESHOLDS = (
 )
 
 
-def settings_of(export: dict) -> dict:
-    """The filter keys of the export group: what decides the rows (and the export's record)."""
+def settings_of(export: ExportSettings) -> dict:
+    """The filter keys of the export group: what decides the rows (and the export's record,
+    JSON: lists as lists)."""
     keys = ["status", "exclude_flags", *[key for key, _, _ in THRESHOLDS]]
-    return {key: export[key] for key in keys}
+    chosen = {key: getattr(export, key) for key in keys}
+    return {key: list(value) if isinstance(value, (list, tuple)) else value for key, value in chosen.items()}
 
 
 def _flagged(flags: pa.ChunkedArray, excluded: list, rows: int) -> np.ndarray:

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import pyarrow.parquet as pq
 import yaml
@@ -28,6 +28,9 @@ from .destination import Destination
 from .formats import Bounds
 from .plan import ExportPlan, plan_units
 from .task import write_unit
+
+if TYPE_CHECKING:  # the config module imports Hydra: not in the export's Ray tasks (they import this module)
+    from ..config import ExportCluster, ExportSettings
 
 log = logging.getLogger("chorus")
 
@@ -139,13 +142,13 @@ def _user_error(error: BaseException) -> Optional[BaseException]:
     return None
 
 
-def run_units(plan: ExportPlan, job: dict, cluster_settings: dict, interval_s: float) -> list:
+def run_units(plan: ExportPlan, job: dict, cluster_settings: ExportCluster, interval_s: float) -> list:
     """Every unit's record, in plan order: one Ray task per unit, as Ray Data work, for an
     output of at least cluster.distributed_rows rows; else in this process, unit by unit."""
     progress = ExportProgress(plan, interval_s)
     if not plan.units:
         return []
-    if plan.rows < cluster_settings["distributed_rows"]:
+    if plan.rows < cluster_settings.distributed_rows:
         records = []
         for unit, slices in enumerate(plan.units):
             records.append(write_unit(unit, slices, job))
@@ -201,30 +204,31 @@ def summarize(records: list, pieces: list, wanted: dict) -> dict:
     }
 
 
-def export(source_dir: str, settings: dict, cluster_settings: dict) -> ExportReport:
-    """`python -m pipeline.export`: `settings` is the plain export group (config.ExportSettings)."""
+def export(source_dir: str, settings: ExportSettings, cluster_settings: ExportCluster) -> ExportReport:
+    """`python -m pipeline.export`: the output in `source_dir` exported as `settings` say,
+    on the Ray `cluster_settings` names (pipeline/config.py ExportConfig's groups)."""
     began = time.monotonic()
-    fmt = formats.get(settings["format"])
+    fmt = formats.get(settings.format)
     formats.check_installed(fmt)
     layout = OutputLayout(source_dir)
     check_source(layout)
-    destination = Destination(settings["dir"] or f"{layout.location}/{fmt.default_dir}", fmt.record_name)
-    bounds = Bounds.of(fmt, settings["shard_rows"], settings["shard_bytes"])
+    destination = Destination(settings.dir or f"{layout.location}/{fmt.default_dir}", fmt.record_name)
+    bounds = Bounds.of(fmt, settings.shard_rows, settings.shard_bytes)
     plan = plan_units(layout, bounds)
     wanted = {
         "format": fmt.name,
         "source_files": plan.files,
         "filters": filters.settings_of(settings),
         "bounds": asdict(bounds),
-        "prefix": settings["prefix"],
+        "prefix": settings.prefix,
     }
-    done = begin(destination, fmt, wanted, settings["overwrite"])
+    done = begin(destination, fmt, wanted, settings.overwrite)
     if done is not None:
         destination.remove_staging()  # what a run killed after marking itself done left
         return ExportReport(destination.location, done["summary"], already_done=True)
     job = {**wanted, "source": layout.location, "dest": destination.location}
-    records = run_units(plan, job, cluster_settings, settings["progress_interval_s"])
-    pieces = publish(destination, fmt, records, settings["prefix"])
+    records = run_units(plan, job, cluster_settings, settings.progress_interval_s)
+    pieces = publish(destination, fmt, records, settings.prefix)
     summary = {**summarize(records, pieces, wanted), "source_dir": layout.location, "source": _source_facts(layout)}
     fmt.finish(destination, pieces, summary)
     summary["seconds"] = round(time.monotonic() - began, 3)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from actors import schema as S
+from actors.synth.settings import EngineSettings
 
 from ..errors import OutputMismatch
 from ..output.supersede import PlannedRows
@@ -49,15 +50,15 @@ class DecisionCounts:
         return PlannedRows(accepted=accepted, redone=self.count(P.CHANGED) + self.count(P.RETRY))
 
 
-def estimate_frames(chars: int, rows: int, engine: dict) -> int:
+def estimate_frames(chars: int, rows: int, engine: EngineSettings) -> int:
     """Frames for `rows` rows of `chars` characters in all: the engine's per-character budget
     when it has one, else read speech's rate; at least min_frames and at most max_frames a row."""
-    per_char = engine.get("frames_per_char") or SPEECH_FRAMES_PER_CHAR
-    frames = rows * engine["min_frames"] + math.ceil(per_char * chars)
-    return min(frames, rows * engine["max_frames"])
+    per_char = engine.frames_per_char or SPEECH_FRAMES_PER_CHAR
+    frames = rows * engine.min_frames + math.ceil(per_char * chars)
+    return min(frames, rows * engine.max_frames)
 
 
-def count_decisions(decided: Decided, rows_total: int, engine: dict) -> DecisionCounts:
+def count_decisions(decided: Decided, rows_total: int, engine: EngineSettings) -> DecisionCounts:
     """The sums of every decided row (a Ray Data pass for a distributed plan)."""
     counts = DecisionCounts(rows_total=rows_total)
     for row in decided.decision_sums():

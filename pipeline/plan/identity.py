@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import asdict
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,9 +18,10 @@ import pyarrow.parquet as pq
 from actors import schema as S
 from actors.demo import cache_root
 from actors.files import write_atomically
+from actors.synth.settings import ModelSettings
 
 from ..cluster import TASK_CPUS
-from ..config import REPO_ROOT
+from ..config import REPO_ROOT, ChorusConfig
 from ..location import open_location
 from .inputs import InputScan
 
@@ -92,33 +94,37 @@ def _fingerprint_location(digest, location: str) -> None:
         digest.update(f"{f.path[len(path) :]}|{f.size}|{content}|".encode())
 
 
-def model_fingerprint(model: dict) -> str:
+def model_fingerprint(model: ModelSettings) -> str:
     """What the model's weights are, not what its folder is called: the content of every
     file of the checkpoint and codec (hashed whole; see _file_hashes for the cache)."""
     digest = hashlib.blake2b(digest_size=16)
-    if model["checkpoint"] is None:
-        digest.update(f"demo:{model.get('demo_family', 's1')}\x00".encode())
+    if model.checkpoint is None:
+        digest.update(f"demo:{model.demo_family}\x00".encode())
         for source in _DEMO_SOURCES:
             digest.update(source.encode() + b"\x00" + (REPO_ROOT / source).read_bytes())
     else:
-        _fingerprint_location(digest, model["checkpoint"])
-        codec = model["codec"] or model["checkpoint"].rstrip("/") + "/codec.pth"
+        _fingerprint_location(digest, model.checkpoint)
+        codec = model.codec or model.checkpoint.rstrip("/") + "/codec.pth"
         _fingerprint_location(digest, codec)
     return digest.hexdigest()
 
 
-def settings_digest(plain: dict, fingerprint: str) -> str:
-    """One digest of every setting a row's audio depends on, the model's fingerprint included."""
+def settings_digest(config: ChorusConfig, fingerprint: str) -> str:
+    """One digest of every setting a row's audio depends on, the model's fingerprint included.
+    The JSON hashed is what it was when the driver read the config as plain dicts (outputs
+    written then keep their rows' hashes): a group's fields by name, `asdict`
+    (tests/pipeline/test_typed_config.py compares the two)."""
+    model = config.model
     relevant = {
         "model": {
-            "name": plain["model"]["name"],
+            "name": model.name,
             "fingerprint": fingerprint,
-            "dtype": plain["model"]["dtype"],
-            "codec_dtype": plain["model"]["codec_dtype"],
+            "dtype": model.dtype,
+            "codec_dtype": model.codec_dtype,
         },
-        "sampling": plain["sampling"],
-        "keep_codes": plain["output"]["keep_codes"],
-        **{group: {k: plain[group].get(k) for k in keys} for group, keys in _ROW_SETTINGS.items()},
+        "sampling": asdict(config.sampling),
+        "keep_codes": config.output.keep_codes,
+        **{group: {k: getattr(getattr(config, group), k) for k in keys} for group, keys in _ROW_SETTINGS.items()},
     }
     return hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=16).hexdigest()
 
@@ -159,13 +165,13 @@ def input_ids_digest(scan: InputScan, distributed: bool) -> str:
     return ids_digest(ray.get([task.remote(path, scan.filesystem, id_column) for path in scan.files]))
 
 
-def identity(plain: dict, scan: InputScan, ids: str) -> dict:
+def identity(model: ModelSettings, scan: InputScan, ids: str) -> dict:
     """What an output belongs to: the input's ids (not its path: a Ray Job reads its copy of
     the table from a new temporary directory each time) and the model."""
-    checkpoint = plain["model"]["checkpoint"]
+    checkpoint = model.checkpoint
     return {
         "input_rows": scan.total_rows,
         "input_ids": ids,
-        "model": plain["model"]["name"],
+        "model": model.name,
         "checkpoint": os.path.basename(os.path.normpath(checkpoint)) if checkpoint else None,
     }

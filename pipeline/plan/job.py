@@ -1,5 +1,5 @@
 """Planning a job: every input row's decision against what the output holds, and their sums.
-Shared by the run (pipeline/run/sequence.py) and `python -m pipeline.preview`: the rows come
+Shared by the run (pipeline/run/steps.py) and `python -m pipeline.preview`: the rows come
 from pipeline/plan/decide.py, the sums from pipeline/plan/counts.py. The driver holds sums, a
 few example ids and one entry per fragment.
 """
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
+from ..config import ChorusConfig
 from ..location import absolute
 from ..output.layout import OutputLayout
 from . import rules as P
@@ -28,18 +29,16 @@ class Plan:
     counts: DecisionCounts
 
 
-def plan_job(plain: dict, scan: InputScan, layout: OutputLayout, digest: str, distributed: bool) -> Plan:
+def plan_job(config: ChorusConfig, scan: InputScan, layout: OutputLayout, digest: str, distributed: bool) -> Plan:
     """Every input row's decision against what `layout` holds, and their sums; `distributed`:
     as Ray Data work (pipeline/cluster.py decides, once per run). Raises OutputMismatch for
     changed rows under output.on_change=refuse."""
-    output = plain["output"]
-    hasher = RowHasher(digest, absolute(plain["data"]["audio_root"]), scan.root, output["channels"])
+    output = config.output
+    hasher = RowHasher(digest, absolute(config.data.audio_root), scan.root, output.channels)
     present = layout.fs.get_file_info(layout.data_dir).type == pafs.FileType.Directory
     files = output_key_files(layout.live_files()) if present else []
-    decided = decide(
-        scan, hasher, files, layout.fs, P.Retry(output["retry_errors"], output["retry_rejected"]), distributed
-    )
-    counts = count_decisions(decided, scan.total_rows, plain["engine"])
-    if output["on_change"] == "refuse":
+    decided = decide(scan, hasher, files, layout.fs, P.Retry(output.retry_errors, output.retry_rejected), distributed)
+    counts = count_decisions(decided, scan.total_rows, config.engine)
+    if output.on_change == "refuse":
         refuse_changed(counts)
     return Plan(scan, decided, counts)

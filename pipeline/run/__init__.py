@@ -1,4 +1,4 @@
-"""A synthesis run: its sequence from the checks to the report (sequence), its fixed facts
+"""A synthesis run: its steps from the checks to the report (steps), its fixed facts
 (context), the actors' settings (actor_settings), the synthesis stream (synthesis), the read
 of the chosen rows (chosen_rows) behind the read-ahead window (readahead), progress, and the
 trim of Ray Data's per-block stats (executor_stats).

@@ -7,11 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import fields, replace
 
-from omegaconf import DictConfig
-
 from actors.synth.settings import ActorSettings, RunContext, RunGroups
 
-from ..config import settings
+from ..config import ChorusConfig
 from ..location import absolute
 
 
@@ -42,13 +40,13 @@ ACTOR_GROUPS = tuple(f.name for f in fields(RunGroups))
 
 
 def actor_arguments(
-    cfg: DictConfig, input_dir: str | None, run_id: str, attempts: str | None = None, rows: int | None = None
+    config: ChorusConfig, input_dir: str | None, run_id: str, attempts: str | None = None, rows: int | None = None
 ) -> dict:
     """SynthActor's constructor arguments: one ActorSettings (actors/synth/settings.py) holding
-    the actor's groups as typed dataclasses (`OmegaConf.to_object`: resolved, each default from
-    its dataclass) and the run context; small, picklable and the same on every
-    actor. `rows`: the input's row count, when known (see concurrent_blocks)."""
-    groups = {group: settings(cfg, group) for group in ACTOR_GROUPS}
+    the actor's groups of `config` (typed dataclasses, resolved) and the run context; small,
+    picklable and the same on every actor. `rows`: the input's row count, when known (see
+    concurrent_blocks)."""
+    groups = {group: getattr(config, group) for group in ACTOR_GROUPS}
     groups["data"] = replace(groups["data"], audio_root=absolute(groups["data"].audio_root))
     cluster = groups["cluster"]
     engine = groups["engine"]

@@ -6,9 +6,10 @@ import datetime
 import uuid
 from dataclasses import dataclass
 
-from omegaconf import DictConfig
+from actors.synth.job_settings import OutputSettings
 
 from ..cluster import Cluster
+from ..config import ChorusConfig
 from ..location import scratch_dir
 from ..output.layout import OutputLayout
 from ..plan.inputs import InputScan
@@ -21,11 +22,10 @@ def new_run_id() -> str:
 
 @dataclass
 class Job:
-    """A run: its config (typed and plain), its id, its input, its output, its Ray and its
-    clock (monotonic, for durations; unix, for rows' timestamps)."""
+    """A run: its config, its id, its input, its output, its Ray and its clock (monotonic,
+    for durations; unix, for rows' timestamps)."""
 
-    cfg: DictConfig
-    plain: dict
+    config: ChorusConfig
     run_id: str
     scan: InputScan
     layout: OutputLayout
@@ -35,8 +35,8 @@ class Job:
     store_retries_from: int = 0  # this process's object-store retries when the run began
 
     @property
-    def output(self) -> dict:
-        return self.plain["output"]
+    def output(self) -> OutputSettings:
+        return self.config.output
 
     def scratch(self, folder: str) -> str:
         """This run's working folder `folder` (pipeline/location.py scratch_dir)."""

@@ -11,6 +11,7 @@ import time
 import warnings
 
 from actors.storage import retries_spent
+from actors.synth.job_settings import ClusterSettings
 
 from ..cluster import TASK_CPUS
 from ..output import space
@@ -36,29 +37,29 @@ BASE_ACTOR_RESTARTS = 10
 BLOCKS_PER_TOLERATED_CRASH = 100
 
 
-def actor_restarts(cluster: dict, rows: int) -> int:
+def actor_restarts(cluster: ClusterSettings, rows: int) -> int:
     """Restarts each actor is allowed: cluster.max_actor_restarts, or (null) a budget that grows
     with the input, so that a long job survives a few rows that crash their actor (each costs
     crash_quarantine_after + 1 deaths) while an actor that keeps dying for another reason still
     ends the job instead of restarting forever."""
-    if cluster["max_actor_restarts"] is not None:
-        return int(cluster["max_actor_restarts"])
-    share = blocks_per_actor(rows, cluster["rows_per_block"], cluster["num_actors"])
+    if cluster.max_actor_restarts is not None:
+        return int(cluster.max_actor_restarts)
+    share = blocks_per_actor(rows, cluster.rows_per_block, cluster.num_actors)
     tolerated = max(1, math.ceil(share / BLOCKS_PER_TOLERATED_CRASH))
-    return BASE_ACTOR_RESTARTS + (cluster["crash_quarantine_after"] + 1) * tolerated
+    return BASE_ACTOR_RESTARTS + (cluster.crash_quarantine_after + 1) * tolerated
 
 
 def build_dataset(job: Job, todo: list, arguments: dict, gate):
     """The run's Ray Data dataset: read (admitted by `gate`) -> actors -> part writer."""
-    plain, scan, run_id = job.plain, job.scan, job.run_id
-    rows_per_block = plain["cluster"]["rows_per_block"]
+    cluster, scan, run_id = job.config.cluster, job.scan, job.run_id
+    rows_per_block = cluster.rows_per_block
     chunk = readahead.chunk_rows(arguments["settings"].engine.max_concurrent_blocks, rows_per_block)
     ds = read_dataset(scan, todo, rows_per_block, chunk, gate, scope=run_id)
     with warnings.catch_warnings():
         # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
         # "use the named remote parameters" warning has nothing to point to); pinned <2.61
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        ds = _synth_stage(ds, plain, arguments, scan.total_rows)
+        ds = _synth_stage(ds, cluster, arguments, scan.total_rows)
     return ds.map_batches(
         write_block,
         fn_kwargs={"location": job.layout.location, "run_id": run_id},
@@ -68,12 +69,11 @@ def build_dataset(job: Job, todo: list, arguments: dict, gate):
     )
 
 
-def _synth_stage(ds, plain: dict, arguments: dict, rows: int):
+def _synth_stage(ds, cluster: ClusterSettings, arguments: dict, rows: int):
     from ray.data import ActorPoolStrategy
 
     from actors.synth import SynthStage
 
-    cluster = plain["cluster"]
     blocks = arguments["settings"].engine.max_concurrent_blocks  # resolved by actor_arguments
     return ds.map_batches(
         SynthStage,
@@ -82,24 +82,24 @@ def _synth_stage(ds, plain: dict, arguments: dict, rows: int):
         # the actor's max_concurrency to max_concurrent_calls_per_actor), and no more are sent
         # to it than that, so a waiting block never sits in one actor's queue while another idles
         compute=ActorPoolStrategy(
-            size=cluster["num_actors"], max_concurrent_calls_per_actor=blocks, max_tasks_in_flight_per_actor=blocks
+            size=cluster.num_actors, max_concurrent_calls_per_actor=blocks, max_tasks_in_flight_per_actor=blocks
         ),
         # bounded restarts: a row that kills its actor must end as an error row, not loop forever;
         # a block's own retries (null: unbounded) then end with its actor's, and outlast the
         # tries Ray spends at an actor on a lost node before it notices (config.py)
         max_restarts=actor_restarts(cluster, rows),
-        max_task_retries=-1 if cluster["max_task_retries"] is None else cluster["max_task_retries"],
-        num_cpus=cluster["cpus_per_actor"],
-        num_gpus=cluster["gpus_per_actor"],
-        batch_size=cluster["rows_per_block"],
+        max_task_retries=-1 if cluster.max_task_retries is None else cluster.max_task_retries,
+        num_cpus=cluster.cpus_per_actor,
+        num_gpus=cluster.gpus_per_actor,
+        batch_size=cluster.rows_per_block,
         batch_format="pyarrow",
     )
 
 
-def start_read_ahead(cluster: dict, arguments: dict):
+def start_read_ahead(cluster: ClusterSettings, arguments: dict):
     """The run's ReadAhead actor (pipeline/run/readahead.py), its window from the actors' blocks."""
     blocks = arguments["settings"].engine.max_concurrent_blocks  # resolved by actor_arguments
-    window = readahead.window_rows(cluster["num_actors"], blocks, cluster["rows_per_block"], cluster["read_ahead_rows"])
+    window = readahead.window_rows(cluster.num_actors, blocks, cluster.rows_per_block, cluster.read_ahead_rows)
     log.debug("read-ahead window: %d rows", window)
     return readahead.start(window)
 
@@ -113,14 +113,12 @@ class _Driver:
         output, total = job.output, job.scan.total_rows
         self.gate = gate
         self.events = ClusterEvents()
-        self.store_retries = 0  # the write tasks' and compactions' (the driver's own: sequence.py)
+        self.store_retries = 0  # the write tasks' and compactions' (the driver's own: steps.py)
         self.driver_retries_from = retries_spent()
         self.progress = Progress(
-            total, total - pending, output["progress_interval_s"], output["progress_bar"], status=self.status
+            total, total - pending, output.progress_interval_s, output.progress_bar, status=self.status
         )
-        self.compaction = RunningCompaction(
-            job.layout.location, job.run_id, output["shard_bytes"], output["shard_rows"]
-        )
+        self.compaction = RunningCompaction(job.layout.location, job.run_id, output.shard_bytes, output.shard_rows)
         self.stream = {"write_s": 0.0, "first_block_s": None, "last_block_at": None}
         self.began = time.monotonic()
 
@@ -163,7 +161,7 @@ def synthesize(job: Job, todo: list, arguments: dict, pending: int, check=lambda
     the cluster did (`cluster`), the object-store retries of its tasks."""
     job.cluster.connect()
     job.cluster.check_resources()
-    gate = start_read_ahead(job.plain["cluster"], arguments)
+    gate = start_read_ahead(job.config.cluster, arguments)
     dataset = build_dataset(job, todo, arguments, gate)
     driver = _Driver(job, pending, gate)
 

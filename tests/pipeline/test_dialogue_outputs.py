@@ -16,6 +16,7 @@ import soundfile as sf
 
 from actors import schema as S
 from helpers import EXPORT_IN_PROCESS, export_settings, export_source, make_rows, ok_row, two_voice_flac, write_run
+from pipeline.config import compose_typed
 from pipeline.export.job import export
 from pipeline.output import hf_features
 from pipeline.plan.keys import RowHasher
@@ -66,7 +67,7 @@ def test_preview_counts_dialogue_rows_voices_and_turns(tmp_path, capsys):
         {S.ID: "empty", S.TEXT: "Words.", S.VOICES: []},  # [] is a plain row
     )
     pq.write_table(rows, tmp_path / "in.parquet")
-    figures = preview([f"data.path={tmp_path / 'in.parquet'}", f"output.dir={tmp_path}/out"])
+    figures = preview(compose_typed([f"data.path={tmp_path / 'in.parquet'}", f"output.dir={tmp_path}/out"]))
     assert (figures["dialogue_rows"], figures["voices"], figures["turns"]) == (3, 6, 8)
     assert "| dialogue rows (voices, turns) | 3 (6, 8) |" in capsys.readouterr().out
 

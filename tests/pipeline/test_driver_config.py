@@ -13,22 +13,22 @@ from omegaconf.errors import MissingMandatoryValue
 
 from actors.engine.settings import EngineConfig
 from actors.synth.settings import EngineSettings
-from pipeline.config import compose, to_plain
+from pipeline.config import compose, compose_typed
 from pipeline.errors import ConfigError
-from pipeline.run.sequence import run
+from pipeline.run.steps import run
 from tests.helpers import REPO
 
 
 def test_defaults_run_the_demo():
-    plain = to_plain(compose())
-    assert plain["model"]["checkpoint"] is None and plain["model"]["name"] == "demo-s1-tiny"
-    assert plain["data"]["path"] == str(REPO / "data" / "demo" / "demo.parquet")
-    assert plain["output"]["dir"] == "outputs/demo"
-    assert 0 < plain["cluster"]["cpus_per_actor"] < 1  # never a whole CPU on the default local run
+    config = compose_typed()
+    assert config.model.checkpoint is None and config.model.name == "demo-s1-tiny"
+    assert config.data.path == str(REPO / "data" / "demo" / "demo.parquet")
+    assert config.output.dir == "outputs/demo"
+    assert 0 < config.cluster.cpus_per_actor < 1  # never a whole CPU on the default local run
     # the demo's dialogue rows are a table of their own, for the S2 demo (S1 refuses several voices)
-    dialogue = to_plain(compose(["model=demo_s2", "data=demo_dialogue"]))
-    assert dialogue["data"]["path"] == str(REPO / "data" / "demo" / "dialogue.parquet")
-    assert dialogue["model"]["name"] == "demo-s2-tiny"
+    dialogue = compose_typed(["model=demo_s2", "data=demo_dialogue"])
+    assert dialogue.data.path == str(REPO / "data" / "demo" / "dialogue.parquet")
+    assert dialogue.model.name == "demo-s2-tiny"
 
 
 @pytest.mark.parametrize(
@@ -50,9 +50,9 @@ def test_typos_and_wrong_types_are_rejected(override):
 
 def test_real_models_need_a_checkpoint_path():
     with pytest.raises(MissingMandatoryValue):
-        to_plain(compose(["model=s1_mini"]))
-    plain = to_plain(compose(["model=s2_pro", "model.checkpoint=/ckpt/s2-pro"]))
-    assert plain["model"]["checkpoint"] == "/ckpt/s2-pro" and plain["model"]["name"] == "s2-pro"
+        compose_typed(["model=s1_mini"])
+    model = compose_typed(["model=s2_pro", "model.checkpoint=/ckpt/s2-pro"]).model
+    assert model.checkpoint == "/ckpt/s2-pro" and model.name == "s2-pro"
 
 
 def test_engine_groups_only_override_the_defaults():
@@ -65,7 +65,7 @@ def test_engine_groups_only_override_the_defaults():
             assert key in defaults, f"{group.name}: {key} is not an engine setting"
             assert value != defaults[key], f"{group.name}: {key}: {value} restates the default"
     # every engine setting is a key of the run config (one object from Hydra to the engine)
-    assert set(asdict(EngineConfig())) <= set(to_plain(compose())["engine"])
+    assert set(asdict(EngineConfig())) <= set(asdict(compose_typed().engine))
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_engine_groups_only_override_the_defaults():
 )
 def test_out_of_range_engine_settings_are_named_before_any_work(tmp_path, override):
     with pytest.raises(ConfigError, match=override.split("=")[0]):
-        run(compose([override, f"output.dir={tmp_path}/out"]))
+        run(compose_typed([override, f"output.dir={tmp_path}/out"]))
     assert not (tmp_path / "out").exists()
 
 
@@ -101,4 +101,4 @@ def test_settings_that_cannot_work_fail_early(tmp_path):
         (["model=s1_mini", f"model.checkpoint={tmp_path}"], "no config.json"),
     ]:
         with pytest.raises(ConfigError, match=message):
-            run(compose(overrides + [f"output.dir={tmp_path}/out"]))
+            run(compose_typed(overrides + [f"output.dir={tmp_path}/out"]))

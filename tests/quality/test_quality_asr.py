@@ -160,11 +160,11 @@ def test_the_actor_transcribes_its_rows(tiny_whisper, small_settings):
     from actors import schema as S
     from actors.quality.text import word_error_rate
     from actors.synth import SynthActor
-    from pipeline.config import compose
+    from pipeline.config import compose_typed
     from pipeline.run.actor_settings import actor_arguments
 
     overrides = ["quality.asr=whisper", f"quality.asr_model={tiny_whisper}", "quality.asr_batch_rows=2"]
-    actor = SynthActor(**actor_arguments(compose(small_settings + overrides), None, run_id="asr"))
+    actor = SynthActor(**actor_arguments(compose_typed(small_settings + overrides), None, run_id="asr"))
     texts = ["First sentence.", "A second one.", "And a third."]
     table = pa.table({S.ID: ["a", "b", "c"], S.TEXT: texts, S.SEED: pa.array([1, 2, 3], pa.int64())})
     out = actor(table).to_pylist()

@@ -16,7 +16,7 @@ from actors.quality import checks
 from actors.synth import SynthActor, Trace
 from actors.synth.chain import segment_seed
 from helpers import text_rows, tune
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.run.actor_settings import actor_arguments
 
 TEXT = "Hello there, how are you?"
@@ -29,7 +29,7 @@ def actor(small_settings) -> SynthActor:
     # float32 on every CPU: the seeds whose first draw is <|im_end|> are float32 sampling's
     float32 = ["model.dtype=float32", "model.codec_dtype=float32"]
     settings = small_settings + ["engine.stop_on_eos=true", "engine.max_tokens=512", *float32]
-    return SynthActor(**actor_arguments(compose(settings), None, run_id="gate"), recorder=Trace())
+    return SynthActor(**actor_arguments(compose_typed(settings), None, run_id="gate"), recorder=Trace())
 
 
 def scan(actor, monkeypatch, text: str, seeds: range) -> dict:
@@ -160,7 +160,7 @@ def test_rejected_rows_are_done_on_rerun_unless_retry_rejected(ray_cluster, eos_
     import pyarrow.parquet as pq
 
     from pipeline.output.layout import OutputLayout
-    from pipeline.run.sequence import run
+    from pipeline.run.steps import run
 
     source, out = tmp_path / "in.parquet", tmp_path / "out"
     specs = [{S.ID: "bad", S.TEXT: TEXT, S.SEED: eos_first[0]}, {S.ID: "good", S.TEXT: TEXT, S.SEED: 500}]
@@ -171,14 +171,14 @@ def test_rejected_rows_are_done_on_rerun_unless_retry_rejected(ray_cluster, eos_
     def written() -> dict:
         return {r[S.ID]: r for r in OutputLayout(str(out)).read().to_pylist()}
 
-    first = run(compose([*args, "quality.max_attempts=1"]))
+    first = run(compose_typed([*args, "quality.max_attempts=1"]))
     assert (first.summary["rows_rejected"], first.summary["rows_error"]) == (1, 0)
     assert first.summary["quality"]["rows_by_flag"]["no_audio"] == 1
     assert written()["bad"][S.STATUS] == S.STATUS_REJECTED
     # more attempts alone do not redo it: the quality settings are not part of the row's content
-    again = run(compose(args))
+    again = run(compose_typed(args))
     assert again.summary["run_rows"] == 0 and written()["bad"][S.RUN] == first.summary["run_id"]
-    redo = run(compose([*args, "output.retry_rejected=true"]))
+    redo = run(compose_typed([*args, "output.retry_rejected=true"]))
     bad = written()["bad"]
     assert redo.summary["run_rows"] == 1 and bad[S.RUN] == redo.summary["run_id"]
     assert bad[S.STATUS] == S.STATUS_OK and bad[S.ATTEMPTS] == 2

@@ -26,7 +26,7 @@ from actors.synth.chain import ChainPlanner
 from actors.synth.rows import RefSpec, RowError, VoiceSpec, parse_row
 from actors.synth.settings import ActorSettings, EngineSettings, ModelSettings
 from helpers import REPO, plant, tune, vector_set
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.run.actor_settings import actor_arguments
 
 FRAME = 2048  # the demo codec's samples per frame
@@ -103,7 +103,7 @@ def actor(small_settings, clips, tmp_path_factory) -> SynthActor:
         "quality.speaker=wavlm",
         f"quality.speaker_model={wavlm}",
     ]
-    return SynthActor(**actor_arguments(compose(settings), str(clips), run_id="dialogue"), recorder=Trace())
+    return SynthActor(**actor_arguments(compose_typed(settings), str(clips), run_id="dialogue"), recorder=Trace())
 
 
 def test_turns_span_the_audio_at_frame_seams_each_voice_on_its_channel(actor, monkeypatch):
@@ -329,7 +329,7 @@ def test_encode_refs_fills_each_voices_codes(small_settings, clips, tmp_path, ac
     pq.write_table(rows(dialogue(), {S.ID: "plain", S.TEXT: "Just words."}), source)
     out = tmp_path / "coded.parquet"
     counts = encode_refs(
-        str(out), [*small_settings, "model=demo_s2", f"data.path={source}", f"data.audio_root={clips}"]
+        str(out), compose_typed([*small_settings, "model=demo_s2", f"data.path={source}", f"data.audio_root={clips}"])
     )
     assert (counts["encoded"], counts["failed"]) == (3, 0)
     coded = pq.read_table(out).to_pylist()

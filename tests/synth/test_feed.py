@@ -21,7 +21,7 @@ from actors import schema as S
 from actors.synth import SynthActor, Trace
 from actors.synth.actor import SynthStage
 from actors.synth.priority import HELPER_NICENESS
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.run.actor_settings import actor_arguments
 
 WAIT_S = 120.0  # a safety net for a broken actor, never reached when it works
@@ -44,7 +44,7 @@ def by_id(out: pa.Table) -> dict:
 
 @pytest.fixture(scope="module")
 def actor(small_settings) -> SynthActor:
-    cfg = compose(small_settings + ["engine.max_rows=4", "engine.max_concurrent_blocks=2"])
+    cfg = compose_typed(small_settings + ["engine.max_rows=4", "engine.max_concurrent_blocks=2"])
     return SynthActor(**actor_arguments(cfg, None, run_id="feed"), recorder=Trace())
 
 
@@ -188,7 +188,7 @@ def test_ref_codes_give_the_codes_of_the_audio_they_encode(small_settings, tmp_p
 
     out = tmp_path / "with_codes.parquet"
     settings = [*small_settings, f"data.path={DEMO_TABLE}"]
-    counts = encode_refs(str(out), settings)
+    counts = encode_refs(str(out), compose_typed(settings))
     with_codes = pq.read_table(out)
     assert counts["rows"] == with_codes.num_rows == pq.read_metadata(DEMO_TABLE).num_rows
     has_audio = [
@@ -198,12 +198,14 @@ def test_ref_codes_give_the_codes_of_the_audio_they_encode(small_settings, tmp_p
     assert counts["encoded"] == sum(has_audio) and counts["failed"] == 0
     # the dialogue rows' voices get their codes too (each voice's `codes`)
     dialogues = tmp_path / "dialogues_with_codes.parquet"
-    voice_counts = encode_refs(str(dialogues), [*small_settings, "model=demo_s2", f"data.path={DIALOGUE_TABLE}"])
+    voice_counts = encode_refs(
+        str(dialogues), compose_typed([*small_settings, "model=demo_s2", f"data.path={DIALOGUE_TABLE}"])
+    )
     voices = [v for vs in pq.read_table(dialogues).column(S.VOICES).to_pylist() for v in vs]
     assert voices and all(v[S.VOICE_CODES] is not None for v in voices)
     assert voice_counts["encoded"] == len(voices) and voice_counts["failed"] == 0
 
-    actor = SynthActor(**actor_arguments(compose(settings), str(DEMO_TABLE.parent), run_id="codes"))
+    actor = SynthActor(**actor_arguments(compose_typed(settings), str(DEMO_TABLE.parent), run_id="codes"))
     picked = [i for i, audio in enumerate(has_audio) if audio][:4] + [has_audio.index(False)]
     rows_in = with_codes.take(picked)
     from_audio = by_id(actor(rows_in.drop_columns([S.REF_CODES])))
@@ -242,7 +244,7 @@ def test_engine_codes_do_not_depend_on_the_request_beside_them(small_settings):
     from helpers import DEMO_TABLE
 
     settings = [*small_settings, "engine.stop_on_eos=true", f"data.path={DEMO_TABLE}"]
-    actor = SynthActor(**actor_arguments(compose(settings), str(DEMO_TABLE.parent), run_id="pair"))
+    actor = SynthActor(**actor_arguments(compose_typed(settings), str(DEMO_TABLE.parent), run_id="pair"))
     demo = pq.read_table(DEMO_TABLE)
     jobs = actor.preparer.jobs(demo, Block(0, demo.num_rows, 0.0))
     requests = {}
@@ -267,8 +269,8 @@ def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(sma
     from helpers import DEMO_TABLE
 
     settings = small_settings + ["engine.max_rows=4"]
-    here = SynthActor(**actor_arguments(compose(settings), str(DEMO_TABLE.parent), run_id="codec-here"))
-    cfg = compose(settings + ["engine.codec_process=true"])
+    here = SynthActor(**actor_arguments(compose_typed(settings), str(DEMO_TABLE.parent), run_id="codec-here"))
+    cfg = compose_typed(settings + ["engine.codec_process=true"])
     separate = SynthActor(**actor_arguments(cfg, str(DEMO_TABLE.parent), run_id="codec-process"))
     try:
         assert isinstance(separate.finisher.codec_runner, CodecProcess)
@@ -309,7 +311,7 @@ def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(sma
 def test_on_cpu_the_actors_helper_threads_queue_below_the_engine_thread(small_settings):
     """A CPU actor's block-call threads and finisher run at HELPER_NICENESS, its engine thread
     at the process's own priority, and rows still come back; the caller's thread is untouched."""
-    cfg = compose(small_settings + ["engine.max_rows=4", "engine.max_concurrent_blocks=2"])
+    cfg = compose_typed(small_settings + ["engine.max_rows=4", "engine.max_concurrent_blocks=2"])
     stage = SynthStage(**actor_arguments(cfg, None, run_id="priority"))
     own = os.getpriority(os.PRIO_PROCESS, 0)
     out = asyncio.run(stage(table(rows("nice", 3))))

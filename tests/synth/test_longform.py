@@ -16,9 +16,9 @@ from actors import schema as S
 from actors.engine.segment import utf8_len
 from actors.synth import SynthActor, Trace
 from helpers import DEMO_TABLE
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.run.actor_settings import actor_arguments
-from pipeline.run.sequence import run
+from pipeline.run.steps import run
 
 SENTENCES = [
     "The old library stood at the end of a narrow street, its windows dusty and tall.",
@@ -55,7 +55,7 @@ def table(rows: list[dict]) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def actor(small_settings, demo_table) -> SynthActor:
-    cfg = compose(small_settings + FEWER_FRAMES + ["engine.max_tokens=512", "engine.max_rows=8"])
+    cfg = compose_typed(small_settings + FEWER_FRAMES + ["engine.max_tokens=512", "engine.max_rows=8"])
     # the demo clips are confined to their own folder (data.audio_root defaults to the input's)
     return SynthActor(**actor_arguments(cfg, str(DEMO_TABLE.parent), run_id="longform"), recorder=Trace())
 
@@ -143,7 +143,7 @@ def test_segments_that_end_on_im_end_are_not_truncated(actor, monkeypatch):
 
 
 def test_row_over_max_text_chars_is_an_error_row(actor, monkeypatch, small_settings):
-    cfg = compose(small_settings + ["data.max_text_chars=100", "long_form.segment_bytes=64"])
+    cfg = compose_typed(small_settings + ["data.max_text_chars=100", "long_form.segment_bytes=64"])
     args = actor_arguments(cfg, None, run_id="x")  # the settings reach the actor
     assert args["settings"].data.max_text_chars == 100 and args["settings"].long_form.segment_bytes == 64
     tune(monkeypatch, actor, "data", max_text_chars=100)
@@ -191,7 +191,7 @@ def test_3000_character_row_through_the_pipeline(ray_cluster, tmp_path, small_se
         table([{S.ID: "chapter", S.TEXT: long_text(), S.SEED: 5}, {S.ID: "line", S.TEXT: "One line.", S.SEED: 6}]),
         source,
     )
-    run(compose(small_settings + FEWER_FRAMES + [f"data.path={source}", f"output.dir={tmp_path / 'out'}"]))
+    run(compose_typed(small_settings + FEWER_FRAMES + [f"data.path={source}", f"output.dir={tmp_path / 'out'}"]))
     rows = {r[S.ID]: r for r in read_rows(tmp_path / "out")}
     chapter = rows["chapter"]
     assert chapter[S.STATUS] == S.STATUS_OK, chapter[S.ERROR]

@@ -20,7 +20,7 @@ from actors.quality.tiny import build_tiny_dnsmos, build_tiny_wavlm
 from actors.synth import SynthActor, Trace
 from actors.synth.chain import segment_seed
 from helpers import REPO, plant, text_rows, tune
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.run.actor_settings import actor_arguments
 
 TEXT = "Hello there, how are you?"
@@ -32,7 +32,7 @@ SEED = 500
 @pytest.fixture(scope="module")
 def actor(small_settings) -> SynthActor:
     settings = small_settings + ["engine.max_tokens=512", "quality.reject=[no_audio,silence,clipping]"]
-    return SynthActor(**actor_arguments(compose(settings), None, run_id="regen"), recorder=Trace())
+    return SynthActor(**actor_arguments(compose_typed(settings), None, run_id="regen"), recorder=Trace())
 
 
 def audio(row: dict) -> np.ndarray:
@@ -153,7 +153,7 @@ def checked_actor(small_settings, tmp_path_factory) -> SynthActor:
         "quality.mos=dnsmos",
         f"quality.mos_model={dnsmos}",
     ]
-    return SynthActor(**actor_arguments(compose(settings), None, run_id="checks"))
+    return SynthActor(**actor_arguments(compose_typed(settings), None, run_id="checks"))
 
 
 def test_speaker_and_mos_columns_and_one_embedding_per_reference(checked_actor, demo_table):

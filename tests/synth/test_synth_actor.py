@@ -16,13 +16,13 @@ from actors import schema as S
 from actors.lru import LRU
 from actors.synth import SynthActor, escape_special_tokens, row_seed
 from helpers import DEMO_TABLE, tune
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.run.actor_settings import actor_arguments
 
 
 @pytest.fixture(scope="module")
 def actor(bad_table, small_settings) -> SynthActor:
-    cfg = compose(small_settings + ["engine.max_tokens=512"])
+    cfg = compose_typed(small_settings + ["engine.max_tokens=512"])
     return SynthActor(**actor_arguments(cfg, str(bad_table.path.parent), run_id="unit"))
 
 
@@ -291,11 +291,11 @@ WATCHDOG_SCRIPT = """
 import sys, threading
 import pyarrow as pa
 from actors.synth import SynthActor
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.run.actor_settings import actor_arguments
 
 attempts = sys.argv[1]
-cfg = compose(["cluster.block_timeout_s=2", "engine.max_frames=8"])
+cfg = compose_typed(["cluster.block_timeout_s=2", "engine.max_frames=8"])
 actor = SynthActor(**actor_arguments(cfg, None, run_id="watchdog", attempts=attempts))
 actor.engine.step = lambda: threading.Event().wait()  # a device call that never returns
 actor(pa.table({"id": ["stuck"], "text": ["This block never finishes."]}))

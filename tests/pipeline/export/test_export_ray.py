@@ -14,14 +14,14 @@ import pytest
 from test_export_formats import READERS, decoded
 
 from actors import schema as S
-from helpers import REPO, export_settings
-from pipeline.config import compose
+from helpers import REPO, export_cluster, export_settings
+from pipeline.config import compose_typed
 from pipeline.export.job import export
-from pipeline.run.sequence import run
+from pipeline.run.steps import run
 
 pytestmark = pytest.mark.slow
 
-DISTRIBUTED = {"address": None, "num_cpus": 2, "distributed_rows": 0}
+DISTRIBUTED = export_cluster(0)
 DEMO = REPO / "data" / "demo"
 
 
@@ -37,7 +37,7 @@ def expected_rows(location: str) -> dict:
 @pytest.fixture(scope="module")
 def demo_output(ray_cluster, small_settings, tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("demo") / "out"
-    run(compose([*small_settings, f"output.dir={out}", "cluster.rows_per_block=6"]))
+    run(compose_typed([*small_settings, f"output.dir={out}", "cluster.rows_per_block=6"]))
     return str(out)
 
 

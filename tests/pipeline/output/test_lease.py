@@ -13,12 +13,12 @@ import time
 import pytest
 
 from actors.files import TEMP_PREFIX
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.errors import OutputInUse, OutputMismatch
 from pipeline.names import LEASE_FILE
 from pipeline.output.layout import OutputLayout
 from pipeline.output.lease import Lease
-from pipeline.run.sequence import run
+from pipeline.run.steps import run
 
 
 def test_a_second_driver_is_refused_while_the_first_holds_the_lease(tmp_path):
@@ -35,7 +35,7 @@ def test_a_second_driver_is_refused_while_the_first_holds_the_lease(tmp_path):
             Lease(layout, "run-b").acquire()
         # the whole driver refuses before touching anything
         with pytest.raises(OutputInUse):
-            run(compose([f"output.dir={tmp_path}/out"]))
+            run(compose_typed([f"output.dir={tmp_path}/out"]))
     finally:
         first.release()
     assert not (tmp_path / "out" / LEASE_FILE).exists()

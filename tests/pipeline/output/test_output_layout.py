@@ -12,12 +12,12 @@ import pytest
 
 from actors import schema as S
 from actors.files import TEMP_PREFIX
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.errors import OutputMismatch
 from pipeline.names import IDENTITY_FILE, part_name
 from pipeline.output.layout import OutputLayout
 from pipeline.output.parts import write_block
-from pipeline.run.sequence import run
+from pipeline.run.steps import run
 from tests.helpers import ok_row
 
 
@@ -105,7 +105,7 @@ def test_overwrite_never_deletes_what_chorus_did_not_write(tmp_path):
     thesis.write_text("years of work")
     for overwrite in ("false", "true"):
         with pytest.raises(OutputMismatch, match="not a chorus output"):
-            run(compose([f"output.dir={tmp_path}/mine", f"output.overwrite={overwrite}"]))
+            run(compose_typed([f"output.dir={tmp_path}/mine", f"output.overwrite={overwrite}"]))
     assert thesis.read_text() == "years of work"
     assert sorted(os.listdir(tmp_path / "mine")) == ["data"]  # no lease, no marker left behind
 

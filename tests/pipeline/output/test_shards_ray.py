@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors import schema as S
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.names import DATA_DIR, is_shard
 from pipeline.output import hf_features
 from pipeline.output.layout import OutputLayout
-from pipeline.run.sequence import run
+from pipeline.run.steps import run
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def test_a_run_ends_in_shards_each_id_once(ray_cluster, demo_table, tmp_path, sm
     pq.write_table(pa.concat_tables(copies), source)
     out = tmp_path / "out"
     report = run(
-        compose(
+        compose_typed(
             [
                 *small_settings,
                 f"data.path={source}",

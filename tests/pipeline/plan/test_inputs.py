@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors import schema as S
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.errors import InputError, InputSchemaError
 from pipeline.plan.inputs import scan_input
-from pipeline.run.sequence import run
+from pipeline.run.steps import run
 from tests.helpers import decide_rows
 
 
@@ -34,7 +34,7 @@ def test_missing_column_fails_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline.cluster.Cluster, "connect", connect)
     path = write(tmp_path, pa.table({"id": ["a", "b"], "sentence": ["x", "y"]}))
     with pytest.raises(InputSchemaError, match="required column 'text' is missing"):
-        run(compose([f"data.path={path}", f"output.dir={tmp_path}/out"]))
+        run(compose_typed([f"data.path={path}", f"output.dir={tmp_path}/out"]))
     assert not (tmp_path / "out").exists()
 
 
@@ -104,7 +104,7 @@ def test_output_inside_the_input_directory_is_refused(tmp_path):
     pq.write_table(pa.table({"id": ["a"], "text": ["x"]}), tmp_path / "set" / "in.parquet")
     for data_path in (tmp_path / "set", tmp_path / "set" / "*.parquet"):
         with pytest.raises(ConfigError, match="inside the input directory"):
-            run(compose([f"data.path={data_path}", f"output.dir={tmp_path}/set/out"]))
+            run(compose_typed([f"data.path={data_path}", f"output.dir={tmp_path}/set/out"]))
     assert not (tmp_path / "set" / "out").exists()
 
 

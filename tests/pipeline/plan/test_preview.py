@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 from actors import schema as S
+from pipeline.config import compose_typed
 from pipeline.output.layout import OutputLayout
 from pipeline.preview import preview
 from tests.helpers import REPO, decide_rows
@@ -45,11 +46,13 @@ def test_preview_counts_the_planted_rows_exactly(corpus, tmp_path, capsys, distr
     data, expected = corpus
     assert len(list(data.glob("part-*.parquet"))) == 3
     figures = preview(
-        [
-            f"data.path={data}",
-            f"output.dir={tmp_path}/out",
-            f"cluster.distributed_plan_rows={0 if distributed else 10**6}",
-        ]
+        compose_typed(
+            [
+                f"data.path={data}",
+                f"output.dir={tmp_path}/out",
+                f"cluster.distributed_plan_rows={0 if distributed else 10**6}",
+            ]
+        )
     )
     assert last_json(capsys) == figures
     assert figures["rows_total"] == expected["rows_total"] == 3000
@@ -66,11 +69,10 @@ def test_preview_of_a_partly_done_output(corpus, tmp_path, capsys, distributed, 
     if distributed:
         request.getfixturevalue("ray_cluster")
     data, expected = corpus
-    from pipeline.config import compose, to_plain
     from pipeline.plan.identity import model_fingerprint, settings_digest
 
-    plain = to_plain(compose([f"data.path={data}"]))
-    digest = settings_digest(plain, model_fingerprint(plain["model"]))
+    config = compose_typed([f"data.path={data}"])
+    digest = settings_digest(config, model_fingerprint(config.model))
     decided = decide_rows(data, settings=digest)
     accepted = decided.filter(pc.not_equal(decided.column("_decision"), "rejected"))
     ids, hashes = accepted.column(S.ID).to_pylist()[:100], accepted.column(S.CONTENT_HASH).to_pylist()[:100]
@@ -87,7 +89,7 @@ def test_preview_of_a_partly_done_output(corpus, tmp_path, capsys, distributed, 
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"configs": [{"num_actors": 1, "slots": 8, "frames_per_s": 50.0}]}))
     overrides = [f"data.path={data}", f"output.dir={tmp_path}/out", f"preview.bench={bench}"]
-    figures = preview([*overrides, f"cluster.distributed_plan_rows={0 if distributed else 10**6}"])
+    figures = preview(compose_typed([*overrides, f"cluster.distributed_plan_rows={0 if distributed else 10**6}"]))
     assert last_json(capsys) == figures
     assert (figures["done"], figures["changed"], figures["retry"]) == (90, 5, 5)
     assert figures["to_synthesize"] == expected["to_synthesize"] - 90

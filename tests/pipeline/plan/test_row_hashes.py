@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import compose
+from actors.synth.settings import ModelSettings
+from pipeline.config import compose_typed
 from tests.helpers import hashes
 
 PINNED_HASH = "a1f9b881d0134741b62ab6f37f6b236c"  # inputs.scan_rows of commit 87c655c, for the row below
@@ -66,14 +67,13 @@ def test_row_hashes_follow_text_reference_and_settings(tmp_path):
 )
 def test_every_setting_the_audio_depends_on_changes_the_row_hashes(override):
     # a rerun with any of these changed must redo its rows (their audio would differ)
-    from pipeline.config import to_plain
     from pipeline.plan.identity import settings_digest
 
-    base = settings_digest(to_plain(compose([])), "fingerprint")
-    assert settings_digest(to_plain(compose([override])), "fingerprint") != base
+    base = settings_digest(compose_typed([]), "fingerprint")
+    assert settings_digest(compose_typed([override]), "fingerprint") != base
     # ... and settings that leave a row's audio as it is do not
     for same in ("engine.max_rows=4", "cluster.num_actors=3", "engine.codec_batch_rows=2", "output.progress_bar=off"):
-        assert settings_digest(to_plain(compose([same])), "fingerprint") == base, same
+        assert settings_digest(compose_typed([same]), "fingerprint") == base, same
 
 
 def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkeypatch):
@@ -86,7 +86,7 @@ def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkey
     (ckpt / "config.json").write_text('{"dim": 8}')
     weights = bytearray(os.urandom(3 << 20))
     (ckpt / "model.pth").write_bytes(bytes(weights))
-    model = {"checkpoint": str(ckpt), "codec": None}
+    model = ModelSettings(checkpoint=str(ckpt))
     first = model_fingerprint(model)
     assert model_fingerprint(model) == first
     seen = {first}
@@ -106,6 +106,4 @@ def test_model_fingerprint_sees_new_weights_under_the_same_name(tmp_path, monkey
     (latest,) = [key for key in cached if "model.pth" in key and key.endswith(f"|{len(weights) - 1}")]
     cache_file.write_text(json.dumps({**cached, latest: "doctored"}))
     assert model_fingerprint(model) != now
-    assert model_fingerprint({"checkpoint": None, "codec": None}) == model_fingerprint(
-        {"checkpoint": None, "codec": None}
-    )
+    assert model_fingerprint(ModelSettings(checkpoint=None)) == model_fingerprint(ModelSettings(checkpoint=None))

@@ -17,8 +17,8 @@ import pytest
 import soundfile as sf
 
 from actors import schema as S
-from pipeline.config import compose
-from pipeline.run.sequence import run
+from pipeline.config import compose_typed
+from pipeline.run.steps import run
 from tests.helpers import DEMO_TABLE, DIALOGUE_TABLE
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def source(tmp_path_factory) -> str:
 
 def synthesize(small_settings, source, out, *overrides):
     return run(
-        compose(
+        compose_typed(
             [
                 *small_settings,
                 "model=demo_s2",

@@ -24,13 +24,13 @@ import soundfile as sf
 
 from actors import schema as S
 from actors.files import TEMP_PREFIX
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.errors import OutputInUse, OutputMismatch
 from pipeline.names import CONFIG_FILE, LEASE_FILE, SUMMARY_FILE
 from pipeline.output.layout import OutputLayout
 from pipeline.report.summary import summary_of
 from pipeline.report.summary_figures import SUMMARY_COLUMNS
-from pipeline.run.sequence import run
+from pipeline.run.steps import run
 from tests.helpers import DEMO_TABLE, REPO, assert_same_summary
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ DEMO_ROWS = len(DEMO_IDS)
 
 
 def synthesize(settings: list[str], *overrides: str):
-    return run(compose([*settings, *overrides]))
+    return run(compose_typed([*settings, *overrides]))
 
 
 def decode(row: dict) -> tuple[np.ndarray, int]:
@@ -84,7 +84,7 @@ def test_demo_end_to_end(demo_output, read_rows, small_settings):
     ok = [r for r in rows if r[S.STATUS] == S.STATUS_OK]
     assert all(stopped_before_audio(r) for r in rows if r[S.STATUS] != S.STATUS_OK)
     assert len(ok) >= DEMO_ROWS - 3
-    codec = load_codec(demo_assets()[1], dtype=compose(small_settings).model.codec_dtype)  # the demo's
+    codec = load_codec(demo_assets()[1], dtype=compose_typed(small_settings).model.codec_dtype)  # the demo's
     decoded = [codec.decode_batch([np.asarray(r[S.CODES])])[0] for r in ok]  # each alone, as the actors decode
     for row, from_codes in zip(ok, decoded):
         wave, rate = decode(row)

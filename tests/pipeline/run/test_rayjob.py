@@ -15,7 +15,7 @@ from ray_nodes import job_logs, ray_cli, ray_cluster, wait_for_job
 
 from actors import schema as S
 from helpers import REPO
-from pipeline.config import compose, validate
+from pipeline.config import compose_typed
 from pipeline.output.layout import OutputLayout
 
 MANIFEST = REPO / "deploy" / "kuberay" / "rayjob.yaml"
@@ -48,7 +48,7 @@ def test_the_manifest_is_a_rayjob_as_the_readme_asks():
     assert all(c["envFrom"] == [{"secretRef": {"name": "chorus-s3"}}] for c in ray_pods)
     command = shlex.split(spec["entrypoint"])
     assert command[:3] == ["python", "-m", "pipeline"]
-    validate(compose(command[3:]))  # every override is a key of the run's schema, in range
+    compose_typed(command[3:])  # every override is a key of the run's schema, in range
 
 
 def demo_entrypoint(entrypoint: str, table: str, output: str, small_settings: list[str]) -> list[str]:

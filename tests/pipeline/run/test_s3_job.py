@@ -19,10 +19,10 @@ import pytest
 from actors import schema as S
 from actors.files import TEMP_PREFIX
 from helpers import CHROMIUM, REPO, audio_check, run_module, start_driver
-from pipeline.config import compose
+from pipeline.config import compose_typed
 from pipeline.names import CONFIG_FILE, IDENTITY_FILE, LEASE_FILE, REPORT_FILE, SUMMARY_FILE, is_shard
 from pipeline.output.layout import OutputLayout
-from pipeline.run.sequence import run
+from pipeline.run.steps import run
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def test_a_job_from_s3_to_s3_resumes_and_redoes_changed_rows(
 ):
     output = f"{s3_store.bucket()}/out"
     settings = job_settings(small_settings, s3_input, output, plan)
-    first = run(compose(settings))
+    first = run(compose_typed(settings))
     assert first.summary["run_rows"] == len(DEMO_IDS)
     assert_each_once_ok(output_rows(output), DEMO_IDS)
     keys = s3_store.keys(output)
@@ -80,7 +80,7 @@ def test_a_job_from_s3_to_s3_resumes_and_redoes_changed_rows(
     assert summary["rows_ok"] == len(DEMO_IDS)
 
     # a rerun resumes: nothing to do
-    again = run(compose(settings))
+    again = run(compose_typed(settings))
     assert again.summary["run_rows"] == 0 and again.summary["rows_total"] == len(DEMO_IDS)
 
     # one text edited in the bucket's table: that row alone is redone
@@ -92,7 +92,7 @@ def test_a_job_from_s3_to_s3_resumes_and_redoes_changed_rows(
     source = s3_input.replace("/demo.parquet", "/edited.parquet")
     s3_store.upload(edited, source)
     settings = job_settings(small_settings, source, output, plan, "output.on_change=redo")
-    third = run(compose(settings))
+    third = run(compose_typed(settings))
     assert third.summary["run_rows"] == 1
     rows = output_rows(output)
     assert_each_once_ok(rows, DEMO_IDS)
@@ -106,7 +106,7 @@ def test_a_job_from_s3_to_s3_resumes_and_redoes_changed_rows(
 def s3_output(ray_cluster, s3_store, s3_input, small_settings) -> str:
     """One finished demo job's output in a bucket."""
     output = f"{s3_store.bucket()}/out"
-    run(compose(job_settings(small_settings, s3_input, output)))
+    run(compose_typed(job_settings(small_settings, s3_input, output)))
     return output
 
 
@@ -192,7 +192,7 @@ def test_a_driver_killed_mid_run_on_s3_is_taken_over(s3_store, s3_input, driver_
             finished[row[S.ID]] = row[S.RUN]
     stale = json.loads(s3_store.get(f"{output}/{LEASE_FILE}"))
     assert stale["pid"] == driver.pid  # the dead driver's lease is still there ...
-    rerun = run(compose(settings))  # ... and the rerun takes it over (its pid is gone on this host)
+    rerun = run(compose_typed(settings))  # ... and the rerun takes it over (its pid is gone on this host)
     assert LEASE_FILE not in s3_store.keys(output)
     rows = output_rows(output)
     assert_each_once_ok(rows, ids)

@@ -21,14 +21,12 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import dataclass
-
-from omegaconf import DictConfig, OmegaConf
+from dataclasses import asdict, dataclass
 
 from actors.storage import retries_spent
 
 from ..cluster import Cluster
-from ..config import check_for_run, to_plain
+from ..config import ChorusConfig, as_yaml, check_for_run
 from ..errors import ConfigError
 from ..names import ATTEMPTS_DIR, CONFIG_FILE, DATA_DIR, PLAN_DIR, REJECTED_PART, SUMMARY_FILE
 from ..output import shards, space, supersede
@@ -55,26 +53,26 @@ class RunReport:
     report_s: float = 0.0  # writing report.html, after the data is complete (not in summary wall_s)
 
 
-def run(cfg: DictConfig) -> RunReport:
-    """One run: everything that can be checked is checked before Ray starts; rows already in
-    the output are skipped; summary.json is rewritten at the end."""
-    plain = to_plain(cfg)
-    check_for_run(cfg, plain)
+def run(config: ChorusConfig) -> RunReport:
+    """One run of `config` (pipeline/config.py typed): everything that can be checked is
+    checked before Ray starts; rows already in the output are skipped; summary.json is
+    rewritten at the end."""
+    check_for_run(config)
     started, started_unix, run_id, retried = time.monotonic(), time.time(), new_run_id(), retries_spent()
-    scan = scan_input(plain["data"]["path"], plain["data"]["columns"])
-    output = plain["output"]
-    if output_inside_input(scan, output["dir"]):
+    scan = scan_input(config.data.path, asdict(config.data.columns))
+    output = config.output
+    if output_inside_input(scan, output.dir):
         raise ConfigError(
-            f"output.dir={output['dir']!r} is inside the input directory {scan.base_dir}: its part files "
+            f"output.dir={output.dir!r} is inside the input directory {scan.base_dir}: its part files "
             f"would be read back as input on the next run; choose an output.dir outside it"
         )
-    layout = OutputLayout(output["dir"])
+    layout = OutputLayout(output.dir)
     layout.check_ours()  # before the lease file goes in: a foreign directory is left untouched
-    with Cluster.for_rows(plain["cluster"], scan.total_rows) as cluster:
+    with Cluster.for_rows(config.cluster, scan.total_rows) as cluster:
         if cluster.distributed:
             cluster.connect()  # planning runs on Ray too
-        job = Job(cfg, plain, run_id, scan, layout, cluster, started, started_unix, store_retries_from=retried)
-        lease = Lease(layout, run_id, heartbeat_s=output["lease_heartbeat_s"], stale_s=output["lease_stale_s"])
+        job = Job(config, run_id, scan, layout, cluster, started, started_unix, store_retries_from=retried)
+        lease = Lease(layout, run_id, heartbeat_s=output.lease_heartbeat_s, stale_s=output.lease_stale_s)
         lease.acquire()
         try:
             return _run_leased(job, lease)
@@ -90,8 +88,8 @@ def run(cfg: DictConfig) -> RunReport:
 def _run_leased(job: Job, lease: Lease) -> RunReport:
     """The run under its lease: claim the output, plan, synthesize, then the run's end."""
     _claim_output(job)
-    digest = settings_digest(job.plain, model_fingerprint(job.plain["model"]))
-    plan = plan_job(job.plain, job.scan, job.layout, digest, job.cluster.distributed)
+    digest = settings_digest(job.config, model_fingerprint(job.config.model))
+    plan = plan_job(job.config, job.scan, job.layout, digest, job.cluster.distributed)
     refused = write_rejected(plan.decided, job.layout, job.run_id)
     _log_plan(job, plan, refused.rows)
     lease.check()  # a lease lost meanwhile: no work launched
@@ -121,14 +119,14 @@ def _claim_output(job: Job) -> None:
     only, and record the run's configuration."""
     layout = job.layout
     layout.claim(
-        identity(job.plain, job.scan, input_ids_digest(job.scan, job.cluster.distributed)),
-        overwrite=job.output["overwrite"],
+        identity(job.config.model, job.scan, input_ids_digest(job.scan, job.cluster.distributed)),
+        overwrite=job.output.overwrite,
         run_id=job.run_id,
     )
     if layout.local:  # crash counts of earlier runs' blocks mean nothing to this run's blocks
         shutil.rmtree(layout.path(ATTEMPTS_DIR), ignore_errors=True)
         shutil.rmtree(layout.path(PLAN_DIR), ignore_errors=True)
-    layout.write_text(CONFIG_FILE, OmegaConf.to_yaml(job.cfg, resolve=True))
+    layout.write_text(CONFIG_FILE, as_yaml(job.config))
 
 
 def _log_plan(job: Job, plan: Plan, refused_rows: int) -> None:
@@ -162,7 +160,7 @@ def _log_plan(job: Job, plan: Plan, refused_rows: int) -> None:
             write_changed(plan.decided, job.layout, job.run_id),
         )
     if counts.count(P.RETRY):
-        retried_by = job.output["retry_errors"] or job.output["retry_rejected"]
+        retried_by = job.output.retry_errors or job.output.retry_rejected
         log.info(
             "%d error or rejected rows are retried (%s)",
             counts.count(P.RETRY),
@@ -177,7 +175,7 @@ def _synthesize(job: Job, plan: Plan, check) -> dict:
     if plan.counts.to_synthesize:
         todo = todo_fragments(plan.decided, job.scratch(PLAN_DIR))
         arguments = actor_arguments(
-            job.cfg, job.scan.root, job.run_id, job.scratch(ATTEMPTS_DIR), rows=job.scan.total_rows
+            job.config, job.scan.root, job.run_id, job.scratch(ATTEMPTS_DIR), rows=job.scan.total_rows
         )
         stream = synthesize(job, todo, arguments, plan.counts.to_synthesize, check)
     shutil.rmtree(job.scratch(PLAN_DIR), ignore_errors=True)
@@ -191,7 +189,7 @@ def _settle_output(job: Job, plan: Plan, refused_ids: int) -> None:
     superseded = supersede.drop_superseded(job.layout, planned, refused_ids, job.cluster.distributed)
     if superseded:
         log.info("removed %d older copies of rows this run redid", superseded)
-    packed = shards.compact_all(job.layout, job.run_id, job.output["shard_bytes"], job.output["shard_rows"])
+    packed = shards.compact_all(job.layout, job.run_id, job.output.shard_bytes, job.output.shard_rows)
     if packed:
         log.info("packed the last %d parts into %d shard(s)", sum(p["parts"] for p in packed), len(packed))
 
@@ -205,7 +203,7 @@ def _finish(job: Job, stream: dict) -> RunReport:
         "data": f"{layout.location}/{DATA_DIR}",
         "input": scan.source,
         "input_rows": scan.total_rows,
-        "model": job.plain["model"]["name"],
+        "model": job.config.model.name,
         "finished_at": datetime.datetime.now().isoformat(timespec="seconds"),
         "started_at_unix": job.started_unix,
         **stream,
