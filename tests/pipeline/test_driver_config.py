@@ -7,12 +7,10 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import pytest
-import yaml
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import MissingMandatoryValue
 
 from actors.engine.settings import EngineConfig
-from actors.synth.settings import EngineSettings
 from pipeline.config import compose, compose_typed
 from pipeline.errors import ConfigError
 from pipeline.run.steps import run
@@ -55,16 +53,9 @@ def test_real_models_need_a_checkpoint_path():
     assert model.checkpoint == "/ckpt/s2-pro" and model.name == "s2-pro"
 
 
-def test_engine_groups_only_override_the_defaults():
-    # each engine default lives once, in the dataclasses; a group file states what differs
-    defaults = asdict(EngineSettings())
-    for group in sorted((REPO / "conf" / "engine").glob("*.yaml")):
-        values = yaml.safe_load(group.read_text())
-        assert values, group
-        for key, value in values.items():
-            assert key in defaults, f"{group.name}: {key} is not an engine setting"
-            assert value != defaults[key], f"{group.name}: {key}: {value} restates the default"
-    # every engine setting is a key of the run config (one object from Hydra to the engine)
+def test_every_engine_setting_is_a_key_of_the_run_config():
+    # one object from Hydra to the engine (that no YAML file restates a default:
+    # tests/test_config_defined_once.py)
     assert set(asdict(EngineConfig())) <= set(asdict(compose_typed().engine))
 
 
