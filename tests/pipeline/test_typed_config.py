@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline.config import as_yaml, compose, typed
-from pipeline.plan.identity import settings_digest
+from pipeline.plan.identity import _ROW_SETTINGS, settings_digest
 
 CONFIGS = [
     [],
@@ -35,22 +35,9 @@ CONFIGS = [
     ],
 ]
 
-# a copy of settings_digest as it was when the driver read plain dicts (f88eea5): the bytes
-# hashed then are the bytes existing outputs hold
-_ROW_SETTINGS_THEN = {
-    "engine": ("max_tokens", "max_frames", "frames_per_char", "min_frames", "stop_on_eos", "compile"),
-    "data": (
-        "audio_root",
-        "max_reference_seconds",
-        "max_reference_bytes",
-        "max_text_chars",
-        "max_text_bytes",
-        "allow_special_tokens",
-    ),
-    "long_form": ("segment_bytes", "max_turns", "history_fraction"),
-}
 
-
+# settings_digest as it was when the driver read plain dicts (f88eea5), over the same keys: the
+# bytes hashed then are the bytes existing outputs hold
 def _settings_digest_from_plain(plain: dict, fingerprint: str) -> str:
     relevant = {
         "model": {
@@ -61,7 +48,7 @@ def _settings_digest_from_plain(plain: dict, fingerprint: str) -> str:
         },
         "sampling": plain["sampling"],
         "keep_codes": plain["output"]["keep_codes"],
-        **{group: {k: plain[group].get(k) for k in keys} for group, keys in _ROW_SETTINGS_THEN.items()},
+        **{group: {k: plain[group].get(k) for k in keys} for group, keys in _ROW_SETTINGS.items()},
     }
     return hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=16).hexdigest()
 
