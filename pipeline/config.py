@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
@@ -170,8 +170,9 @@ class ExportConfig:
     cluster: ExportCluster = field(default_factory=ExportCluster)
 
 
-# the groups with range checks, in the order they are checked
-CHECKED_GROUPS = ("model", "data", "engine", "long_form", "sampling", "quality", "output", "cluster")
+# the groups with range checks, in the order they are checked: those an actor reads (bench and
+# preview have none)
+CHECKED_GROUPS = tuple(f.name for f in fields(RunGroups))
 
 
 def typed(cfg: DictConfig) -> ChorusConfig:
