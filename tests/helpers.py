@@ -433,7 +433,6 @@ def export_source(folder: Path, rows: list[dict], block_rows: int = 4):
     return layout
 
 
-# an in-process export's Ray settings: every test output is below distributed_rows
 def export_cluster(distributed_rows: int):
     """An export's Ray settings (pipeline/config.py ExportCluster): a local Ray of 2 CPUs, used
     for outputs of at least `distributed_rows` rows."""
@@ -442,7 +441,11 @@ def export_cluster(distributed_rows: int):
     return ExportCluster(num_cpus=2, distributed_rows=distributed_rows)
 
 
-EXPORT_IN_PROCESS = export_cluster(1_000_000)
+def export_in_process():
+    """An in-process export's Ray settings: every test output is below distributed_rows. A
+    function, not a constant: this module is imported where Hydra is not installed (the GPU
+    check's image), and pipeline.config imports it."""
+    return export_cluster(1_000_000)
 
 
 def export_settings(fmt: str = "files", dest=None, **more):

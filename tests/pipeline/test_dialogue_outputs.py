@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import soundfile as sf
 
 from actors import schema as S
-from helpers import EXPORT_IN_PROCESS, export_settings, export_source, make_rows, ok_row, two_voice_flac, write_run
+from helpers import export_in_process, export_settings, export_source, make_rows, ok_row, two_voice_flac, write_run
 from pipeline.config import compose_typed
 from pipeline.export.job import export
 from pipeline.output import hf_features
@@ -80,7 +80,7 @@ def test_export_writes_multichannel_files_and_the_turns(tmp_path):
     ]
     talk = {**ok_row("talk", 1.0), S.AUDIO: {S.AUDIO_BYTES: flac, S.AUDIO_PATH: None}, S.TURNS: turns}
     layout = export_source(tmp_path / "out", [talk, ok_row("plain")])
-    report = export(layout.location, export_settings(), EXPORT_IN_PROCESS)
+    report = export(layout.location, export_settings(), export_in_process())
     assert report.summary["rows"] == 2
     audio_dir = tmp_path / "out" / "audio"
     channels, _ = sf.read(audio_dir / "talk.flac")

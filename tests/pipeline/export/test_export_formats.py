@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 
 from actors import schema as S
-from helpers import EXPORT_IN_PROCESS, export_settings, export_source, ok_row, two_voice_flac
+from helpers import export_in_process, export_settings, export_source, ok_row, two_voice_flac
 from pipeline.export import destination as destination_module
 from pipeline.export import formats, task
 from pipeline.export.__main__ import main
@@ -51,7 +51,7 @@ EXPORTED = {r[S.ID]: r for r in source_rows() if r[S.STATUS] == S.STATUS_OK}
 
 
 settings = export_settings
-CLUSTER = EXPORT_IN_PROCESS
+CLUSTER = export_in_process()
 
 
 def decoded(data: bytes) -> tuple[int, int]:

@@ -228,7 +228,7 @@ def _crash_at(step: str):
 
 
 def test_readers_skip_the_parts_a_committed_shard_absorbed(tmp_path):
-    from helpers import EXPORT_IN_PROCESS, export_settings
+    from helpers import export_in_process, export_settings
     from pipeline.export.job import export
     from pipeline.names import IDENTITY_FILE, SUMMARY_FILE
     from pipeline.report.page_data import read_run
@@ -244,7 +244,7 @@ def test_readers_skip_the_parts_a_committed_shard_absorbed(tmp_path):
     assert run.n == len(IDS) + 1 and sorted(i for i in run.strings(S.ID) if i) == sorted(IDS)
     layout.write_text(IDENTITY_FILE, "{}")
     layout.write_text(SUMMARY_FILE, json.dumps({"rows_total": len(IDS) + 1}))  # as the run's end would
-    exported = export(layout.location, export_settings(), EXPORT_IN_PROCESS)
+    exported = export(layout.location, export_settings(), export_in_process())
     assert exported.summary["rows"] == len(IDS) and exported.summary["removed"] == {}  # the rejected part: not read
     index = (tmp_path / "out" / "audio" / "files.csv").read_text().splitlines()
     assert len(index) == 1 + len(IDS)
