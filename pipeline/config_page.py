@@ -225,13 +225,13 @@ def _terminal_key(key: Key) -> str:
 
 
 def terminal_help(command: str = COMMANDS[0][0]) -> str:
-    """One command's keys for a terminal: what `python -m pipeline --help` prints."""
-    lines = [
-        f"usage: {command} [group=option ...] [key=value ...]",
-        "",
-        "Hydra's own: --cfg job (the composed config), --info, --hydra-help. The same keys as",
-        f"tables, with their README sections: docs/config.md ({WRITE_COMMAND}).",
-    ]
+    """One command's keys for a terminal: what `python -m pipeline --help` (and
+    `python -m pipeline.export --help`) prints."""
+    hydra_app = command == COMMANDS[0][0]  # the run reads conf/'s groups; the export its command line
+    lines = [f"usage: {command} {'[group=option ...] ' if hydra_app else ''}[key=value ...]", ""]
+    if hydra_app:
+        lines.append("Hydra's own: --cfg job (the composed config), --info, --hydra-help.")
+    lines.append(f"The same keys as tables, with their README sections: docs/config.md ({WRITE_COMMAND}).")
     for group in all_groups():
         if group.command != command:
             continue

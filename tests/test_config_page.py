@@ -146,3 +146,14 @@ def test_pipeline_help_prints_every_key_and_exits_0():
     assert result.stdout.startswith("usage: python -m pipeline")
     for key in leaf_keys(ChorusConfig):
         assert f"\n  {key} = " in result.stdout, key
+
+
+def test_export_help_prints_the_exports_keys_and_exits_0():
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.export", "-h"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m pipeline.export [key=value ...]")
+    for key in leaf_keys(ExportConfig):
+        assert f"\n  {key} = " in result.stdout, key
+    assert "\n  engine." not in result.stdout  # the run's keys are the run's

@@ -38,6 +38,7 @@ def test_a_call_failing_past_the_sdks_own_tries_is_retried_until_it_succeeds(fau
     assert rule.hits == 4 and retries_spent() > before
 
 
+@pytest.mark.slow  # > 7 s: the everyday subset stays under 5 minutes
 def test_writes_reads_listings_and_deletes_are_whole_through_a_faulty_store(fault_proxy, s3_store):
     fault_proxy.set_rates(slowdown=0.10, ambiguous=0.10, drop=0.05)
     uri = f"{s3_store.bucket()}/out"
@@ -76,6 +77,7 @@ def test_permanent_failures_fail_at_once_naming_the_uri_and_the_fix(fault_proxy,
         fs.open_input_file(f"{base}/nothing-here")
 
 
+@pytest.mark.slow  # > 7 s: the everyday subset stays under 5 minutes
 def test_a_call_that_keeps_failing_gives_up_within_its_bound(fault_proxy, s3_store):
     uri = f"{s3_store.bucket()}/out"
     fault_proxy.add(Rule(SLOWDOWN, r"/out/", times=None))

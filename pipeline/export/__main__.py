@@ -45,10 +45,14 @@ def describe(report: ExportReport) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    if {"--help", "-h"} & set(argv):  # every key with its default, range and meaning
+        from ..config_page import terminal_help
+
+        print(terminal_help("python -m pipeline.export"), end="")
+        return 0
     try:
-        cfg = OmegaConf.merge(
-            OmegaConf.structured(ExportConfig), OmegaConf.from_cli(sys.argv[1:] if argv is None else argv)
-        )
+        cfg = OmegaConf.merge(OmegaConf.structured(ExportConfig), OmegaConf.from_cli(argv))
         config = OmegaConf.to_object(cfg)  # the one conversion: below here the export reads ExportConfig
     except Exception as e:  # unknown keys, wrong types, missing output.dir
         return error(f"{e}\n{USAGE}")

@@ -32,6 +32,7 @@ def test_compile_reads_on_off_auto_and_the_bools_yaml_and_hydra_make():
         EngineConfig(compile="sometimes").validate()
 
 
+@pytest.mark.slow  # > 7 s: the everyday subset stays under 5 minutes
 def test_auto_compiles_on_cpu_where_the_linears_are_packed_and_not_on_cuda(lm32, lm64):
     # CUDA runs the eager frame as CUDA graphs: a cold compile took minutes there (compiling.py)
     assert not auto_compiles(torch.device("cuda"), packed_linears=False)

@@ -262,6 +262,7 @@ def test_prefix_reuse_gives_identical_results(lm32):
     assert np.array_equal(got.codes, plain.generate([clash])[0].codes)
 
 
+@pytest.mark.slow  # > 7 s: the everyday subset stays under 5 minutes
 def test_kv_memory_matches_formula_and_does_not_grow(lm32):
     c = lm32.config
     engine = Engine(lm32, EngineConfig(max_rows=3, max_tokens=160, prefix_cache_entries=2))

@@ -259,6 +259,7 @@ def test_engine_codes_do_not_depend_on_the_request_beside_them(small_settings):
     np.testing.assert_array_equal(beside, alone)
 
 
+@pytest.mark.slow  # > 7 s: the everyday subset stays under 5 minutes
 def test_a_codec_process_decodes_what_the_actor_would_and_survives_its_death(small_settings, demo_table):
     """engine.codec_process=true: finished rows are heard (decoded, measured, FLAC-encoded), and
     reference clips encode, in a child process holding its own copy of the codec; the codes,

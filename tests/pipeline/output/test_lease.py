@@ -110,6 +110,7 @@ lease.release()
 """
 
 
+@pytest.mark.slow  # > 7 s: the everyday subset stays under 5 minutes
 def test_drivers_racing_for_a_dead_drivers_lease_take_it_once(tmp_path):
     # several drivers find the same dead driver's lease at the same moment: exactly one takes
     # it over and keeps it; the others refuse (before the lock, a slow taker could rename a

@@ -97,6 +97,7 @@ def dead_record(run: str) -> dict:
     }
 
 
+@pytest.mark.slow  # > 7 s: the everyday subset stays under 5 minutes
 def test_drivers_started_together_one_holds_the_lease(s3_store):
     for _ in range(3):
         location = f"{s3_store.bucket()}/out"
