@@ -12,7 +12,8 @@ Rooms, and their one-way doors (each package's docstring says what it may import
 tests/test_layering.py holds them and refuses any import cycle):
 
     leaves    location (paths, URIs, filesystems), names (every output file name),
-              errors (the user errors), config (the run's schema), cluster (the one Ray
+              errors (the user errors), config (the run's schema; config_page and
+              schema_comments: every key's page and --help), cluster (the one Ray
               connection, driver-side task resources, the in-process/distributed choice)
     output/   the output directory: layout, lease, parts, shards, the run's end, export
     plan/     every input row's decision before synthesis       -> output, leaves
