@@ -115,6 +115,10 @@ def test_no_yaml_value_restates_its_default(path):
     stated = leaves(OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {})
     unknown = set(stated) - set(defaults)
     assert not unknown, f"{path.name}: keys the schema lacks: {unknown}"
-    restated = {key: value for key, value in stated.items() if value == defaults[key] and type(value) is not bool}
-    restated.update({k: v for k, v in stated.items() if type(v) is bool and v is defaults[k]})
+    # 8 restates 8.0; true never restates 1 (nor 1 true)
+    restated = {
+        key: value
+        for key, value in stated.items()
+        if value == defaults[key] and isinstance(value, bool) == isinstance(defaults[key], bool)
+    }
     assert restated == {}, f"{group}/{path.name} restates the default of {restated}: remove it (the dataclass holds it)"

@@ -107,7 +107,6 @@ class CrashGuard:
         self.cluster, self.actor, self._quarantined = settings.cluster, actor, quarantined
         attempts = settings.run.attempts_dir
         self.ledger = AttemptLedger(attempts) if attempts else None
-        self.quarantine_after = int(self.cluster.crash_quarantine_after)
         self._lock = SuspectLock()
 
     def run(self, batch: pa.Table, number: int, process: Process) -> pa.Table:
@@ -120,7 +119,7 @@ class CrashGuard:
         block_key = "block-" + ids_key(ids)
         # a block is counted as running (begin) only once past the lock: one waiting for a
         # suspect block to finish alone is not blamed if that one kills the actor
-        if self.ledger.count(block_key) < self.quarantine_after:
+        if self.ledger.count(block_key) < self.cluster.crash_quarantine_after:
             with self._lock.shared():
                 self.ledger.begin(block_key)
                 table = self._watched(batch, number, process)
@@ -144,7 +143,7 @@ class CrashGuard:
             return self._quarantined(
                 row_batch,
                 f"quarantined: this row's block killed its actor (the process exited: a crash or "
-                f"out of memory) {self.quarantine_after} times, then the row did so alone",
+                f"out of memory) {self.cluster.crash_quarantine_after} times, then the row did so alone",
             )
         table = self._watched(row_batch, number, process)
         self.ledger.end(row_key)
