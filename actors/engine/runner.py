@@ -24,6 +24,7 @@ from .cache import PrefixCache, SlotKVCache
 from .compiling import compiled_frame, compiles, use_cache_dir
 from .decoding import BatchFacts, BatchSampling, Candidates, SlotSampling, first_code, pick_code, pick_main
 from .graphs import StepGraphs, kv_bucket, kv_buckets
+from .kernels import uses_fused
 from .loader import LoadedModel
 from .packing import load_native_ops, pack_cpu_linears, unpack_cpu_linears
 from .settings import EngineConfig
@@ -116,6 +117,9 @@ class ModelRunner:
         else:
             unpack_cpu_linears(self.model)  # another engine on this model may have packed it
         self.compiled = compiles(config, self.device, packed_linears=packed > 0)
+        # the fused kernels (kernels/): each row attends to its own keys, so a captured step
+        # needs no key bucket (one graph per batch bucket)
+        self.fused = uses_fused(config.kernels, self.device.type)
         # CUDA graphs of the whole step, captured by the engine (graphs.py); a compiled frame
         # on CUDA runs inside them
         self.graphs = StepGraphs(self.device) if config.cuda_graphs and self.device.type == "cuda" else None
@@ -123,7 +127,7 @@ class ModelRunner:
         self.buckets = config.decode_buckets
         if self.buckets is None and self.compiled and self.device.type == "cpu":
             self.buckets = cpu_buckets(config.max_rows)
-        self.kv_buckets = kv_buckets(config.max_tokens, config.kv_buckets)
+        self.kv_buckets = [config.max_tokens] if self.fused else kv_buckets(config.max_tokens, config.kv_buckets)
         self.compile_cache = use_cache_dir(config.compile_cache_dir) if self.compiled else None
         if self.compiled and packed:
             # the frame calls the packed linears through an op it can trace, C++ where it can be
@@ -256,6 +260,8 @@ class ModelRunner:
         to whole chunks (attention.attend_length); static on CPU, the slot's capacity (of which
         the frame reads the chunks the rows reach: attention.attend_reached); static elsewhere,
         the smallest key bucket that holds them (graphs.kv_buckets)."""
+        if self.fused:  # every row reads its own keys whatever this says: one shape
+            return self.config.max_tokens
         if not self.static:
             return attend_length(reached, self.config.max_tokens, self.device.type)
         if self.device.type == "cpu":
@@ -273,7 +279,7 @@ class ModelRunner:
         pending column, the sampling histories, the output buffer). Reads and writes only the
         engine's long-lived tensors (static_tensors), so it can run as a captured graph."""
         rows = slice(0, b)
-        state = self.sampling.batch(rows, facts=facts)
+        state = self.sampling.batch(rows, facts=facts, fused=self.fused)
         tokens = self.next_tokens[rows].unsqueeze(-1)  # [b, 1+C, 1]
         reach = self.reach if self.static and self.device.type == "cpu" else None
         frame, main_index, slow_logits, fast_logits = self._frame(
@@ -325,17 +331,21 @@ class ModelRunner:
         rows = slice(0, tokens.shape[0])
         out = model.forward_slow(
             tokens, positions, cache=self.cache.slow, rows=rows, attend_len=attend_len, last_only=True,
-            logit_head=self.logit_head, reach=reach,
+            logit_head=self.logit_head, reach=reach, fused=self.fused,
         )  # fmt: skip
         slow_logits, hidden = out.logits[:, -1], out.hidden[:, -1]
         main_index = pick_main(slow_logits, state, self.candidates)
         main = self.candidates.ids[main_index]
         code = first_code(main, c)
         codes = [code]
-        model.forward_fast(hidden.unsqueeze(1), start=0, cache=self.cache.fast, rows=rows)
+        # position 0 only writes its K/V: its head's logits are never sampled
+        model.forward_fast(hidden.unsqueeze(1), start=0, cache=self.cache.fast, rows=rows, want_logits=False,
+                           fused=self.fused)  # fmt: skip
         fast_logits = []
         for k in range(1, c.num_codebooks):
-            logits = model.forward_fast(model.fast_codebook_input(code), start=k, cache=self.cache.fast, rows=rows)
+            logits = model.forward_fast(
+                model.fast_codebook_input(code), start=k, cache=self.cache.fast, rows=rows, fused=self.fused
+            )
             logits = logits[:, -1]
             if keep_logits:
                 fast_logits.append(logits)

@@ -22,6 +22,20 @@ def compile_mode(value) -> str:
     return mode
 
 
+# what engine.kernels may say (actors/engine/kernels/ acts on it): eager, the model's plain modules;
+# fused, the kernels package's ops on any device (Triton on CUDA, their eager references on the
+# CPU); auto, fused on CUDA where Triton is installed, eager elsewhere
+KERNEL_MODES = ("eager", "fused", "auto")
+
+
+def kernel_mode(value) -> str:
+    """engine.kernels as one of KERNEL_MODES; ValueError otherwise."""
+    mode = str(value).strip().lower()
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"engine.kernels must be one of {', '.join(KERNEL_MODES)}, got {value!r}")
+    return mode
+
+
 @dataclass
 class EngineConfig:
     """The engine's own settings (actors/engine/): its KV slots and positions, how prompts are
@@ -41,6 +55,10 @@ class EngineConfig:
     # torch.compile(fullgraph=True), a graph break being an error; auto: on CUDA, and on CPU
     # where the linears are packed (actors/engine/compiling.py: auto_compiles says why)
     compile: str = field(default="off", metadata=described("one of off, on, auto (true/false: on/off)"))
+    # the decode step's kernels (actors/engine/kernels/): eager, the model's plain modules; fused,
+    # the kernels package's ops (Triton on CUDA, their eager references on the CPU: for tests and
+    # counting); auto, fused on CUDA where Triton is installed
+    kernels: str = field(default="eager", metadata=described("one of eager, fused, auto"))
     # inductor's cache, kept across starts; null = TORCHINDUCTOR_CACHE_DIR when set, else
     # ~/.cache/chorus/compile
     compile_cache_dir: Optional[str] = None
@@ -80,6 +98,7 @@ class EngineConfig:
     def validate(self) -> None:
         """Range checks a config schema cannot express; raises ValueError (ConfigError) naming the key."""
         compile_mode(self.compile)
+        kernel_mode(self.kernels)
         check_bounds(self, "engine")
         if self.decode_buckets is not None and (
             not self.decode_buckets or any(not (1 <= b <= self.max_rows) for b in self.decode_buckets)

@@ -54,47 +54,47 @@ def _head_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 @triton.jit
 def _qk_rope_write_kernel(
     qkv_ptr, slot_ptr, pos_ptr, rot_ptr, qw_ptr, kw_ptr, q_out_ptr, k_ptr, v_ptr, eps,
-    stride_slot, stride_head, stride_pos,
-    N_HEAD: tl.constexpr, N_KV: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr,
+    stride_slot, stride_head, stride_pos, slot_step, pos_step,
+    N_HEAD: tl.constexpr, N_KV: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # 0..H-1 queries, H..H+Hkv-1 keys, then values
-    offs = tl.arange(0, D)
+    offs = tl.arange(0, BLOCK_D)
+    inside = offs < D
     row = qkv_ptr + token * (N_HEAD + 2 * N_KV) * D + head * D
-    x = tl.load(row + offs)
-    slot = tl.load(slot_ptr + token)
-    pos = tl.load(pos_ptr + token)
+    x = tl.load(row + offs, mask=inside, other=0.0)
+    slot = tl.load(slot_ptr + token * slot_step)
+    pos = tl.load(pos_ptr + token * pos_step)
     if head >= N_HEAD + N_KV:  # a value head: written as it is
         dst = v_ptr + slot * stride_slot + (head - N_HEAD - N_KV) * stride_head + pos * stride_pos
-        tl.store(dst + offs, x)
+        tl.store(dst + offs, x, mask=inside)
     else:
-        partner = tl.load(row + (offs ^ 1))  # the other element of each adjacent pair
+        partner = tl.load(row + (offs ^ 1), mask=inside, other=0.0)  # the other element of each adjacent pair
         wide, other = x.to(tl.float32), partner.to(tl.float32)
         if QK_NORM:
             scale = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(wide * wide, axis=0) / D + eps))
             if head < N_HEAD:
-                w = tl.load(qw_ptr + offs).to(tl.float32)
-                w_other = tl.load(qw_ptr + (offs ^ 1)).to(tl.float32)
+                w = tl.load(qw_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+                w_other = tl.load(qw_ptr + (offs ^ 1), mask=inside, other=0.0).to(tl.float32)
             else:
-                w = tl.load(kw_ptr + offs).to(tl.float32)
-                w_other = tl.load(kw_ptr + (offs ^ 1)).to(tl.float32)
+                w = tl.load(kw_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+                w_other = tl.load(kw_ptr + (offs ^ 1), mask=inside, other=0.0).to(tl.float32)
             wide = cast(cast(wide * scale, x.dtype).to(tl.float32) * w, x.dtype).to(tl.float32)
             other = cast(cast(other * scale, x.dtype).to(tl.float32) * w_other, x.dtype).to(tl.float32)
-        cos = tl.load(rot_ptr + pos * 2 * D + offs)
-        signed_sin = tl.load(rot_ptr + pos * 2 * D + D + offs)
+        cos = tl.load(rot_ptr + pos * 2 * D + offs, mask=inside, other=0.0)
+        signed_sin = tl.load(rot_ptr + pos * 2 * D + D + offs, mask=inside, other=0.0)
         out = cast(wide * cos + other * signed_sin, x.dtype)
         if head < N_HEAD:
-            tl.store(q_out_ptr + token * N_HEAD * D + head * D + offs, out)
+            tl.store(q_out_ptr + token * N_HEAD * D + head * D + offs, out, mask=inside)
         else:
             dst = k_ptr + slot * stride_slot + (head - N_HEAD) * stride_head + pos * stride_pos
-            tl.store(dst + offs, out)
+            tl.store(dst + offs, out, mask=inside)
 
 
 def qk_rope_write_triton(qkv, slots, positions, rotation, q_weight, k_weight, eps, k_cache, v_cache, n_head, n_kv):
-    """The kernel: one program per (token, head) of the queries, keys and values."""
+    """The kernel: one program per (token, head) of the queries, keys and values. slots and
+    positions are [N] (a stride of 0 serves one value for every token)."""
     n, d = qkv.shape[0], k_cache.shape[-1]
-    if d & (d - 1):
-        raise ValueError(f"the fused RoPE kernel needs a power-of-two head size, got {d}")
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
         raise ValueError("the fused RoPE kernel needs K and V caches of one contiguous layout")
     qkv = qkv.contiguous()
@@ -102,9 +102,9 @@ def qk_rope_write_triton(qkv, slots, positions, rotation, q_weight, k_weight, ep
     if n:
         weights = (q_weight, k_weight) if q_weight is not None else (qkv, qkv)  # unread without q/k-norm
         _qk_rope_write_kernel[(n, n_head + 2 * n_kv)](
-            qkv, slots.contiguous(), positions.contiguous(), rotation.contiguous(), *weights, q, k_cache, v_cache,
-            float(eps), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            N_HEAD=n_head, N_KV=n_kv, D=d, QK_NORM=q_weight is not None, **launch_options(),
+            qkv, slots, positions, rotation.contiguous(), *weights, q, k_cache, v_cache,
+            float(eps), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), slots.stride(0), positions.stride(0),
+            N_HEAD=n_head, N_KV=n_kv, D=d, QK_NORM=q_weight is not None, BLOCK_D=triton.next_power_of_2(d), **launch_options(),
         )  # fmt: skip
     return q
 

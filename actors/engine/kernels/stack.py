@@ -1,0 +1,66 @@
+"""The fused forward of a stack of transformer blocks (the slow stack or the fast stack) over N
+tokens, each at its own slot and position, with the K/V cache: per block 1 norm (the previous
+block's residual add folded in), the q/k/v product, 1 q/k-norm + RoPE + K/V write, the slot
+attention (1-2), the output product, 1 add + norm, the gate and up products, 1 SiLU x mul, the
+down product: ~10 launches where the eager block makes ~44. The block's numbers are the eager
+block's op for op (docs/architecture.md §5.3-5.5) but for the attention's and the norms'
+summation order, which the kernels' tests bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from torch import Tensor, nn
+
+from .norm import add_rms_norm_op, rms_norm_op
+from .rope import qk_rope_write_op
+from .slot_attention import slot_attention_op
+from .swiglu import silu_mul_op
+
+
+@dataclass
+class TokenView:
+    """Where N = B x T tokens read and write K/V: per token its slot, position and key count
+    (position + 1: causal), all int64 [N]; the stack's RoPE table [P, 2, D] (`rope_rotation`)."""
+
+    slots: Tensor
+    positions: Tensor
+    lengths: Tensor
+    table: Tensor
+
+
+def fused_attention(attn: nn.Module, x: Tensor, cache, view: TokenView) -> Tensor:
+    b, t, _ = x.shape
+    qkv = attn.wqkv(x).view(b * t, -1)
+    q_weight = attn.q_norm.weight if attn.qk_norm else None
+    k_weight = attn.k_norm.weight if attn.qk_norm else None
+    eps = attn.q_norm.eps if attn.qk_norm else 0.0
+    q = qk_rope_write_op(
+        qkv, view.slots, view.positions, view.table, q_weight, k_weight, eps, cache.k, cache.v, attn.n_head, attn.n_kv
+    )
+    y = slot_attention_op(q, cache.k, cache.v, view.slots, view.lengths)
+    return attn.wo(y.view(b, t, attn.n_head * attn.head_dim))
+
+
+def fused_layers(layers: nn.ModuleList, x: Tensor, caches: list, view: TokenView) -> tuple[Tensor, Tensor]:
+    """Run the blocks; returns (the residual stream before the last block's output is added, that
+    output): the caller folds the last add into the stack's final norm (`finish`)."""
+    delta: Optional[Tensor] = None
+    for layer, cache in zip(layers, caches):
+        norm = layer.attention_norm
+        if delta is None:
+            normed = rms_norm_op(x, norm.weight, norm.eps)
+        else:
+            x, normed = add_rms_norm_op(x, delta, norm.weight, norm.eps)
+        attended = fused_attention(layer.attention, normed, cache, view)
+        x, normed = add_rms_norm_op(x, attended, layer.ffn_norm.weight, layer.ffn_norm.eps)
+        ff = layer.feed_forward
+        delta = ff.w2(silu_mul_op(ff.w1(normed), ff.w3(normed)))
+    return x, delta
+
+
+def finish(x: Tensor, delta: Tensor, norm: nn.Module) -> tuple[Tensor, Tensor]:
+    """(x + delta, its norm): the stack's last residual add and its final norm, one launch."""
+    return add_rms_norm_op(x, delta, norm.weight, norm.eps)
