@@ -189,7 +189,7 @@ class SlotSampling:
         facts = facts if facts is not None else self.facts(live_slots or [])
         t = self.temperature[rows]
         k = self.top_k[rows]
-        greedy = (t == 0) | (k == 1)
+        greedy = None if fused else (t == 0) | (k == 1)  # the kernels decide it per row themselves
         return BatchSampling(
             main=RowSampling(t, self.top_p[rows], k, greedy),
             ras=RowSampling(self.ras_temperature[rows], self.ras_top_p[rows], k, greedy),

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .norm import add_rms_norm_op, rms_norm_op
@@ -57,8 +59,23 @@ def fused_layers(layers: nn.ModuleList, x: Tensor, caches: list, view: TokenView
         attended = fused_attention(layer.attention, normed, cache, view)
         x, normed = add_rms_norm_op(x, attended, layer.ffn_norm.weight, layer.ffn_norm.eps)
         ff = layer.feed_forward
-        delta = ff.w2(silu_mul_op(ff.w1(normed), ff.w3(normed)))
+        delta = ff.w2(silu_mul_op(F.linear(normed, gate_up_weight(ff))))
     return x, delta
+
+
+def gate_up_weight(ff: nn.Module) -> Tensor:
+    """The feed-forward's gate (w1) and up (w3) weights side by side, [2F, dim], made once and
+    kept on the module as a plain tensor (not a submodule: CPU packing leaves it alone); w1 and
+    w3 then hold views of it, so it costs no memory. One product instead of two."""
+    both = ff.__dict__.get("_gate_up")
+    w1, w3 = ff.w1.weight, ff.w3.weight
+    if both is None or both.device != w1.device or both.dtype != w1.dtype:
+        with torch.inference_mode(False), torch.no_grad():
+            both = torch.cat([w1.detach(), w3.detach()])
+            ff.w1.weight = nn.Parameter(both[: w1.shape[0]], requires_grad=False)
+            ff.w3.weight = nn.Parameter(both[w1.shape[0] :], requires_grad=False)
+        ff.__dict__["_gate_up"] = both
+    return both
 
 
 def finish(x: Tensor, delta: Tensor, norm: nn.Module) -> tuple[Tensor, Tensor]:

@@ -4,13 +4,14 @@ CUDA builds of torch ship Triton; the CPU build does not. Without it the kernels
 import (their eager references serve) and a call to a Triton kernel raises `KernelUnavailable`.
 With `TRITON_INTERPRET=1` in the environment before the first import, Triton runs its kernels on
 CPU tensors in its interpreter (numpy): the tests check every kernel against its eager
-reference that way, and the engine's fused ops run their Triton code on the CPU too (slowly:
-for tests and counting, never for speed).
+reference that way, and inside `triton_on_cpu()` the engine's fused ops run their Triton code on
+the CPU too (slowly: for tests, never for speed; elsewhere the CPU runs their references).
 
 The kernel modules do not use `from __future__ import annotations`: Triton reads the
 `tl.constexpr` annotations of a kernel's parameters as objects.
 """
 
+import contextlib
 import os
 
 
@@ -64,11 +65,27 @@ def interpreting() -> bool:
     return HAVE_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
 
 
+_ON_CPU = [False]  # set inside triton_on_cpu()
+
+
+@contextlib.contextmanager
+def triton_on_cpu():
+    """Within this, the fused ops run their Triton kernels on CPU tensors (Triton's interpreter:
+    TRITON_INTERPRET=1 must have been set before Triton was imported)."""
+    if not interpreting():
+        raise KernelUnavailable("Triton kernels run on the CPU only in its interpreter: set TRITON_INTERPRET=1")
+    _ON_CPU[0] = True
+    try:
+        yield
+    finally:
+        _ON_CPU[0] = False
+
+
 def runs_on(device_type: str) -> bool:
-    """Whether a Triton kernel can run on tensors of this device type here."""
+    """Whether the fused ops run their Triton kernels (else their references) on this device."""
     if not HAVE_TRITON:
         return False
-    return device_type == "cpu" if interpreting() else device_type == "cuda"
+    return _ON_CPU[0] and device_type == "cpu" if interpreting() else device_type == "cuda"
 
 
 def launch_options() -> dict:
