@@ -200,7 +200,9 @@ class SlotSampling:
             key1=self.key1[rows],
             key2=self.key2[rows],
             frame=self.frame[rows],
-            uniforms=None if fused else counter_uniforms(self.key1[rows], self.key2[rows], self.frame[rows], self.draw_indices),
+            uniforms=None
+            if fused
+            else counter_uniforms(self.key1[rows], self.key2[rows], self.frame[rows], self.draw_indices),
             main_history=self.main_history[rows],
             code_history=self.code_history[rows],
             width_main=facts.width_main,

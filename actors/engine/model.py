@@ -302,7 +302,9 @@ class DualARModel(nn.Module):
         table = self._row_index
         if table is None or table.shape[0] < rows.stop or not _same_device(table.device, torch.device(device)):
             with torch.inference_mode(False), torch.no_grad():
-                self._row_index = torch.arange(max(rows.stop, 2 * (0 if table is None else table.shape[0]), 64), device=device)
+                self._row_index = torch.arange(
+                    max(rows.stop, 2 * (0 if table is None else table.shape[0]), 64), device=device
+                )
         return self._row_index[rows]
 
     def output_rows(self, rows: Optional[Tensor] = None) -> Tensor:

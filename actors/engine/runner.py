@@ -27,6 +27,7 @@ from .graphs import StepGraphs, kv_bucket, kv_buckets
 from .kernels import uses_fused
 from .loader import LoadedModel
 from .packing import load_native_ops, pack_cpu_linears, unpack_cpu_linears
+from .prefill import PackedPrefill
 from .settings import EngineConfig
 
 
@@ -135,6 +136,10 @@ class ModelRunner:
             load_native_ops(self.compile_cache)
             pack_cpu_linears(self.model, traceable=True)
             pack_cpu_linears(self.logit_head, traceable=True)
+        # fused: prefill packs every admitted row's chunk into one call, graphed per token bucket
+        self.packed = (
+            PackedPrefill(self.model, cache, config.max_tokens, self.device, self.graphs) if self.fused else None
+        )
         self.model._slow_rope(config.max_tokens, self.device)  # build once, before any captured frame
         self.model._fast_rope(self.device)
         self._frame = compiled_frame(self._decode_frame, self.device) if self.compiled else self._decode_frame
@@ -187,8 +192,13 @@ class ModelRunner:
             if not pending:
                 break
             chunks = [todo[w.slot][round_index] for w in pending]
-            for group, group_chunks in _similar_widths(pending, chunks):
-                self._prefill_group(group, group_chunks, prompts)
+            if self.packed is not None:  # fused: every width in one packed call (prefill.py)
+                began = time.perf_counter()
+                self.packed.run([w.slot for w in pending], [w.prompt for w in pending], chunks)
+                self._record_prefill(pending, chunks, began)
+            else:
+                for group, group_chunks in _similar_widths(pending, chunks):
+                    self._prefill_group(group, group_chunks, prompts)
             round_index += 1
 
     def _prefill_group(self, group: list[PrefillWork], chunks: list[tuple[int, int]], prompts: dict) -> None:
@@ -208,6 +218,10 @@ class ModelRunner:
             tokens, positions, cache=self.cache.slow, rows=self._slot_rows([w.slot for w in group]),
             attend_len=attend_len, last_only=True, want_logits=False,
         )  # fmt: skip
+        self._record_prefill(group, chunks, began)
+
+    def _record_prefill(self, group: list[PrefillWork], chunks: list[tuple[int, int]], began: float) -> None:
+        """The rows' chunks are written: their lengths, step records, prefixes to keep, seconds."""
         for w, (s, e) in zip(group, chunks):
             before = self.cache.lengths[w.slot]
             self.cache.set_written(w.slot, e)

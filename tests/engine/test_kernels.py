@@ -117,7 +117,9 @@ def test_slot_attention_kernel_matches_its_reference(dtype, capacity):
     else:
         close(got, want, dtype)
     # a token's result is its own: alone or among others, bit for bit
-    alone = torch.cat([slot_attention_triton(q[i : i + 1], k, v, slots[i : i + 1], lengths[i : i + 1]) for i in range(5)])
+    alone = torch.cat(
+        [slot_attention_triton(q[i : i + 1], k, v, slots[i : i + 1], lengths[i : i + 1]) for i in range(5)]
+    )
     assert torch.equal(alone, got)
 
 
@@ -126,9 +128,9 @@ def test_slot_attention_reference_is_causal_attention_over_the_slot():
     k, v = (torch.randn(2, 2, 8, 16, generator=g) for _ in range(2))
     q = torch.randn(3, 4, 16, generator=g)
     out = slot_attention_reference(q, k, v, torch.tensor([1, 1, 0]), torch.tensor([3, 8, 1]))
-    expected = torch.nn.functional.scaled_dot_product_attention(
-        q[1].view(2, 2, 16), k[1], v[1], enable_gqa=False
-    ).view(4, 16)
+    expected = torch.nn.functional.scaled_dot_product_attention(q[1].view(2, 2, 16), k[1], v[1], enable_gqa=False).view(
+        4, 16
+    )
     assert torch.allclose(out[1], expected, atol=1e-6)
     assert torch.allclose(out[2], v[0, :, 0].repeat_interleave(2, 0), atol=1e-6)  # one key: its value
 

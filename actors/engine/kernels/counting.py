@@ -12,10 +12,15 @@ from __future__ import annotations
 
 from collections import Counter
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .slot_attention import splits_for
+
+# The fused decode step's launches, counted here (tiny widths with the shape's layer and codebook
+# counts: `counting_model`; slots of 1,024 keys) and documented in docs/engine.md: a test fails
+# when the count grows past them. The eager step: S1-mini 2,809, S2-Pro 2,903 on the CPU (its CPU
+# attention ops differ from CUDA's; the GPU's profiler counted 3,464-3,877 there).
+STEP_KERNEL_BUDGET = {"s1-mini": 704, "s2-pro": 784}
 
 # ops that allocate without writing or only answer about metadata: no launch
 _FREE = {
@@ -69,3 +74,15 @@ def count_step_kernels(engine) -> dict:
         runner.watch_step, runner.graphs, runner._frame = watch, graphs, frame
     ops = counter.by_op.most_common()
     return {"kernels": counter.total, "fused": runner.fused, "by_op": dict(ops)}
+
+
+def counting_model(shape: str, dtype: str = "float32"):
+    """A random model with `shape`'s layer counts, codebooks and format at the `tiny` widths: its
+    decode step launches as many kernels as the real shape's."""
+    from ..tiny import SIZE_FORMATS, SIZES, random_model
+
+    real = SIZES[shape]
+    counts = {key: real[key] for key in ("n_layer", "n_fast_layer", "num_codebooks")}
+    SIZES.setdefault(f"count-{shape}", dict(SIZES["tiny"], **counts))
+    SIZE_FORMATS.setdefault(f"count-{shape}", SIZE_FORMATS.get(shape, "s1"))
+    return random_model(f"count-{shape}", device="cpu", dtype=dtype)

@@ -81,14 +81,18 @@ def _split_kernel(
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         visible = n < hi
-        keys = tl.load(k_ptr + base + n[:, None] * stride_pos + d[None, :], mask=visible[:, None] & in_d[None, :], other=0.0)
+        keys = tl.load(
+            k_ptr + base + n[:, None] * stride_pos + d[None, :], mask=visible[:, None] & in_d[None, :], other=0.0
+        )
         keys = keys.to(tl.float32)
         scores = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale
         scores = tl.where(visible[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(scores - m_new[:, None])
-        values = tl.load(v_ptr + base + n[:, None] * stride_pos + d[None, :], mask=visible[:, None] & in_d[None, :], other=0.0)
+        values = tl.load(
+            v_ptr + base + n[:, None] * stride_pos + d[None, :], mask=visible[:, None] & in_d[None, :], other=0.0
+        )
         acc = acc * alpha[:, None] + tl.dot(p, values.to(tl.float32), input_precision="ieee")
         total = total * alpha + tl.sum(p, axis=1)
         m = m_new
