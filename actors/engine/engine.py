@@ -26,6 +26,7 @@ import torch
 
 from .allocator import tune_malloc
 from .cache import SlotKVCache
+from .compile_cache import save_artifacts
 from .loader import LoadedModel
 from .runner import ModelRunner, bucket_sizes
 from .scheduler import LogitObserver, Scheduler
@@ -97,13 +98,15 @@ class Engine:
         engine.warm_up_budget_s. A frame compiled on CPU: throw-away requests of two frames, as
         many at once as each batch-size bucket holds, so every bucket's graph is built (minutes
         on CPU; with the compile cache warm, much less). Seconds spent (0.0 when nothing is built)."""
-        if not self.runner.compiled and self.runner.graphs is None:
+        runner = self.runner
+        if not runner.compiled and runner.graphs is None and runner.kernel_path != "compiled":
             return 0.0
         began = time.perf_counter()
         sampling = sampling or upstream_sampling(self.mc.family)
-        if self.runner.graphs is not None:
+        if runner.graphs is not None:
             with torch.inference_mode():
-                self.runner.capture_steps(sampling, self.config.warm_up_budget_s)
+                runner.capture_steps(sampling, self.config.warm_up_budget_s)
+            save_artifacts(runner.compile_cache, self.device)
             return time.perf_counter() - began
         prompt = np.zeros((1 + self.mc.num_codebooks, 2), dtype=np.int64)
         for size in bucket_sizes(self.config.max_rows, self.runner.buckets):
@@ -111,6 +114,7 @@ class Engine:
                 Request(f"chorus-warm-up-{i}", prompt, 2, sampling.with_seed(i), stop_on_eos=False) for i in range(size)
             ]
             self.generate(rows)
+        save_artifacts(runner.compile_cache, self.device)  # the next start on any node loads it
         return time.perf_counter() - began
 
     def graph_stats(self) -> Optional[dict]:

@@ -42,6 +42,12 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
 
 
+def _path(fused) -> str:
+    """forward_slow/forward_fast's `fused`: True or "fused" -> the fused ops; "compiled" -> their
+    references through inductor."""
+    return "fused" if fused is True else str(fused)
+
+
 @dataclass
 class LayerKV:
     """One layer's cache: k, v [slots, n_kv_heads, S, head_dim]."""
@@ -236,7 +242,7 @@ class DualARModel(nn.Module):
         logit_head: Optional[nn.Module] = None,
         select: Optional[Tensor] = None,
         reach: Optional[Tensor] = None,
-        fused: bool = False,
+        fused=False,
         slots: Optional[Tensor] = None,
     ) -> SlowOutput:
         """tokens [B, 1+C, T]; positions [B, T] absolute positions of the columns.
@@ -247,7 +253,8 @@ class DualARModel(nn.Module):
         keys 0..attend_len-1 of their slot (0..reach-1 when `reach` is given: CacheView), masked to
         key position <= query position.
 
-        `fused` (with a cache) runs the blocks through the fused kernels (kernels/stack.py): each
+        `fused` (with a cache: "fused" or "compiled", kernels.kernel_path; True is "fused") runs the
+        blocks through the kernels package's stack (kernels/stack.py): each
         token attends to its own slot's keys 0..position, no mask, no key count. `slots` [B, T]
         then names each token's slot (a packed prefill of several rows in one sequence); else
         every token of batch row i is in slot `rows`[i]."""
@@ -257,14 +264,14 @@ class DualARModel(nn.Module):
             if slots is None:
                 slots = self.row_slots(rows, b, x.device).unsqueeze(1).expand(b, t)
             flat = positions.reshape(-1)
-            view = TokenView(slots.reshape(-1), flat, flat + 1, self._slow_rope(attend_len, x.device))
+            view = TokenView(slots.reshape(-1), flat, flat + 1, self._slow_rope(attend_len, x.device), _path(fused))
             x, delta = fused_layers(self.layers, x, cache, view)
             if select is not None:
                 pick = torch.arange(b, device=x.device), select
                 x, delta = x[pick].unsqueeze(1), delta[pick].unsqueeze(1)
             elif last_only and t > 1:
                 x, delta = x[:, -1:], delta[:, -1:]
-            x, normed = finish(x, delta, self.norm)
+            x, normed = finish(x, delta, self.norm, view.path)
             return self._slow_output(x, normed, want_logits, logit_head, logit_rows)
         # every position is below attend_len (cached) or T (uncached, positions from 0): the
         # table size is known without reading `positions`, so compiled steps never sync
@@ -342,8 +349,9 @@ class DualARModel(nn.Module):
             slots = self.row_slots(rows, b, x.device).unsqueeze(1).expand(b, t).reshape(-1)
             positions = self.row_slots(slice(start, start + t), t, x.device).expand(b, t).reshape(-1)
             lengths = self.row_slots(slice(start + 1, start + t + 1), t, x.device).expand(b, t).reshape(-1)
-            x, delta = fused_layers(self.fast_layers, x, cache, TokenView(slots, positions, lengths, table))
-            return self.fast_output(finish(x, delta, self.fast_norm)[1]) if want_logits else None
+            view = TokenView(slots, positions, lengths, table, _path(fused))
+            x, delta = fused_layers(self.fast_layers, x, cache, view)
+            return self.fast_output(finish(x, delta, self.fast_norm, view.path)[1]) if want_logits else None
         positions = torch.arange(start, start + t, device=x.device).expand(b, t)
         rotation = table[start : start + t].unsqueeze(0)  # the same positions for every row
         same = start if (cache is not None and t == 1 and isinstance(rows, slice)) else None

@@ -28,8 +28,9 @@ def token_bucket(n: int) -> int:
 
 
 class PackedPrefill:
-    def __init__(self, model, cache, max_tokens: int, device: torch.device, graphs=None):
+    def __init__(self, model, cache, max_tokens: int, device: torch.device, graphs=None, path: str = "fused"):
         self.model, self.cache, self.max_tokens, self.device, self.graphs = model, cache, max_tokens, device, graphs
+        self.path = path  # fused or compiled (kernels.kernel_path)
         self.width = 1 + model.config.num_codebooks
         # per bucket: the call's input buffers (a captured call reads the same addresses each time)
         self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -73,5 +74,5 @@ class PackedPrefill:
     def _forward(self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> None:
         self.model.forward_slow(
             tokens, positions, cache=self.cache.slow, attend_len=self.max_tokens, last_only=True, want_logits=False,
-            fused=True, slots=slots,
+            fused=self.path, slots=slots,
         )  # fmt: skip

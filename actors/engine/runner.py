@@ -21,10 +21,11 @@ from torch import Tensor
 
 from .attention import attend_length
 from .cache import PrefixCache, SlotKVCache
+from .compile_cache import load_artifacts, use_triton_cache
 from .compiling import compiled_frame, compiles, use_cache_dir
 from .decoding import BatchFacts, BatchSampling, Candidates, SlotSampling, first_code, pick_code, pick_main
 from .graphs import StepGraphs, kv_bucket, kv_buckets
-from .kernels import uses_fused
+from .kernels import kernel_path
 from .loader import LoadedModel
 from .packing import load_native_ops, pack_cpu_linears, unpack_cpu_linears
 from .prefill import PackedPrefill
@@ -120,7 +121,8 @@ class ModelRunner:
         self.compiled = compiles(config, self.device, packed_linears=packed > 0)
         # the fused kernels (kernels/): each row attends to its own keys, so a captured step
         # needs no key bucket (one graph per batch bucket)
-        self.fused = uses_fused(config.kernels, self.device.type)
+        self.kernel_path = kernel_path(config.kernels, self.device.type)
+        self.fused = self.kernel_path != "eager"  # fused or compiled: the kernels package's stack
         # CUDA graphs of the whole step, captured by the engine (graphs.py); a compiled frame
         # on CUDA runs inside them
         self.graphs = StepGraphs(self.device) if config.cuda_graphs and self.device.type == "cuda" else None
@@ -129,7 +131,12 @@ class ModelRunner:
         if self.buckets is None and self.compiled and self.device.type == "cpu":
             self.buckets = cpu_buckets(config.max_rows)
         self.kv_buckets = [config.max_tokens] if self.fused else kv_buckets(config.max_tokens, config.kv_buckets)
-        self.compile_cache = use_cache_dir(config.compile_cache_dir) if self.compiled else None
+        self.cache_loaded = False  # a saved mega-cache was loaded (compile_cache.py)
+        compiling = self.compiled or self.kernel_path != "eager" or self.graphs is not None
+        self.compile_cache = use_cache_dir(config.compile_cache_dir) if compiling else None
+        if self.compile_cache is not None:  # Triton's cache and the saved mega-cache beside inductor's
+            use_triton_cache(self.compile_cache)
+            self.cache_loaded = load_artifacts(self.compile_cache, self.device)
         if self.compiled and packed:
             # the frame calls the packed linears through an op it can trace, C++ where it can be
             # built (packing.py); an eager engine made later on this model switches them back
@@ -137,9 +144,11 @@ class ModelRunner:
             pack_cpu_linears(self.model, traceable=True)
             pack_cpu_linears(self.logit_head, traceable=True)
         # fused: prefill packs every admitted row's chunk into one call, graphed per token bucket
-        self.packed = (
-            PackedPrefill(self.model, cache, config.max_tokens, self.device, self.graphs) if self.fused else None
-        )
+        self.packed = None
+        if self.fused:
+            self.packed = PackedPrefill(
+                self.model, cache, config.max_tokens, self.device, self.graphs, self.kernel_path
+            )
         self.model._slow_rope(config.max_tokens, self.device)  # build once, before any captured frame
         self.model._fast_rope(self.device)
         self._frame = compiled_frame(self._decode_frame, self.device) if self.compiled else self._decode_frame
@@ -293,7 +302,7 @@ class ModelRunner:
         pending column, the sampling histories, the output buffer). Reads and writes only the
         engine's long-lived tensors (static_tensors), so it can run as a captured graph."""
         rows = slice(0, b)
-        state = self.sampling.batch(rows, facts=facts, fused=self.fused)
+        state = self.sampling.batch(rows, facts=facts, fused=self.kernel_path == "fused")
         tokens = self.next_tokens[rows].unsqueeze(-1)  # [b, 1+C, 1]
         reach = self.reach if self.static and self.device.type == "cpu" else None
         frame, main_index, slow_logits, fast_logits = self._frame(
@@ -345,7 +354,7 @@ class ModelRunner:
         rows = slice(0, tokens.shape[0])
         out = model.forward_slow(
             tokens, positions, cache=self.cache.slow, rows=rows, attend_len=attend_len, last_only=True,
-            logit_head=self.logit_head, reach=reach, fused=self.fused,
+            logit_head=self.logit_head, reach=reach, fused=self.kernel_path,
         )  # fmt: skip
         slow_logits, hidden = out.logits[:, -1], out.hidden[:, -1]
         main_index = pick_main(slow_logits, state, self.candidates)
@@ -354,11 +363,11 @@ class ModelRunner:
         codes = [code]
         # position 0 only writes its K/V: its head's logits are never sampled
         model.forward_fast(hidden.unsqueeze(1), start=0, cache=self.cache.fast, rows=rows, want_logits=False,
-                           fused=self.fused)  # fmt: skip
+                           fused=self.kernel_path)  # fmt: skip
         fast_logits = []
         for k in range(1, c.num_codebooks):
             logits = model.forward_fast(
-                model.fast_codebook_input(code), start=k, cache=self.cache.fast, rows=rows, fused=self.fused
+                model.fast_codebook_input(code), start=k, cache=self.cache.fast, rows=rows, fused=self.kernel_path
             )
             logits = logits[:, -1]
             if keep_logits:

@@ -24,8 +24,9 @@ def compile_mode(value) -> str:
 
 # what engine.kernels may say (actors/engine/kernels/ acts on it): eager, the model's plain modules;
 # fused, the kernels package's ops on any device (Triton on CUDA, their eager references on the
-# CPU); auto, fused on CUDA where Triton is installed, eager elsewhere
-KERNEL_MODES = ("eager", "fused", "auto")
+# CPU); compiled, the same regions as the references compiled by inductor (one compiled region
+# serves every layer); auto, fused on CUDA where Triton is installed, eager elsewhere
+KERNEL_MODES = ("eager", "fused", "compiled", "auto")
 
 
 def kernel_mode(value) -> str:
@@ -57,8 +58,9 @@ class EngineConfig:
     compile: str = field(default="off", metadata=described("one of off, on, auto (true/false: on/off)"))
     # the decode step's kernels (actors/engine/kernels/): eager, the model's plain modules; fused,
     # the kernels package's ops (Triton on CUDA, their eager references on the CPU: for tests and
-    # counting); auto, fused on CUDA where Triton is installed
-    kernels: str = field(default="eager", metadata=described("one of eager, fused, auto"))
+    # counting); compiled, those regions' references compiled by inductor; auto, fused on CUDA
+    # where Triton is installed, else eager
+    kernels: str = field(default="eager", metadata=described("one of eager, fused, compiled, auto"))
     # inductor's cache, kept across starts; null = TORCHINDUCTOR_CACHE_DIR when set, else
     # ~/.cache/chorus/compile
     compile_cache_dir: Optional[str] = None

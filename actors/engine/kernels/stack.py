@@ -10,27 +10,62 @@ summation order, which the kernels' tests bound.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .norm import add_rms_norm_op, rms_norm_op
-from .rope import qk_rope_write_op
-from .slot_attention import slot_attention_op
-from .swiglu import silu_mul_op
+from .norm import add_rms_norm_op, add_rms_norm_reference, rms_norm_op
+from .rope import qk_rope_write_op, qk_rope_write_reference
+from .slot_attention import slot_attention_op, slot_attention_reference
+from .swiglu import silu_mul_op, silu_mul_reference
 
 
 @dataclass
 class TokenView:
     """Where N = B x T tokens read and write K/V: per token its slot, position and key count
-    (position + 1: causal), all int64 [N]; the stack's RoPE table [P, 2, D] (`rope_rotation`)."""
+    (position + 1: causal), all int64 [N]; the stack's RoPE table [P, 2, D] (`rope_rotation`);
+    which ops run the regions ("fused": the custom ops; "compiled": their references compiled)."""
 
     slots: Tensor
     positions: Tensor
     lengths: Tensor
     table: Tensor
+    path: str = "fused"
+
+
+FUSED_OPS = SimpleNamespace(
+    rms_norm=rms_norm_op, add_rms_norm=add_rms_norm_op, qk_rope_write=qk_rope_write_op,
+    slot_attention=slot_attention_op, silu_mul=silu_mul_op,
+)  # fmt: skip
+_COMPILED: list = []
+
+
+def compiled_ops() -> SimpleNamespace:
+    """The regions' references compiled by inductor, once per process: each compiled function
+    serves every layer of both stacks (a graph per input shape: the slow and fast widths, the
+    batch sizes, dynamic after the second). The attention stays its eager reference."""
+    if not _COMPILED:
+
+        def rms_norm(x, weight, eps):
+            return add_rms_norm_reference(x, None, weight, eps)[1]
+
+        _COMPILED.append(
+            SimpleNamespace(
+                rms_norm=torch.compile(rms_norm, fullgraph=True, dynamic=True),
+                add_rms_norm=torch.compile(add_rms_norm_reference, fullgraph=True, dynamic=True),
+                qk_rope_write=torch.compile(qk_rope_write_reference, fullgraph=True, dynamic=True),
+                slot_attention=slot_attention_reference,
+                silu_mul=torch.compile(silu_mul_reference, fullgraph=True, dynamic=True),
+            )
+        )
+    return _COMPILED[0]
+
+
+def _ops(view: TokenView) -> SimpleNamespace:
+    return compiled_ops() if view.path == "compiled" else FUSED_OPS
 
 
 def fused_attention(attn: nn.Module, x: Tensor, cache, view: TokenView) -> Tensor:
@@ -39,10 +74,11 @@ def fused_attention(attn: nn.Module, x: Tensor, cache, view: TokenView) -> Tenso
     q_weight = attn.q_norm.weight if attn.qk_norm else None
     k_weight = attn.k_norm.weight if attn.qk_norm else None
     eps = attn.q_norm.eps if attn.qk_norm else 0.0
-    q = qk_rope_write_op(
+    ops = _ops(view)
+    q = ops.qk_rope_write(
         qkv, view.slots, view.positions, view.table, q_weight, k_weight, eps, cache.k, cache.v, attn.n_head, attn.n_kv
     )
-    y = slot_attention_op(q, cache.k, cache.v, view.slots, view.lengths)
+    y = ops.slot_attention(q, cache.k, cache.v, view.slots, view.lengths)
     return attn.wo(y.view(b, t, attn.n_head * attn.head_dim))
 
 
@@ -50,16 +86,17 @@ def fused_layers(layers: nn.ModuleList, x: Tensor, caches: list, view: TokenView
     """Run the blocks; returns (the residual stream before the last block's output is added, that
     output): the caller folds the last add into the stack's final norm (`finish`)."""
     delta: Optional[Tensor] = None
+    ops = _ops(view)
     for layer, cache in zip(layers, caches):
         norm = layer.attention_norm
         if delta is None:
-            normed = rms_norm_op(x, norm.weight, norm.eps)
+            normed = ops.rms_norm(x, norm.weight, norm.eps)
         else:
-            x, normed = add_rms_norm_op(x, delta, norm.weight, norm.eps)
+            x, normed = ops.add_rms_norm(x, delta, norm.weight, norm.eps)
         attended = fused_attention(layer.attention, normed, cache, view)
-        x, normed = add_rms_norm_op(x, attended, layer.ffn_norm.weight, layer.ffn_norm.eps)
+        x, normed = ops.add_rms_norm(x, attended, layer.ffn_norm.weight, layer.ffn_norm.eps)
         ff = layer.feed_forward
-        delta = ff.w2(silu_mul_op(F.linear(normed, gate_up_weight(ff))))
+        delta = ff.w2(ops.silu_mul(F.linear(normed, gate_up_weight(ff))))
     return x, delta
 
 
@@ -78,6 +115,7 @@ def gate_up_weight(ff: nn.Module) -> Tensor:
     return both
 
 
-def finish(x: Tensor, delta: Tensor, norm: nn.Module) -> tuple[Tensor, Tensor]:
+def finish(x: Tensor, delta: Tensor, norm: nn.Module, path: str = "fused") -> tuple[Tensor, Tensor]:
     """(x + delta, its norm): the stack's last residual add and its final norm, one launch."""
-    return add_rms_norm_op(x, delta, norm.weight, norm.eps)
+    ops = compiled_ops() if path == "compiled" else FUSED_OPS
+    return ops.add_rms_norm(x, delta, norm.weight, norm.eps)
