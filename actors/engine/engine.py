@@ -47,9 +47,11 @@ class Engine:
         self.device, self.dtype = loaded.device, loaded.dtype
         config = sized_to_memory(config, self.mc, self.device, self.dtype)
         self.loaded, self.config = loaded, config
+        kv_dtype = torch.float8_e4m3fn if config.kv_dtype == "fp8" else None
         self.cache = SlotKVCache(
-            self.mc, config.max_rows, config.max_tokens, self.device, self.dtype, model_id=id(self.model)
-        )
+            self.mc, config.max_rows, config.max_tokens, self.device, self.dtype, model_id=id(self.model),
+            kv_dtype=kv_dtype,
+        )  # fmt: skip
         self.runner = ModelRunner(loaded, config, self.cache)
         self.scheduler = Scheduler(config, self.mc, self.cache, self.runner)
 

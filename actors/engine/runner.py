@@ -26,6 +26,7 @@ from .compiling import compiled_frame, compiles, use_cache_dir
 from .decoding import BatchFacts, BatchSampling, Candidates, SlotSampling, first_code, pick_code, pick_main
 from .graphs import StepGraphs, kv_bucket, kv_buckets
 from .kernels import kernel_path
+from .kernels.fp8 import quantize_slow_linears
 from .loader import LoadedModel
 from .packing import load_native_ops, pack_cpu_linears, unpack_cpu_linears
 from .prefill import PackedPrefill
@@ -113,6 +114,8 @@ class ModelRunner:
         self.prefixes = PrefixCache(config.prefix_cache_entries)
         self.steps: list[StepRecord] = []
         self.logit_head = self.model.candidate_head(self.candidates.ids)
+        if config.fp8_weights:  # W8A8 products (kernels/fp8.py): the model is quantized in place, once
+            quantize_slow_linears(self.model)
         packed = 0
         if config.cpu_packed_linears and self.device.type == "cpu":
             packed = pack_cpu_linears(self.model) + pack_cpu_linears(self.logit_head)
@@ -123,6 +126,8 @@ class ModelRunner:
         # needs no key bucket (one graph per batch bucket)
         self.kernel_path = kernel_path(config.kernels, self.device.type)
         self.fused = self.kernel_path != "eager"  # fused or compiled: the kernels package's stack
+        if cache.kv_dtype != cache.dtype and not self.fused:
+            raise ValueError("an FP8 K/V cache needs engine.kernels=fused or compiled (the eager path cannot read it)")
         # CUDA graphs of the whole step, captured by the engine (graphs.py); a compiled frame
         # on CUDA runs inside them
         self.graphs = StepGraphs(self.device) if config.cuda_graphs and self.device.type == "cuda" else None

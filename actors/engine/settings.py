@@ -61,6 +61,12 @@ class EngineConfig:
     # counting); compiled, those regions' references compiled by inductor; auto, fused on CUDA
     # where Triton is installed, else eager
     kernels: str = field(default="eager", metadata=described("one of eager, fused, compiled, auto"))
+    # the slow stack's K/V cache: auto, the model's dtype; fp8, float8 e4m3 (half of bf16's bytes;
+    # the fused or compiled kernels only; logits within the bound docs/engine.md states)
+    kv_dtype: str = field(default="auto", metadata=described("auto or fp8"))
+    # W8A8 FP8 products for the slow stack's linears (per-row scales; torch._scaled_mm on CUDA),
+    # for compute-bound shapes such as S2-Pro at 256 rows; quantizes the loaded model in place
+    fp8_weights: bool = False
     # inductor's cache, kept across starts; null = TORCHINDUCTOR_CACHE_DIR when set, else
     # ~/.cache/chorus/compile
     compile_cache_dir: Optional[str] = None
@@ -101,6 +107,12 @@ class EngineConfig:
         """Range checks a config schema cannot express; raises ValueError (ConfigError) naming the key."""
         compile_mode(self.compile)
         kernel_mode(self.kernels)
+        if self.kv_dtype not in ("auto", "fp8"):
+            raise ValueError(f"engine.kv_dtype must be auto or fp8, got {self.kv_dtype!r}")
+        if self.kv_dtype == "fp8" and kernel_mode(self.kernels) == "eager":
+            raise ValueError(
+                "engine.kv_dtype=fp8 needs engine.kernels=fused, compiled or auto (the eager path reads K/V as the model's dtype)"
+            )
         check_bounds(self, "engine")
         if self.decode_buckets is not None and (
             not self.decode_buckets or any(not (1 <= b <= self.max_rows) for b in self.decode_buckets)

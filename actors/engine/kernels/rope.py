@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ...modules import compute_dtype
+from .fp8 import to_fp8
 from .triton_shim import cast, launch_options, runs_on, tl, triton
 
 
@@ -39,9 +40,14 @@ def qk_rope_write_reference(
         swapped = wide.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
         return (wide * cos + swapped * signed_sin).to(x.dtype)
 
-    k_cache[slots, :, positions] = rotate(k)
-    v_cache[slots, :, positions] = v
+    k_cache[slots, :, positions] = _stored(rotate(k), k_cache.dtype)
+    v_cache[slots, :, positions] = _stored(v, v_cache.dtype)
     return rotate(q)
+
+
+def _stored(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """K/V as the cache keeps them: as they are, or saturated to FP8 (kernels/fp8.py)."""
+    return x if x.dtype == dtype else to_fp8(x)
 
 
 def _head_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -67,7 +73,7 @@ def _qk_rope_write_kernel(
     pos = tl.load(pos_ptr + token * pos_step)
     if head >= N_HEAD + N_KV:  # a value head: written as it is
         dst = v_ptr + slot * stride_slot + (head - N_HEAD - N_KV) * stride_head + pos * stride_pos
-        tl.store(dst + offs, x, mask=inside)
+        tl.store(dst + offs, cast(x.to(tl.float32), v_ptr.dtype.element_ty), mask=inside)
     else:
         partner = tl.load(row + (offs ^ 1), mask=inside, other=0.0)  # the other element of each adjacent pair
         wide, other = x.to(tl.float32), partner.to(tl.float32)
@@ -88,7 +94,7 @@ def _qk_rope_write_kernel(
             tl.store(q_out_ptr + token * N_HEAD * D + head * D + offs, out, mask=inside)
         else:
             dst = k_ptr + slot * stride_slot + (head - N_HEAD) * stride_head + pos * stride_pos
-            tl.store(dst + offs, out, mask=inside)
+            tl.store(dst + offs, cast(out.to(tl.float32), k_ptr.dtype.element_ty), mask=inside)
 
 
 def qk_rope_write_triton(qkv, slots, positions, rotation, q_weight, k_weight, eps, k_cache, v_cache, n_head, n_kv):

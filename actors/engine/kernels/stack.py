@@ -96,7 +96,9 @@ def fused_layers(layers: nn.ModuleList, x: Tensor, caches: list, view: TokenView
         attended = fused_attention(layer.attention, normed, cache, view)
         x, normed = ops.add_rms_norm(x, attended, layer.ffn_norm.weight, layer.ffn_norm.eps)
         ff = layer.feed_forward
-        delta = ff.w2(ops.silu_mul(F.linear(normed, gate_up_weight(ff))))
+        fp8 = ff.__dict__.get("_gate_up_fp8")  # W8A8 products (kernels/fp8.py)
+        gate_up = fp8(normed) if fp8 is not None else F.linear(normed, gate_up_weight(ff))
+        delta = ff.w2(ops.silu_mul(gate_up))
     return x, delta
 
 

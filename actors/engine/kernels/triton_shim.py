@@ -97,12 +97,19 @@ def launch_options() -> dict:
 
 @triton.jit
 def cast(x, dtype: tl.constexpr):
-    """float32 -> `dtype`, rounded to nearest even. To bfloat16 through the bits: Triton's
+    """float32 -> `dtype`, rounded to nearest even (FP8: saturated). To bfloat16 through the bits: Triton's
     interpreter truncates that cast (GPUs round it), and the eager ops round, so the kernels
     round the same way everywhere."""
     if dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
         return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    elif dtype == tl.float8e4nv:  # an FP8 K/V cache (kernels/fp8.py): rounded here, saturated, as to_fp8
+        bits = x.to(tl.uint32, bitcast=True)  # normal range: 3 mantissa bits, to nearest even
+        normal = ((bits + (((bits >> 20) & 1) + 0x7FFFF)) & 0xFFF00000).to(tl.float32, bitcast=True)
+        steps = x * 512.0  # below 2^-6: multiples of 2^-9 (ties away from zero: exact ties are rare)
+        tiny = tl.where(steps < 0, -tl.floor(-steps + 0.5), tl.floor(steps + 0.5)) / 512.0
+        rounded = tl.where(tl.abs(x) < 0.015625, tiny, normal)
+        return tl.minimum(tl.maximum(rounded, -448.0), 448.0).to(dtype)
     else:
         return x.to(dtype)
