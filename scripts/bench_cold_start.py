@@ -8,6 +8,9 @@ few decode steps. Variants (engine settings):
   frame     engine.compile=on: the whole decode frame compiled (one graph per batch bucket)
   regions   engine.kernels=compiled: the kernels package's regions (norms, RoPE + K/V write,
             SiLU x mul) compiled by inductor, each serving every layer of both stacks
+  fused     engine.kernels=fused: the Triton kernels (CUDA; the CPU runs their references)
+
+On CUDA every variant runs its steps as CUDA graphs (engine.cuda_graphs), captured at warm-up.
 
     python scripts/bench_cold_start.py --size small --rows 32 --dtype bfloat16 --json out.json
 
@@ -30,6 +33,7 @@ VARIANTS = {
     "eager": {},
     "frame": {"compile": "on"},
     "regions": {"kernels": "compiled"},
+    "fused": {"kernels": "fused"},
 }
 
 
@@ -46,9 +50,10 @@ def child(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     imported = time.perf_counter()
-    lm = random_model(args.size, dtype=args.dtype, device="cpu")
+    lm = random_model(args.size, dtype=args.dtype, device=args.device)
     loaded = time.perf_counter()
     settings = dict(VARIANTS[args.child], compile_cache_dir=args.cache, decode_buckets=[args.rows])
+    settings["cuda_graphs"] = lm.device.type == "cuda"
     engine = Engine(lm, EngineConfig(max_rows=args.rows, max_tokens=args.max_tokens, **settings))
     built = time.perf_counter()
     sampling = upstream_sampling(lm.config.family)
@@ -78,26 +83,12 @@ def child(args) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", default="small")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--rows", type=int, default=32)
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--frames", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--variants", default="eager,frame,regions")
-    p.add_argument("--json")
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--cache", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child:
-        print("RESULT " + json.dumps(child(args)), flush=True)
-        return 0
+def measure(args, log=print) -> list[dict]:
+    """Each variant cold (a fresh cache directory) then warm (the same directory), each start in
+    a process of its own; the figures of every start."""
     rows = []
     forwarded = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
-                 ("size", "dtype", "rows", "prompt_len", "frames", "max_tokens", "threads")]  # fmt: skip
+                 ("size", "dtype", "rows", "prompt_len", "frames", "max_tokens", "threads", "device")]  # fmt: skip
     for variant in args.variants.split(","):
         cache = tempfile.mkdtemp(prefix=f"chorus-cold-{variant}-")
         for start in ("cold", "warm"):
@@ -109,11 +100,36 @@ def main(argv=None) -> int:
             result = json.loads(next(line[7:] for line in out.splitlines() if line.startswith("RESULT ")))
             result["start"] = start
             rows.append(result)
-            print(
+            log(
                 f"{variant:<8} {start:<5} start {result['start_s']:7.1f} s (warm-up {result['warm_up_s']:6.1f} s, "
-                f"cache loaded {result['cache_loaded']}), decode step {result['decode_step_ms']:7.1f} ms",
-                flush=True,
+                f"cache loaded {result['cache_loaded']}), decode step {result['decode_step_ms']:7.1f} ms"
             )
+    return rows
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", default="small")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--rows", type=int, default=32)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--frames", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--variants", default="eager,frame,regions")
+    p.add_argument("--json")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--cache", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.child:
+        print("RESULT " + json.dumps(child(args)), flush=True)
+        return 0
+    rows = measure(args, log=lambda line: print(line, flush=True))
     report = {"size": args.size, "dtype": args.dtype, "rows": args.rows, "threads": args.threads, "runs": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
