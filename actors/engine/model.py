@@ -43,9 +43,11 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 
 def _path(fused) -> str:
-    """forward_slow/forward_fast's `fused`: True or "fused" -> the fused ops; "compiled" -> their
-    references through inductor."""
-    return "fused" if fused is True else str(fused)
+    """forward_slow/forward_fast's `fused` as a kernels.kernel_path: True or "fused" -> the fused
+    ops; "compiled" -> their references through inductor; False, None or "eager" -> the modules."""
+    if fused is True:
+        return "fused"
+    return "eager" if not fused else str(fused)
 
 
 @dataclass
@@ -260,7 +262,7 @@ class DualARModel(nn.Module):
         every token of batch row i is in slot `rows`[i]."""
         b, _, t = tokens.shape
         x = self.embed(tokens)
-        if fused and cache is not None:
+        if _path(fused) != "eager" and cache is not None:
             if slots is None:
                 slots = self.row_slots(rows, b, x.device).unsqueeze(1).expand(b, t)
             flat = positions.reshape(-1)
@@ -345,7 +347,7 @@ class DualARModel(nn.Module):
         and the head: the call only writes its K/V. `fused`: the fused kernels (forward_slow)."""
         b, t, _ = x.shape
         table = self._fast_rope(x.device)
-        if fused and cache is not None:
+        if _path(fused) != "eager" and cache is not None:
             slots = self.row_slots(rows, b, x.device).unsqueeze(1).expand(b, t).reshape(-1)
             positions = self.row_slots(slice(start, start + t), t, x.device).expand(b, t).reshape(-1)
             lengths = self.row_slots(slice(start + 1, start + t + 1), t, x.device).expand(b, t).reshape(-1)
