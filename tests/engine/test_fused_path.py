@@ -81,3 +81,21 @@ def test_decode_step_kernel_count_within_budget(shape):
     counted = count_step_kernels(engine)
     assert counted["kernels"] <= STEP_KERNEL_BUDGET[shape], counted["by_op"]
     assert counted["by_op"]["chorus::slot_attention"] > 0
+
+
+def test_the_eager_engine_runs_none_of_the_fused_ops():
+    """engine.kernels=eager (the default) keeps the model's own modules: no chorus:: fused op in
+    its step, and the step launches well over twice the fused one's kernels."""
+    lm = counting_model("s1-mini")
+    counts = {}
+    for kernels in ("eager", "fused"):
+        engine = Engine(lm, EngineConfig(max_rows=2, max_tokens=256, kernels=kernels))
+        for request in _rows(lm, [6, 6]):
+            engine.add(request)
+        engine.step()
+        counts[kernels] = count_step_kernels(engine)
+    eager_ops = counts["eager"]["by_op"]
+    assert not any(
+        op.startswith("chorus::") and op not in ("chorus::attend_visible", "chorus::attend_reached") for op in eager_ops
+    )
+    assert counts["eager"]["kernels"] > 2 * counts["fused"]["kernels"]
