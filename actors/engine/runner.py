@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -30,6 +31,7 @@ from .kernels.fp8 import quantize_slow_linears
 from .loader import LoadedModel
 from .packing import load_native_ops, pack_cpu_linears, unpack_cpu_linears
 from .prefill import PackedPrefill
+from .read_back import ReadBack
 from .settings import EngineConfig
 
 
@@ -61,9 +63,15 @@ class PrefillWork:
 
 @dataclass
 class FrameOutput:
-    tokens: np.ndarray  # [n, 1+C] int64: main token id, then the C codes, per live row
+    tokens: Optional[np.ndarray]  # [n, 1+C] int64: main token id, then the C codes, per live row
     slow_logits: Optional[Tensor] = None  # [n, n_candidates], when asked for
     fast_logits: Optional[Tensor] = None  # [n, C-1, codebook_size], when asked for
+    pending: Optional[Callable[[], np.ndarray]] = None  # a deferred frame: waits for its tokens
+
+    def wait(self) -> np.ndarray:
+        if self.tokens is None:
+            self.tokens = self.pending()
+        return self.tokens
 
 
 def bucket_size(n: int, max_rows: int, buckets=None) -> int:
@@ -164,6 +172,7 @@ class ModelRunner:
         pinned = self.device.type == "cuda"
         self._positions_host = torch.zeros(rows, 1, dtype=torch.int64, pin_memory=pinned)
         self.frame_out = torch.zeros(rows, width, dtype=torch.int64, device=self.device)
+        self.read_back = ReadBack(rows, width, self.device)
         # a static CPU frame reads the keys its rows reach: their count, read at run time
         self.reach = torch.zeros((), dtype=torch.int64, device=self.device)
         # a context manager each eager device step runs in (audit.audit_steps watches steps)
@@ -255,10 +264,11 @@ class ModelRunner:
         return torch.tensor(slots, device=self.device)
 
     # -- decode ------------------------------------------------------------------------
-    def decode(self, n_live: int, keep_logits: bool = False) -> FrameOutput:
+    def decode(self, n_live: int, keep_logits: bool = False, deferred: bool = False) -> FrameOutput:
         """One frame for the live rows, which hold slots 0..n_live-1 (the scheduler keeps
         them there). Static mode pads the batch to its bucket with free slots (their junk
-        lands in positions nobody reads) and attends over a fixed key count (keys_read)."""
+        lands in positions nobody reads) and attends over a fixed key count (keys_read).
+        `deferred`: return at once, the tokens' copy under way (FrameOutput.pending)."""
         lengths = self.cache.lengths
         b = bucket_size(n_live, self.config.max_rows, self.buckets) if self.static else n_live
         reached = max(lengths[:n_live]) + 1
@@ -277,7 +287,10 @@ class ModelRunner:
         if self.config.record_steps:
             after = self.cache.lengths
             self.steps.append(StepRecord("decode", tuple(range(n_live)), 1, lengths[:n_live], after[:n_live]))
-        # the frame's one read-back (a copy: on CPU .cpu() would hand out the buffer itself)
+        # the frame's one read-back (a copy: on CPU .cpu() would hand out the buffer itself);
+        # deferred, it is started now and waited for when the tokens are asked for (read_back.py)
+        if deferred:
+            return FrameOutput(tokens=None, pending=self.read_back.start(self.frame_out[:n_live]))
         out = FrameOutput(tokens=self.frame_out[:n_live].to("cpu", copy=True).numpy())
         if keep_logits:
             out.slow_logits, out.fast_logits = logits[0][:n_live], logits[1][:n_live]

@@ -61,6 +61,10 @@ class EngineConfig:
     # counting); compiled, those regions' references compiled by inductor; auto, fused on CUDA
     # where Triton is installed, else eager
     kernels: str = field(default="eager", metadata=described("one of eager, fused, compiled, auto"))
+    # launch each decode step before reading the previous step's tokens, so the host's
+    # bookkeeping of one step overlaps the device's next (a row that stopped costs one frame
+    # decoded past its end, dropped); null = on for CUDA, off elsewhere
+    overlap_host: Optional[bool] = None
     # the slow stack's K/V cache: auto, the model's dtype; fp8, float8 e4m3 (half of bf16's bytes;
     # the fused or compiled kernels only; logits within the bound docs/engine.md states)
     kv_dtype: str = field(default="auto", metadata=described("auto or fp8"))
