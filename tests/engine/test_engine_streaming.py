@@ -154,33 +154,29 @@ def test_overlapped_steps_give_every_row_what_the_plain_steps_give(lm32, kernels
     get the same codes and stop reasons as with the plain steps, and the slots all come back."""
     sampling = SamplingParams(temperature=1.0, top_p=0.95, top_k=0, ras_window=4)
     rng = np.random.default_rng(3)
+    requests = []
+    for i in range(7):
+        prompt = np.zeros((1 + lm32.config.num_codebooks, 5 + i), np.int64)
+        prompt[0] = rng.integers(32, 127, prompt.shape[1])
+        requests.append(Request(f"r{i}", prompt, 4 + 3 * i, sampling.with_seed(i), stop_on_eos=True))
 
-    def run(overlap: bool):
+    def run(overlap: bool) -> dict:
         engine = Engine(lm32, EngineConfig(max_rows=3, max_tokens=64, overlap_host=overlap, kernels=kernels))
         assert engine.scheduler.overlap is overlap
-        results = {}
-        requests = []
-        for i in range(7):
-            prompt = np.zeros((1 + lm32.config.num_codebooks, 5 + i), np.int64)
-            prompt[0] = rng.integers(32, 127, prompt.shape[1]) if not overlap else requests_seen[i]
-            requests.append(Request(f"r{i}", prompt, 4 + 3 * i, sampling.with_seed(i), stop_on_eos=True))
         for r in requests[:4]:
             engine.add(r)
-        steps = 0
+        results, steps = {}, 0
         while engine.has_unfinished():
-            for result in engine.step():
-                results[result.request_id] = result
+            results |= {result.request_id: result for result in engine.step()}
             steps += 1
             if steps == 2:
                 engine.abort("r1")
                 for r in requests[4:]:
                     engine.add(r)
         assert engine.cache.free_slots() == 3
-        return results, [r.prompt[0] for r in requests]
+        return results
 
-    requests_seen = None
-    plain, requests_seen = run(False)
-    overlapped, _ = run(True)
+    plain, overlapped = run(False), run(True)
     assert set(plain) == set(overlapped) == {f"r{i}" for i in range(7)} - {"r1"}
     for rid, result in plain.items():
         assert overlapped[rid].stop_reason == result.stop_reason
