@@ -25,10 +25,11 @@ import numpy as np
 import torch
 
 from .allocator import tune_malloc
+from .buckets import bucket_sizes
 from .cache import SlotKVCache
 from .compile_cache import save_artifacts
 from .loader import LoadedModel
-from .runner import ModelRunner, bucket_sizes
+from .runner import ModelRunner
 from .scheduler import LogitObserver, Scheduler
 from .settings import EngineConfig
 from .slots import sized_to_memory

@@ -218,12 +218,9 @@ class DualARModel(nn.Module):
         """tokens [B, 1+C, T] -> x [B, T, dim] (the inference embedding rule, docs/architecture.md §5.6)."""
         c = self.config
         main = tokens[:, 0]
-        offsets = self._codebook_offsets
-        if offsets is None or not _same_device(offsets.device, tokens.device):
-            with torch.inference_mode(False), torch.no_grad():
-                offsets = torch.arange(c.num_codebooks, device=tokens.device) * c.codebook_size
-            self._codebook_offsets = offsets
-        codes = tokens[:, 1:].transpose(1, 2) + offsets  # [B, T, C]: codebook i at row offset i*cb
+        codes = tokens[:, 1:].transpose(1, 2) + self.codebook_offsets(
+            tokens.device
+        )  # [B, T, C]: codebook i at row offset i*cb
         codebook_sum = self.codebook_embeddings(codes).sum(dim=2)
         semantic = (main >= c.semantic_begin_id) & (main <= c.semantic_end_id)
         x = self.embeddings(main) + codebook_sum * semantic.unsqueeze(-1).to(codebook_sum.dtype)
@@ -302,6 +299,15 @@ class DualARModel(nn.Module):
             logits = F.linear(normed, self.output_rows(logit_rows))
         hidden = normed if self.config.norm_fastlayer_input else x
         return SlowOutput(logits=logits, hidden=self.project_to_fast(hidden))
+
+    def codebook_offsets(self, device) -> Tensor:
+        """Codebook i's first row in codebook_embeddings (i * codebook_size), kept on the model."""
+        offsets, c = self._codebook_offsets, self.config
+        if offsets is None or not _same_device(offsets.device, torch.device(device)):
+            with torch.inference_mode(False), torch.no_grad():
+                offsets = torch.arange(c.num_codebooks, device=device) * c.codebook_size
+            self._codebook_offsets = offsets
+        return offsets
 
     def row_slots(self, rows, b: int, device) -> Tensor:
         """The slot of each of `b` batch rows as int64 [b]: `rows` itself, or a view of a table

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 
-class ReadBack:
+class TokenReadBack:
     def __init__(self, rows: int, width: int, device: torch.device):
         self.device = device
         pinned = device.type == "cuda"

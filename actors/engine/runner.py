@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .attention import attend_length
+from .buckets import bucket_size, bucket_sizes, cpu_buckets
 from .cache import PrefixCache, SlotKVCache
 from .compile_cache import load_artifacts, use_triton_cache
 from .compiling import compiled_frame, compiles, use_cache_dir
@@ -28,10 +29,11 @@ from .decoding import BatchFacts, BatchSampling, Candidates, SlotSampling, first
 from .graphs import StepGraphs, kv_bucket, kv_buckets
 from .kernels import kernel_path
 from .kernels.fp8 import quantize_slow_linears
+from .kernels.stack import gate_up_weight
 from .loader import LoadedModel
 from .packing import load_native_ops, pack_cpu_linears, unpack_cpu_linears
 from .prefill import PackedPrefill
-from .read_back import ReadBack
+from .read_back import TokenReadBack
 from .settings import EngineConfig
 
 
@@ -72,34 +74,6 @@ class FrameOutput:
         if self.tokens is None:
             self.tokens = self.pending()
         return self.tokens
-
-
-def bucket_size(n: int, max_rows: int, buckets=None) -> int:
-    """The captured batch size that serves n live rows: the smallest configured bucket that
-    holds them (default: the next power of two), capped at max_rows."""
-    if buckets:
-        return min([b for b in buckets if b >= n] or [max_rows])
-    return min(max_rows, 1 << max(0, n - 1).bit_length())
-
-
-def cpu_buckets(max_rows: int) -> list[int]:
-    """The batch sizes a frame compiled on CPU is built at unless engine.decode_buckets says:
-    max_rows and its quarters. Each is a compile of about a minute or more on CPU (once per
-    node: the cache keeps them), so not every size; the smaller ones serve a batch's tail, where
-    a frame at 32 rows is mostly arithmetic and a live row fewer is work saved (`small`, 32
-    bf16 rows, against the starting commit's frames/s, interleaved: max_rows alone 1.15x;
-    max_rows, half, quarter 1.25x over 4 rounds and 1.28x over 3; with three quarters too
-    1.30x in those 3, 1.30-1.31x in each). Never 1 row where there are two slots: inductor
-    compiles a 1-row softmax over 4,096 codes into another reduction than a 2..32-row one
-    (bfloat16, Sapphire Rapids, 2 threads: row 0's probabilities differ), so a row decoded
-    alone in a 1-row graph would not get the codes it gets beside others."""
-    smallest = min(2, max_rows)
-    return sorted({max(smallest, max_rows * quarters // 4) for quarters in (1, 2, 3, 4)})
-
-
-def bucket_sizes(max_rows: int, buckets=None) -> list[int]:
-    """Every batch size `bucket_size` can return: the sizes a captured frame is compiled at."""
-    return sorted({bucket_size(n, max_rows, buckets) for n in range(1, max_rows + 1)})
 
 
 class ModelRunner:
@@ -162,8 +136,14 @@ class ModelRunner:
             self.packed = PackedPrefill(
                 self.model, cache, config.max_tokens, self.device, self.graphs, self.kernel_path
             )
-        self.model._slow_rope(config.max_tokens, self.device)  # build once, before any captured frame
+        # the step's tables, built once before any captured frame (a step may not keep what it makes)
+        self.model._slow_rope(config.max_tokens, self.device)
         self.model._fast_rope(self.device)
+        self.model.codebook_offsets(self.device)
+        self.model.row_slots(slice(0, max(config.max_rows, c.num_codebooks + 1)), 0, self.device)
+        if self.fused:
+            for layer in [*self.model.layers, *self.model.fast_layers]:
+                gate_up_weight(layer.feed_forward)
         self._frame = compiled_frame(self._decode_frame, self.device) if self.compiled else self._decode_frame
         # the step's inputs and outputs: buffers that live as long as the engine, so a captured
         # step reads and writes the same addresses every time (graphs.py)
@@ -172,7 +152,7 @@ class ModelRunner:
         pinned = self.device.type == "cuda"
         self._positions_host = torch.zeros(rows, 1, dtype=torch.int64, pin_memory=pinned)
         self.frame_out = torch.zeros(rows, width, dtype=torch.int64, device=self.device)
-        self.read_back = ReadBack(rows, width, self.device)
+        self.read_back = TokenReadBack(rows, width, self.device)
         # a static CPU frame reads the keys its rows reach: their count, read at run time
         self.reach = torch.zeros((), dtype=torch.int64, device=self.device)
         # a context manager each eager device step runs in (audit.audit_steps watches steps)

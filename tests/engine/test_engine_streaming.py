@@ -139,7 +139,7 @@ def test_compiled_frame_equals_eager_frame(lm32):
 
 
 def test_decode_buckets_pad_to_the_smallest_that_fits():
-    from actors.engine.runner import bucket_size
+    from actors.engine.buckets import bucket_size
 
     assert [bucket_size(n, 8) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
     assert [bucket_size(n, 64, [16, 64]) for n in (1, 16, 17, 64)] == [16, 16, 64, 64]
