@@ -226,12 +226,6 @@ class SlotSampling:
 
 def pick_main(logits: Tensor, state: BatchSampling, cand: Candidates) -> Tensor:
     """logits [B, len(cand.ids)] over the candidates -> candidate indices [B]."""
-    if state.fused:
-        return sample_main_op(
-            logits, state.main.temperature, state.main.top_p, state.main.top_k, state.ras.temperature,
-            state.ras.top_p, state.ras_window, state.penalty, state.penalty_window, state.main_history,
-            state.allow_eos, state.key1, state.key2, state.frame, cand.im_end_index, state.any_penalty, state.any_ras,
-        )  # fmt: skip
     logits = logits.float()
     # with EOS stopping off the row may not end itself: <|im_end|> is not offered
     is_eos = torch.arange(logits.shape[-1], device=logits.device) == cand.im_end_index
@@ -248,6 +242,23 @@ def pick_main(logits: Tensor, state: BatchSampling, cand: Candidates) -> Tensor:
     repeated = (recent == choice.unsqueeze(1)).any(dim=1) & cand.is_semantic[choice]
     redraw = sample(logits, state.ras, state.uniforms[:, DRAW_RAS], state.width_main)
     return torch.where(repeated, redraw, choice)
+
+
+def pick_main_token(
+    logits: Tensor, state: BatchSampling, cand: Candidates, config: ModelArchitecture
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The frame's main draw: (candidate indices, token ids, codebook 0) [B] each; one launch on
+    the fused path (kernels/sampler.py), else pick_main, the id and first_code."""
+    if state.fused:
+        return sample_main_op(
+            logits, state.main.temperature, state.main.top_p, state.main.top_k, state.ras.temperature,
+            state.ras.top_p, state.ras_window, state.penalty, state.penalty_window, state.main_history,
+            state.allow_eos, state.key1, state.key2, state.frame, cand.im_end_index, state.any_penalty, state.any_ras,
+            cand.ids, config.semantic_begin_id, config.codebook_size,
+        )  # fmt: skip
+    index = pick_main(logits, state, cand)
+    token = cand.ids[index]
+    return index, token, first_code(token, config)
 
 
 def pick_code(logits: Tensor, codebook: int, state: BatchSampling, limit: Optional[int]) -> Tensor:

@@ -263,7 +263,7 @@ class DualARModel(nn.Module):
             if slots is None:
                 slots = self.row_slots(rows, b, x.device).unsqueeze(1).expand(b, t)
             flat = positions.reshape(-1)
-            view = TokenView(slots.reshape(-1), flat, flat + 1, self._slow_rope(attend_len, x.device), _path(fused))
+            view = TokenView(slots.reshape(-1), flat, self._slow_rope(attend_len, x.device), _path(fused))
             x, delta = fused_layers(self.layers, x, cache, view)
             if select is not None:
                 pick = torch.arange(b, device=x.device), select
@@ -356,8 +356,7 @@ class DualARModel(nn.Module):
         if _path(fused) != "eager" and cache is not None:
             slots = self.row_slots(rows, b, x.device).unsqueeze(1).expand(b, t).reshape(-1)
             positions = self.row_slots(slice(start, start + t), t, x.device).expand(b, t).reshape(-1)
-            lengths = self.row_slots(slice(start + 1, start + t + 1), t, x.device).expand(b, t).reshape(-1)
-            view = TokenView(slots, positions, lengths, table, _path(fused))
+            view = TokenView(slots, positions, table, _path(fused))
             x, delta = fused_layers(self.fast_layers, x, cache, view)
             return self.fast_output(finish(x, delta, self.fast_norm, view.path)[1]) if want_logits else None
         positions = torch.arange(start, start + t, device=x.device).expand(b, t)

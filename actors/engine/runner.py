@@ -25,7 +25,7 @@ from .buckets import bucket_size, bucket_sizes, cpu_buckets
 from .cache import PrefixCache, SlotKVCache
 from .compile_cache import load_artifacts, use_triton_cache
 from .compiling import compiled_frame, compiles, use_cache_dir
-from .decoding import BatchFacts, BatchSampling, Candidates, SlotSampling, first_code, pick_code, pick_main
+from .decoding import BatchFacts, BatchSampling, Candidates, SlotSampling, pick_code, pick_main_token
 from .graphs import StepGraphs, kv_bucket, kv_buckets
 from .kernels import kernel_path
 from .kernels.fp8 import quantize_slow_linears
@@ -355,9 +355,7 @@ class ModelRunner:
             logit_head=self.logit_head, reach=reach, fused=self.kernel_path,
         )  # fmt: skip
         slow_logits, hidden = out.logits[:, -1], out.hidden[:, -1]
-        main_index = pick_main(slow_logits, state, self.candidates)
-        main = self.candidates.ids[main_index]
-        code = first_code(main, c)
+        main_index, main, code = pick_main_token(slow_logits, state, self.candidates, c)
         codes = [code]
         # position 0 only writes its K/V: its head's logits are never sampled
         model.forward_fast(hidden.unsqueeze(1), start=0, cache=self.cache.fast, rows=rows, want_logits=False,
@@ -372,7 +370,7 @@ class ModelRunner:
                 fast_logits.append(logits)
             code = pick_code(logits, k, state, None if self.limits is None else self.limits[k])
             codes.append(code)
-        frame = torch.cat([main.unsqueeze(1), torch.stack(codes, dim=1)], dim=1)
+        frame = torch.stack([main, *codes], dim=1)
         kept = torch.stack(fast_logits, dim=1) if fast_logits else None
         return frame, main_index, (slow_logits if keep_logits else None), kept
 

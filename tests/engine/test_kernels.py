@@ -110,15 +110,15 @@ def test_slot_attention_kernel_matches_its_reference(dtype, capacity):
     g = torch.Generator().manual_seed(4)
     k, v = (torch.randn(3, 2, capacity, 32, generator=g).to(dtype) for _ in range(2))
     q = torch.randn(5, 4, 32, generator=g).to(dtype)
-    slots, lengths = torch.tensor([0, 1, 1, 2, 0]), torch.tensor([1, 7, capacity, capacity // 2 + 3, 40])
-    got, want = slot_attention_triton(q, k, v, slots, lengths), slot_attention_reference(q, k, v, slots, lengths)
+    slots, positions = torch.tensor([0, 1, 1, 2, 0]), torch.tensor([0, 6, capacity - 1, capacity // 2 + 2, 39])
+    got, want = slot_attention_triton(q, k, v, slots, positions), slot_attention_reference(q, k, v, slots, positions)
     if dtype == torch.bfloat16:  # float32 sums in another order, then one rounding: within an ulp
         assert ((got.float() - want.float()).abs() <= 2**-7 * want.float().abs().clamp(min=2**-10)).all()
     else:
         close(got, want, dtype)
     # a token's result is its own: alone or among others, bit for bit
     alone = torch.cat(
-        [slot_attention_triton(q[i : i + 1], k, v, slots[i : i + 1], lengths[i : i + 1]) for i in range(5)]
+        [slot_attention_triton(q[i : i + 1], k, v, slots[i : i + 1], positions[i : i + 1]) for i in range(5)]
     )
     assert torch.equal(alone, got)
 
@@ -127,7 +127,7 @@ def test_slot_attention_reference_is_causal_attention_over_the_slot():
     g = torch.Generator().manual_seed(5)
     k, v = (torch.randn(2, 2, 8, 16, generator=g) for _ in range(2))
     q = torch.randn(3, 4, 16, generator=g)
-    out = slot_attention_reference(q, k, v, torch.tensor([1, 1, 0]), torch.tensor([3, 8, 1]))
+    out = slot_attention_reference(q, k, v, torch.tensor([1, 1, 0]), torch.tensor([2, 7, 0]))
     expected = torch.nn.functional.scaled_dot_product_attention(q[1].view(2, 2, 16), k[1], v[1], enable_gqa=False).view(
         4, 16
     )
@@ -167,13 +167,16 @@ def test_sampling_kernels_draw_the_references_ids(dtype, penalty):
         ras = [torch.tensor([1.0, 0.9, 1.1, 1.0, 0.7, 1.0]), torch.tensor([0.9, 0.9, 0.95, 1.0, 0.6, 0.9])]
         ras.append(torch.tensor([8, 0, 4, 3, 8, 2]))
         allow = torch.tensor([True, False, True, False, True, True])
-        main_args = (logits, *order[:3], *ras, *order[3:], allow, *keys, 5, penalty, True)
-        main = sample_main_triton(*main_args)
-        assert torch.equal(main, sample_main_reference(*main_args))
+        ids = torch.arange(v) * 3 + 100  # candidate token ids; codebook 0 = id - 130, clamped to 0..63
+        main_args = (logits, *order[:3], *ras, *order[3:], allow, *keys, 5, penalty, True, ids, 130, 64)
+        main, token, code = sample_main_triton(*main_args)
+        for got, want in zip((main, token, code), sample_main_reference(*main_args)):
+            assert torch.equal(got, want)
+        assert torch.equal(token, ids[main]) and torch.equal(code, (token - 130).clamp(0, 63))
         assert not ((main == 5) & ~allow).any()  # no end-of-speech where EOS stopping is off
         # a row's draw is its own: the first three rows alone draw what they drew among six
-        part = [t[:3] if isinstance(t, torch.Tensor) else t for t in main_args]
-        assert torch.equal(sample_main_triton(*part), main[:3])
+        part = [t[:3] if isinstance(t, torch.Tensor) and t is not ids else t for t in main_args]
+        assert torch.equal(sample_main_triton(*part)[0], main[:3])
 
 
 def test_sampling_reference_is_the_engines_draw():

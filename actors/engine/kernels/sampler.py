@@ -110,7 +110,7 @@ def _sample_code_kernel(
 def _sample_main_kernel(
     logits_ptr, out_ptr, temp_ptr, top_p_ptr, top_k_ptr, ras_temp_ptr, ras_top_p_ptr, ras_window_ptr,
     penalty_ptr, window_ptr, hist_ptr, hist_stride, allow_eos_ptr, im_end, key1_ptr, key2_ptr, frame_ptr, V,
-    stride_row,
+    stride_row, ids_ptr, token_ptr, code_ptr, semantic_begin, codebook_size,
     H: tl.constexpr, PENALTY: tl.constexpr, RAS: tl.constexpr, DRAWS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
@@ -143,6 +143,9 @@ def _sample_main_kernel(
                        u_ras, V, BLOCK)  # fmt: skip
         choice = tl.where(repeated, tl.where(greedy, first, redraw), choice)
     tl.store(out_ptr + row, choice)
+    token = tl.load(ids_ptr + choice)  # the candidate's token id, and codebook 0 (first_code)
+    tl.store(token_ptr + row, token)
+    tl.store(code_ptr + row, tl.minimum(tl.maximum(token - semantic_begin, 0), codebook_size - 1))
 
 
 def _rows(logits: Tensor) -> tuple[Tensor, int]:
@@ -168,9 +171,21 @@ def sample_code_reference(
 def sample_main_reference(
     logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, ras_temperature: Tensor, ras_top_p: Tensor,
     ras_window: Tensor, penalty: Tensor, window: Tensor, history: Tensor, allow_eos: Tensor, key1: Tensor,
-    key2: Tensor, frame: Tensor, im_end: int, any_penalty: bool, any_ras: bool,
+    key2: Tensor, frame: Tensor, im_end: int, any_penalty: bool, any_ras: bool, ids: Tensor, semantic_begin: int,
+    codebook_size: int,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The eager form of the main token's draw (decoding.pick_main, ranking every candidate):
+    (candidate index, token id, codebook 0) per row."""
+    index = _main_index(logits, temperature, top_p, top_k, ras_temperature, ras_top_p, ras_window, penalty, window,
+                        history, allow_eos, key1, key2, frame, im_end, any_penalty, any_ras)  # fmt: skip
+    token = ids[index]
+    return index, token, torch.clamp(token - semantic_begin, 0, codebook_size - 1)
+
+
+def _main_index(
+    logits, temperature, top_p, top_k, ras_temperature, ras_top_p, ras_window, penalty, window, history, allow_eos,
+    key1, key2, frame, im_end, any_penalty, any_ras,
 ) -> Tensor:  # fmt: skip
-    """The eager form of the main token's draw (decoding.pick_main, ranking every candidate)."""
     logits = logits.float()
     is_eos = torch.arange(logits.shape[-1], device=logits.device) == im_end
     logits = torch.where(is_eos.unsqueeze(0) & ~allow_eos.unsqueeze(1), float("-inf"), logits)
@@ -209,20 +224,21 @@ def sample_code_triton(
 
 def sample_main_triton(
     logits, temperature, top_p, top_k, ras_temperature, ras_top_p, ras_window, penalty, window, history, allow_eos,
-    key1, key2, frame, im_end, any_penalty, any_ras,
-) -> Tensor:  # fmt: skip
-    """The main token's kernel: logits [B, candidates] -> candidate indices [B] (int64)."""
+    key1, key2, frame, im_end, any_penalty, any_ras, ids, semantic_begin, codebook_size,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The main token's kernel: logits [B, candidates] -> (candidate indices, token ids, codebook 0)."""
     b, v = logits.shape
     logits, stride = _rows(logits)
-    out = torch.empty(b, dtype=torch.int64, device=logits.device)
+    out, token, code = (torch.empty(b, dtype=torch.int64, device=logits.device) for _ in range(3))
     if b:
         _sample_main_kernel[(b,)](
             logits, out, temperature, top_p, top_k, ras_temperature, ras_top_p, ras_window, penalty, window,
-            history, history.stride(0), allow_eos, im_end, key1, key2, frame, v, stride,
+            history, history.stride(0), allow_eos, im_end, key1, key2, frame, v, stride, ids, token, code,
+            semantic_begin, codebook_size,
             H=history.shape[-1], PENALTY=bool(any_penalty), RAS=bool(any_ras), DRAWS=DRAWS_PER_FRAME,
             BLOCK=triton.next_power_of_2(v),
         )  # fmt: skip
-    return out
+    return out, token, code
 
 
 @torch.library.custom_op("chorus::sample_code", mutates_args=())
@@ -244,14 +260,16 @@ def _(logits, *_):
 def sample_main_op(
     logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, ras_temperature: Tensor, ras_top_p: Tensor,
     ras_window: Tensor, penalty: Tensor, window: Tensor, history: Tensor, allow_eos: Tensor, key1: Tensor,
-    key2: Tensor, frame: Tensor, im_end: int, any_penalty: bool, any_ras: bool,
-) -> Tensor:  # fmt: skip
-    """The main token's draw for every row (with its repetition-aware redraw): one launch."""
+    key2: Tensor, frame: Tensor, im_end: int, any_penalty: bool, any_ras: bool, ids: Tensor, semantic_begin: int,
+    codebook_size: int,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The main token's draw for every row (with its repetition-aware redraw), its token id and
+    codebook 0: one launch."""
     args = (logits, temperature, top_p, top_k, ras_temperature, ras_top_p, ras_window, penalty, window, history,
-            allow_eos, key1, key2, frame, im_end, any_penalty, any_ras)  # fmt: skip
+            allow_eos, key1, key2, frame, im_end, any_penalty, any_ras, ids, semantic_begin, codebook_size)  # fmt: skip
     return sample_main_triton(*args) if runs_on(logits.device.type) else sample_main_reference(*args)
 
 
 @sample_main_op.register_fake
 def _(logits, *_):
-    return logits.new_empty(logits.shape[0], dtype=torch.int64)
+    return tuple(logits.new_empty(logits.shape[0], dtype=torch.int64) for _ in range(3))

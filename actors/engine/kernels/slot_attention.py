@@ -6,7 +6,7 @@ per batch size and key count, and reads only the keys each row has.
 
 Split-K (flash-decoding): the slot's capacity is cut into `splits` fixed ranges of keys; a
 program per (token, kv head, range) attends its query heads (the kv head's group, grouped-query
-attention) to the keys of its range that the token has, online softmax in float32, and writes
+attention) to the keys of its range that the token sees (0..its position), online softmax in float32, and writes
 its normalised part and log-sum-exp; a second kernel merges the ranges in order. The ranges
 depend on the slot capacity alone, so a token's numbers never depend on its batch-mates or their
 lengths. With one range the first kernel writes the result itself (one launch).
@@ -34,19 +34,20 @@ def splits_for(capacity: int) -> int:
     return min(MAX_SPLITS, 1 << max(0, wanted - 1).bit_length())
 
 
-def slot_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor) -> Tensor:
-    """q [N, H, D]; caches [slots, Hkv, S, D]; slots, lengths [N] int64 -> [N, H, D]: token i's
-    query heads over keys 0..lengths[i]-1 of slot slots[i] (query head h reads kv head h // (H / Hkv))."""
+def slot_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, positions: Tensor) -> Tensor:
+    """q [N, H, D]; caches [slots, Hkv, S, D]; slots, positions [N] int64 -> [N, H, D]: token i's
+    query heads over keys 0..positions[i] of slot slots[i] (causal: a token sees its own key and
+    those before; query head h reads kv head h // (H / Hkv))."""
     n = q.shape[0]
     if n > TOKENS_PER_CALL:  # a long packed prefill: bounded memory (each token's keys are gathered)
         parts = [slice(i, i + TOKENS_PER_CALL) for i in range(0, n, TOKENS_PER_CALL)]
-        return torch.cat([slot_attention_reference(q[p], k_cache, v_cache, slots[p], lengths[p]) for p in parts])
+        return torch.cat([slot_attention_reference(q[p], k_cache, v_cache, slots[p], positions[p]) for p in parts])
     h, d = q.shape[1:]
     hkv, s = k_cache.shape[1], k_cache.shape[2]
     keys, values = k_cache[slots], v_cache[slots]  # [N, Hkv, S, D]
     qg = q.view(n, hkv, h // hkv, d).float()
     scores = torch.matmul(qg, keys.float().transpose(-1, -2)) / math.sqrt(d)  # [N, Hkv, G, S]
-    visible = torch.arange(s, device=q.device).unsqueeze(0) < lengths.unsqueeze(1)  # [N, S]
+    visible = torch.arange(s, device=q.device).unsqueeze(0) <= positions.unsqueeze(1)  # [N, S]
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1), values.float())
     return out.reshape(n, h, d).to(q.dtype)
@@ -54,8 +55,8 @@ def slot_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots:
 
 @triton.jit
 def _split_kernel(
-    q_ptr, k_ptr, v_ptr, slot_ptr, len_ptr, part_ptr, lse_ptr, out_ptr, scale, span,
-    stride_slot, stride_head, stride_pos, slot_step, len_step,
+    q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, part_ptr, lse_ptr, out_ptr, scale, span,
+    stride_slot, stride_head, stride_pos, slot_step, pos_step,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -71,7 +72,7 @@ def _split_kernel(
     # multiply bf16 tiles), accumulated in float32
     q = tl.load(q_rows, mask=in_group[:, None] & in_d[None, :], other=0.0).to(tl.float32)
     slot = tl.load(slot_ptr + token * slot_step)
-    length = tl.load(len_ptr + token * len_step)
+    length = tl.load(pos_ptr + token * pos_step) + 1  # causal: keys 0..position
     lo = split * span
     hi = tl.minimum(lo + span, length)
     base = slot * stride_slot + kv * stride_head
@@ -124,7 +125,7 @@ def _merge_kernel(part_ptr, lse_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.conste
     tl.store(out_ptr + row * D + d, cast(out, out_ptr.dtype.element_ty), mask=in_d)
 
 
-def slot_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor) -> Tensor:
+def slot_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, positions: Tensor) -> Tensor:
     n, h, d = q.shape
     hkv, capacity = k_cache.shape[1], k_cache.shape[2]
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
@@ -142,8 +143,8 @@ def slot_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Te
     else:
         part = lse = out  # unused
     _split_kernel[(n, hkv, splits)](
-        q, k_cache, v_cache, slots, lengths, part, lse, out, 1.0 / math.sqrt(d), span,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), slots.stride(0), lengths.stride(0),
+        q, k_cache, v_cache, slots, positions, part, lse, out, 1.0 / math.sqrt(d), span,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), slots.stride(0), positions.stride(0),
         N_HEAD=h, N_KV=hkv, D=d, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_KEYS,
         SPLITS=splits, BLOCK_D=triton.next_power_of_2(d),
     )  # fmt: skip
@@ -153,13 +154,13 @@ def slot_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Te
 
 
 @torch.library.custom_op("chorus::slot_attention", mutates_args=())
-def slot_attention_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor) -> Tensor:
+def slot_attention_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, positions: Tensor) -> Tensor:
     """The fused path's attention: one launch (two with more than one key range)."""
     if runs_on(q.device.type) and q.dtype != torch.float64:
-        return slot_attention_triton(q, k_cache, v_cache, slots, lengths)
-    return slot_attention_reference(q, k_cache, v_cache, slots, lengths)
+        return slot_attention_triton(q, k_cache, v_cache, slots, positions)
+    return slot_attention_reference(q, k_cache, v_cache, slots, positions)
 
 
 @slot_attention_op.register_fake
-def _(q, k_cache, v_cache, slots, lengths):
+def _(q, k_cache, v_cache, slots, positions):
     return torch.empty_like(q)

@@ -25,13 +25,12 @@ from .swiglu import silu_mul_op, silu_mul_reference
 
 @dataclass
 class TokenView:
-    """Where N = B x T tokens read and write K/V: per token its slot, position and key count
-    (position + 1: causal), all int64 [N]; the stack's RoPE table [P, 2, D] (`rope_rotation`);
+    """Where N = B x T tokens read and write K/V: per token its slot and position (it sees keys
+    0..position: causal), int64 [N]; the stack's RoPE table [P, 2, D] (`rope_rotation`);
     which ops run the regions ("fused": the custom ops; "compiled": their references compiled)."""
 
     slots: Tensor
     positions: Tensor
-    lengths: Tensor
     table: Tensor
     path: str = "fused"
 
@@ -78,7 +77,7 @@ def fused_attention(attn: nn.Module, x: Tensor, cache, view: TokenView) -> Tenso
     q = ops.qk_rope_write(
         qkv, view.slots, view.positions, view.table, q_weight, k_weight, eps, cache.k, cache.v, attn.n_head, attn.n_kv
     )
-    y = ops.slot_attention(q, cache.k, cache.v, view.slots, view.lengths)
+    y = ops.slot_attention(q, cache.k, cache.v, view.slots, view.positions)
     return attn.wo(y.view(b, t, attn.n_head * attn.head_dim))
 
 
