@@ -143,7 +143,8 @@ class ModelRunner:
         self.model.row_slots(slice(0, max(config.max_rows, c.num_codebooks + 1)), 0, self.device)
         if self.fused:
             for layer in [*self.model.layers, *self.model.fast_layers]:
-                gate_up_weight(layer.feed_forward)
+                if "_gate_up_fp8" not in layer.feed_forward.__dict__:  # FP8 layers keep their own
+                    gate_up_weight(layer.feed_forward)
         self._frame = compiled_frame(self._decode_frame, self.device) if self.compiled else self._decode_frame
         # the step's inputs and outputs: buffers that live as long as the engine, so a captured
         # step reads and writes the same addresses every time (graphs.py)

@@ -54,7 +54,8 @@ def _rows(lm, widths):
     return out
 
 
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_rows_do_not_depend_on_their_batch(ckpt, dtype):
     """Rows of four widths prefilled in one packed call and decoded together get the codes each
     gets alone (sampled: every draw goes through the sampling kernels' references)."""
@@ -69,7 +70,9 @@ def test_fused_rows_do_not_depend_on_their_batch(ckpt, dtype):
     assert len({r.codes.tobytes() for r in got}) == len(got)
 
 
-@pytest.mark.parametrize("shape", sorted(STEP_KERNEL_BUDGET))
+@pytest.mark.parametrize(
+    "shape", [s if s == "s1-mini" else pytest.param(s, marks=pytest.mark.slow) for s in STEP_KERNEL_BUDGET]
+)
 def test_decode_step_kernel_count_within_budget(shape):
     """The fused decode step of the real layer and codebook counts (tiny widths: the count does not
     depend on them) launches at most the documented number of kernels (docs/engine.md)."""
@@ -83,6 +86,7 @@ def test_decode_step_kernel_count_within_budget(shape):
     assert counted["by_op"]["chorus::slot_attention"] > 0
 
 
+@pytest.mark.slow
 def test_the_eager_engine_runs_none_of_the_fused_ops():
     """engine.kernels=eager (the default) keeps the model's own modules: no chorus:: fused op in
     its step, and the step launches well over twice the fused one's kernels."""

@@ -56,7 +56,9 @@ def test_slots_fit_the_share_of_memory_left_after_what_the_device_already_holds(
 
 
 @pytest.mark.parametrize(
-    "static,kernels", [(True, "eager"), (False, "eager"), (True, "fused")], ids=["static", "dynamic", "fused"]
+    "static,kernels",
+    [(True, "eager"), (False, "eager"), pytest.param(True, "fused", marks=pytest.mark.slow)],
+    ids=["static", "dynamic", "fused"],
 )
 @pytest.mark.parametrize("sampling", [SAMPLED, GREEDY], ids=["sampled", "greedy"])
 def test_the_decode_step_reads_and_writes_only_long_lived_tensors_and_never_the_host(lm32, static, kernels, sampling):
