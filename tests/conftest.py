@@ -27,7 +27,7 @@ import pytest
 from helpers import DEMO_TABLE
 
 # Triton (where installed) runs the engine's fused kernels on CPU tensors in its interpreter, which
-# it reads when first imported (tests/engine/test_kernels.py); not on a GPU run of the tests
+# it reads when first imported (tests/engine/test_fused_kernels.py); not on a GPU run of the tests
 if os.environ.get("CHORUS_TEST_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
