@@ -16,13 +16,19 @@ Steps, in order (on CUDA; --quick runs each at tiny sizes on the CPU, and skips 
   ceilings      the device's copy bandwidth and bf16 matrix rate, measured
   parity        the upstream vectors: logits and greedy codes, float32 and bfloat16, eager and graphed
   frame_check   the decode step's capture audit; graphed steps against the plain one, f32 and bf16
-  decode_s1     S1-mini shape (random real-size weights): frames/s at 1/32/128/256 rows, eager and graphed
+  decode_s1     S1-mini shape (random real-size weights): frames/s at 1/32/128/256 rows, graphed, with
+                the eager ops and with the fused kernels (engine.kernels=fused)
   decode_s2     the same for the S2-Pro shape
+  kernels       kernels per decode step (eager, fused; both shapes), prefill ms per admission
+  fp8           the FP8 options at 256 rows (K/V; S2-Pro's W8A8 products) and their greedy A/B
+  start         cold and warm start (load, warm-up with compiles and captures, first step): the
+                fused kernels and the inductor-compiled regions, each in fresh processes
   codec         the real-size codec's decode at 1 and 16 rows, audio seconds per second
   keys          the decode step against the key count (512 ... 3072), 32 rows, both shapes
   invariance    bf16 rows alone vs in a batch: cuBLAS linears at 1..256 rows, and whole engine rows
   tests         the engine tests with the model on the device (CHORUS_TEST_DEVICE)
-  compile       the frame compiled (inductor) inside the graphs: compile seconds, frames/s, counters
+  compile       the frame compiled (inductor) inside the graphs (only with --only compile: a cold
+                compile of the S1-mini frame ran past 176 s)
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import gpu_check_fused  # the fused decode step's steps (kernels, fp8, start), beside this script
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_FILES = [
@@ -53,13 +61,17 @@ CAPS = {
     "frame_check": (90, 120),
     "decode_s1": (120, 90),
     "decode_s2": (150, 90),
+    "kernels": (60, 120),
+    "fp8": (90, 120),
+    "start": (120, 120),
     "codec": (90, 90),
     "keys": (120, 90),
     "invariance": (90, 90),
     "tests": (180, 400),
-    "compile": (200, 0),
+    "compile": (0, 0),  # opt-in (--only compile), then COMPILE_CAP
 }
 DECODE_ROWS = [1, 32, 128, 256]
+COMPILE_CAP = 200
 KEY_COUNTS = [512, 1024, 2048, 3072]
 
 
@@ -125,7 +137,7 @@ def _decode(sink: Sink, device: str, quick: bool, size: str) -> None:
         },
     )
     for rows in [1, 4] if quick else DECODE_ROWS:
-        for variant in ("eager", "graphs") if device == "cuda" else ("eager",):
+        for variant in ("graphs", "fused") if device == "cuda" else ("eager", "fused"):
             sink.put(f"{variant}/{rows}", decode_figures(lm, rows, variant, frames=6 if quick else 48))
 
 
@@ -195,6 +207,9 @@ STEPS = {
     "frame_check": step_frame_check,
     "decode_s1": step_decode_s1,
     "decode_s2": step_decode_s2,
+    "kernels": gpu_check_fused.step_kernels,
+    "fp8": gpu_check_fused.step_fp8,
+    "start": gpu_check_fused.step_start,
     "codec": step_codec,
     "keys": step_keys,
     "invariance": step_invariance,
@@ -267,6 +282,8 @@ def plan(device: str, quick: bool, only: list[str]) -> list[tuple[str, float]]:
     steps = []
     for name, (cuda_cap, quick_cap) in CAPS.items():
         cap = quick_cap if quick else cuda_cap
+        if name == "compile" and name in only and not quick:
+            cap = COMPILE_CAP
         if (only and name not in only) or cap == 0:
             continue
         steps.append((name, cap))
@@ -284,7 +301,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a check that every step still runs")
     parser.add_argument("--out", default=str(REPO / "artifacts" / "gpu_check"), help="folder for the JSON and log")
-    parser.add_argument("--deadline-s", type=float, default=500.0, help="the whole run's time limit")
+    parser.add_argument("--deadline-s", type=float, default=470.0, help="the whole run's time limit")
     parser.add_argument("--only", default="", help="comma list of steps to run (default: all)")
     parser.add_argument("--run-step", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)

@@ -26,6 +26,11 @@ import pytest
 
 from helpers import DEMO_TABLE
 
+# Triton (where installed) runs the engine's fused kernels on CPU tensors in its interpreter, which
+# it reads when first imported (tests/engine/test_fused_kernels.py); not on a GPU run of the tests
+if os.environ.get("CHORUS_TEST_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 RAY_CPUS = 2
 MAX_REFERENCE_BYTES = 1_000_000  # the tests' clip size cap (small_settings), so an oversized clip is cheap

@@ -11,7 +11,7 @@ import numpy as np
 
 from actors.cli import dispatch, error
 
-from .settings import compile_mode
+from .settings import compile_mode, kernel_mode
 
 
 def _dtype_arg(p: argparse.ArgumentParser, default: str = "auto") -> None:
@@ -295,6 +295,13 @@ def _add_bench_command(sub) -> None:
         type=lambda text: [int(x) for x in text.split(",")],
         help="batch sizes a compiled frame is built at, e.g. 8,16,32 (default: powers of two; on CPU "
         "--max-rows and its quarters)",
+    )
+    p.add_argument(
+        "--kernels",
+        default="eager",
+        type=kernel_mode,
+        help="engine.kernels of the timed modes: eager (default) | fused | compiled | auto; the kernel count "
+        "per step is reported for eager and fused whatever this says",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the table as JSON here")

@@ -105,6 +105,7 @@ def _run_engine(loaded, requests, max_rows, args, use_prefix=True, label="") -> 
         compile=args.compile,
         cuda_graphs=args.compile != "off" and loaded.device.type == "cuda",
         decode_buckets=args.decode_buckets,
+        kernels=args.kernels,
     )
     engine = Engine(loaded, config)
     warm_up_s = engine.warm_up(requests[0].sampling)  # a compiled frame: every bucket's graph now, not timed
@@ -193,6 +194,25 @@ def _dtype_ratios(rows: list[dict], dtypes: list[str], row_counts: list[int], fi
     return {d: {f"max_rows={m}": faster(d, m) for m in row_counts} for d in dtypes[1:]}
 
 
+def _kernel_counts(loaded, requests: list, args) -> dict:
+    """Kernels per decode step of the bench's batch (kernels/counting.py), on the eager path
+    and on the fused one: the launches a step makes where it is not one graph."""
+    from .kernels.counting import count_step_kernels
+
+    counts = {}
+    longest = max(r.prompt.shape[1] for r in requests) + 3
+    for path in ("eager", "fused"):
+        engine = Engine(
+            loaded, EngineConfig(max_rows=args.max_rows, max_tokens=max(args.max_tokens, longest), kernels=path)
+        )
+        for request in requests[: args.max_rows]:
+            engine.add(replace(request, max_frames=3, prefix_key=None, prefix_len=0))
+        engine.step()  # prefill and the first frame
+        counts[path] = count_step_kernels(engine)["kernels"]
+        del engine
+    return counts
+
+
 def run_bench(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -237,6 +257,8 @@ def run_bench(args) -> int:
         "batched_codes_equal_single": same[dtypes[0]],
         "codes_equal_across_modes": same,
         "max_tokens": args.max_tokens or None,
+        "kernels": args.kernels,
+        "kernels_per_step": _kernel_counts(loaded, requests, args),
         "dtype_speedups": dtype_speedups,
         "dtype_decode_step_speedups": decode_speedups,
         "modes": rows,
@@ -276,6 +298,8 @@ def _print_report(report: dict, args) -> None:
             f"batched / one-row-at-a-time frames/s: {report['speedup_batched_vs_single']:.2f}x; "
             "codes identical across modes: " + ", ".join(f"{d} {v}" for d, v in same.items())
         )
+    counts = report["kernels_per_step"]
+    print("kernels per decode step (dispatcher count): " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     for d, ratios in report["dtype_speedups"].items():
         steps = report["dtype_decode_step_speedups"][d]
         print(

@@ -31,20 +31,23 @@ class SlotKVCache:
         device: torch.device,
         dtype: torch.dtype,
         model_id: int,
+        kv_dtype: Optional[torch.dtype] = None,
     ):
         if max_rows < 1 or max_tokens < 2:
             raise ValueError(f"the KV cache needs max_rows >= 1 and max_tokens >= 2, got {max_rows}, {max_tokens}")
         self.config, self.max_rows, self.max_tokens = config, max_rows, max_tokens
         self.device, self.dtype, self.model_id = device, dtype, model_id
+        # the slow stack's K/V: the model's dtype, or FP8 (engine.kv_dtype; kernels/fp8.py)
+        self.kv_dtype = kv_dtype or dtype
         c = config
 
-        def alloc(slots, heads, length, head_dim):
+        def alloc(slots, heads, length, head_dim, dtype=dtype):
             return LayerKV(
                 k=torch.zeros(slots, heads, length, head_dim, device=device, dtype=dtype),
                 v=torch.zeros(slots, heads, length, head_dim, device=device, dtype=dtype),
             )
 
-        self.slow = [alloc(max_rows, c.n_local_heads, max_tokens, c.head_dim) for _ in range(c.n_layer)]
+        self.slow = [alloc(max_rows, c.n_local_heads, max_tokens, c.head_dim, self.kv_dtype) for _ in range(c.n_layer)]
         # The fast stack's cache lives for one frame (num_codebooks positions) and is indexed
         # by batch position, not slot: every decode step rebuilds it from position 0.
         self.fast = [
@@ -120,7 +123,8 @@ class SlotKVCache:
         """Allocated bytes: slow 2 x n_layer x slots x max_tokens x kv_heads x head_dim x bytes,
         fast 2 x n_fast_layer x slots x num_codebooks x fast_kv_heads x fast_head_dim x bytes."""
         c, e = self.config, self.element_size
-        slow = 2 * c.n_layer * self.max_rows * self.max_tokens * c.n_local_heads * c.head_dim * e
+        slow_e = torch.empty((), dtype=self.kv_dtype).element_size()
+        slow = 2 * c.n_layer * self.max_rows * self.max_tokens * c.n_local_heads * c.head_dim * slow_e
         fast = 2 * c.n_fast_layer * self.max_rows * c.num_codebooks * c.fast_n_local_heads * c.fast_head_dim * e
         return {"slow": slow, "fast": fast, "total": slow + fast}
 

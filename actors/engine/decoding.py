@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .architecture import ModelArchitecture
+from .kernels.sampler import sample_code_op, sample_main_op
 from .sampling import DRAW_MAIN, DRAW_RAS, RowSampling, apply_repetition_penalty, counter_uniforms, sample, seed_keys
 from .types import STOP_BUDGET, STOP_EOS, SamplingParams
 
@@ -55,7 +56,7 @@ class BatchSampling:
     key1: Tensor  # [B] int64
     key2: Tensor  # [B] int64
     frame: Tensor  # [B] int64: frames this row has sampled so far
-    uniforms: Tensor  # [B, 1 + C] float32: this frame's draws (main, RAS, codebooks 1..C-1)
+    uniforms: Optional[Tensor]  # [B, 1 + C] float32: this frame's draws (main, RAS, codebooks 1..C-1)
     main_history: Tensor  # [B, H] int64 candidate indices, oldest first, -1 = empty
     code_history: Tensor  # [B, C, H] int64 codes, oldest first, -1 = empty
     # host-side facts about these rows (static per batch composition, so a captured frame
@@ -64,6 +65,8 @@ class BatchSampling:
     width_code: int  # likewise for codebooks
     any_ras: bool
     any_penalty: bool
+    # the draws run as the fused kernels (kernels/sampler.py), which hash their own uniforms
+    fused: bool = False
 
     def recent(self, history: Tensor, window: Tensor) -> Tensor:
         """history [B, H] (or [B, H] of one codebook) limited to each row's last `window`
@@ -177,13 +180,16 @@ class SlotSampling:
         slots and do not count)."""
         return BatchFacts.of([self.params[s] for s in live_slots if self.params[s] is not None], self)
 
-    def batch(self, rows, live_slots: Optional[list[int]] = None, facts: Optional[BatchFacts] = None) -> BatchSampling:
+    def batch(
+        self, rows, live_slots: Optional[list[int]] = None, facts: Optional[BatchFacts] = None, fused: bool = False
+    ) -> BatchSampling:
         """The state of the batch addressed by `rows` (a slice or an int64 tensor of slots), with
-        the static facts of `live_slots` (or `facts` as given). Tensor ops only: no host reads."""
+        the static facts of `live_slots` (or `facts` as given). Tensor ops only: no host reads.
+        `fused`: drawn by the sampling kernels, which compute their own uniforms."""
         facts = facts if facts is not None else self.facts(live_slots or [])
         t = self.temperature[rows]
         k = self.top_k[rows]
-        greedy = (t == 0) | (k == 1)
+        greedy = None if fused else (t == 0) | (k == 1)  # the kernels decide it per row themselves
         return BatchSampling(
             main=RowSampling(t, self.top_p[rows], k, greedy),
             ras=RowSampling(self.ras_temperature[rows], self.ras_top_p[rows], k, greedy),
@@ -194,13 +200,16 @@ class SlotSampling:
             key1=self.key1[rows],
             key2=self.key2[rows],
             frame=self.frame[rows],
-            uniforms=counter_uniforms(self.key1[rows], self.key2[rows], self.frame[rows], self.draw_indices),
+            uniforms=None
+            if fused
+            else counter_uniforms(self.key1[rows], self.key2[rows], self.frame[rows], self.draw_indices),
             main_history=self.main_history[rows],
             code_history=self.code_history[rows],
             width_main=facts.width_main,
             width_code=facts.width_code,
             any_ras=facts.any_ras,
             any_penalty=facts.any_penalty,
+            fused=fused,
         )
 
     def tensors(self) -> list[Tensor]:
@@ -235,8 +244,31 @@ def pick_main(logits: Tensor, state: BatchSampling, cand: Candidates) -> Tensor:
     return torch.where(repeated, redraw, choice)
 
 
+def pick_main_token(
+    logits: Tensor, state: BatchSampling, cand: Candidates, config: ModelArchitecture
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The frame's main draw: (candidate indices, token ids, codebook 0) [B] each; one launch on
+    the fused path (kernels/sampler.py), else pick_main, the id and first_code."""
+    if state.fused:
+        return sample_main_op(
+            logits, state.main.temperature, state.main.top_p, state.main.top_k, state.ras.temperature,
+            state.ras.top_p, state.ras_window, state.penalty, state.penalty_window, state.main_history,
+            state.allow_eos, state.key1, state.key2, state.frame, cand.im_end_index, state.any_penalty, state.any_ras,
+            cand.ids, config.semantic_begin_id, config.codebook_size,
+        )  # fmt: skip
+    index = pick_main(logits, state, cand)
+    token = cand.ids[index]
+    return index, token, first_code(token, config)
+
+
 def pick_code(logits: Tensor, codebook: int, state: BatchSampling, limit: Optional[int]) -> Tensor:
     """logits [B, codebook_size] for codebook k >= 1 -> codes [B]."""
+    if state.fused:
+        return sample_code_op(
+            logits, state.main.temperature, state.main.top_p, state.main.top_k, state.penalty, state.penalty_window,
+            state.code_history[:, codebook], state.key1, state.key2, state.frame, DRAW_RAS + codebook,
+            logits.shape[-1] if limit is None else limit, state.any_penalty,
+        )  # fmt: skip
     logits = logits.float()
     if limit is not None and limit < logits.shape[-1]:
         allowed = torch.arange(logits.shape[-1], device=logits.device) < limit

@@ -25,9 +25,11 @@ import numpy as np
 import torch
 
 from .allocator import tune_malloc
+from .buckets import bucket_sizes
 from .cache import SlotKVCache
+from .compile_cache import save_artifacts
 from .loader import LoadedModel
-from .runner import ModelRunner, bucket_sizes
+from .runner import ModelRunner
 from .scheduler import LogitObserver, Scheduler
 from .settings import EngineConfig
 from .slots import sized_to_memory
@@ -46,9 +48,11 @@ class Engine:
         self.device, self.dtype = loaded.device, loaded.dtype
         config = sized_to_memory(config, self.mc, self.device, self.dtype)
         self.loaded, self.config = loaded, config
+        kv_dtype = torch.float8_e4m3fn if config.kv_dtype == "fp8" else None
         self.cache = SlotKVCache(
-            self.mc, config.max_rows, config.max_tokens, self.device, self.dtype, model_id=id(self.model)
-        )
+            self.mc, config.max_rows, config.max_tokens, self.device, self.dtype, model_id=id(self.model),
+            kv_dtype=kv_dtype,
+        )  # fmt: skip
         self.runner = ModelRunner(loaded, config, self.cache)
         self.scheduler = Scheduler(config, self.mc, self.cache, self.runner)
 
@@ -97,13 +101,15 @@ class Engine:
         engine.warm_up_budget_s. A frame compiled on CPU: throw-away requests of two frames, as
         many at once as each batch-size bucket holds, so every bucket's graph is built (minutes
         on CPU; with the compile cache warm, much less). Seconds spent (0.0 when nothing is built)."""
-        if not self.runner.compiled and self.runner.graphs is None:
+        runner = self.runner
+        if not runner.compiled and runner.graphs is None and runner.kernel_path != "compiled":
             return 0.0
         began = time.perf_counter()
         sampling = sampling or upstream_sampling(self.mc.family)
-        if self.runner.graphs is not None:
+        if runner.graphs is not None:
             with torch.inference_mode():
-                self.runner.capture_steps(sampling, self.config.warm_up_budget_s)
+                runner.capture_steps(sampling, self.config.warm_up_budget_s)
+            save_artifacts(runner.compile_cache, self.device)
             return time.perf_counter() - began
         prompt = np.zeros((1 + self.mc.num_codebooks, 2), dtype=np.int64)
         for size in bucket_sizes(self.config.max_rows, self.runner.buckets):
@@ -111,6 +117,7 @@ class Engine:
                 Request(f"chorus-warm-up-{i}", prompt, 2, sampling.with_seed(i), stop_on_eos=False) for i in range(size)
             ]
             self.generate(rows)
+        save_artifacts(runner.compile_cache, self.device)  # the next start on any node loads it
         return time.perf_counter() - began
 
     def graph_stats(self) -> Optional[dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
@@ -16,10 +17,13 @@ import torch
 
 from .engine import Engine
 from .settings import EngineConfig
-from .types import Request, upstream_sampling
+from .types import Request, SamplingParams, upstream_sampling
 
 FRAME_RATE = 44100 / 2048  # codec frames per second of audio
-VARIANTS = ("eager", "graphs", "compiled")
+# eager: the plain frame op by op; graphs: each step one CUDA graph; compiled: the frame through
+# inductor inside the graphs; fused: the kernels package's ops inside the graphs (engine.kernels
+# =fused); regions: those regions compiled by inductor inside the graphs (engine.kernels=compiled)
+VARIANTS = ("eager", "graphs", "compiled", "fused", "regions")
 
 
 def sync(device: torch.device) -> None:
@@ -75,16 +79,16 @@ def _requests(loaded, rows: int, prompt_len: int, frames: int, seed: int = 0) ->
 
 
 def variant_config(variant: str, rows: int, max_tokens: int, **extra) -> EngineConfig:
-    """eager: the plain frame, launched op by op; graphs: each step one CUDA graph; compiled:
-    the frame through inductor, inside the graphs."""
+    """The engine settings of a variant (VARIANTS)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    kernels = {"fused": "fused", "regions": "compiled"}.get(variant, "eager")
     return EngineConfig(
         max_rows=rows,
         max_tokens=max_tokens,
         cuda_graphs=variant != "eager",
         compile="on" if variant == "compiled" else "off",
-        **extra,
+        **({"kernels": kernels} | extra),
     )
 
 
@@ -105,12 +109,12 @@ def launches_per_step(engine: Engine, steps: int) -> dict:
     return {"steps": steps, "kernel_launches_per_step": kernels / steps, "graph_launches_per_step": graphs / steps}
 
 
-def decode_figures(loaded, rows: int, variant: str, frames: int = 48, prompt_len: int = 64) -> dict:
+def decode_figures(loaded, rows: int, variant: str, frames: int = 48, prompt_len: int = 64, **extra) -> dict:
     """`rows` rows decoded together, every one for `frames` frames: the median decode step (the
     steps after the first, which prefills), frames/s and audio seconds/s it gives, the start-up
     (captures, compiles), peak device memory, and launches per step from the profiler."""
     device = loaded.device
-    engine = Engine(loaded, variant_config(variant, rows, prompt_len + frames + 8))
+    engine = Engine(loaded, variant_config(variant, rows, prompt_len + frames + 8, **extra))
     sampling = upstream_sampling(loaded.config.family)
     began = time.perf_counter()
     warm_up_s = engine.warm_up(sampling)
@@ -210,3 +214,46 @@ def engine_invariance(loaded, rows: int, frames: int, variant: str = "graphs") -
         frame = int(np.argmin((a.codes[:, :n] == b.codes[:, :n]).all(axis=0)))
         first = frame if first is None else min(first, frame)
     return {"variant": variant, "rows": rows, "frames": frames, "rows_identical": same, "first_differing_frame": first}
+
+
+def prefill_figures(loaded, rows: int, variant: str, widths: tuple[int, int] = (96, 480), **extra) -> dict:
+    """Admission of `rows` rows whose prompts spread over `widths` columns: the step that
+    prefills them all and decodes their first frame, less the next (a decode step alone), per
+    row (ms per admission). The eager path batches only equal widths; the fused one packs all."""
+    device = loaded.device
+    lo, hi = widths
+    engine = Engine(loaded, variant_config(variant, rows, hi + 8, **extra))
+    engine.generate(_requests(loaded, rows, lo, 2, seed=3))  # untimed: kernels, captures of the decode step
+    out = []
+    for repeat in range(2):  # the second: the prefill's graphs (fused path) are captured by now
+        sampling = upstream_sampling(loaded.config.family)
+        for i in range(rows):
+            width = lo + (hi - lo) * i // max(1, rows - 1)
+            prompt = np.zeros((1 + loaded.config.num_codebooks, width), np.int64)
+            prompt[0] = (np.arange(width) * 7 + i) % 90 + 32
+            engine.add(Request(f"p{repeat}-{i}", prompt, 3, sampling.with_seed(i), stop_on_eos=False))
+        times = []
+        while engine.has_unfinished():
+            sync(device)
+            t0 = time.perf_counter()
+            engine.step()
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        out.append(1e3 * max(0.0, times[0] - times[1]) / rows)
+    return {"variant": variant, "rows": rows, "widths": list(widths), "prefill_ms_per_row": out[-1], "first": out[0]}
+
+
+def greedy_agreement(loaded, rows: int, frames: int, variant: str, base: dict, other: dict) -> dict:
+    """Greedy rows decoded with the `base` settings and with `other` (an A/B of e.g. an FP8
+    option): per row the leading frames whose codes are equal, their mean, and rows equal whole."""
+    requests = [replace(r, sampling=SamplingParams(temperature=0)) for r in _requests(loaded, rows, 48, frames, 11)]
+    results = [
+        Engine(loaded, variant_config(variant, rows, 48 + frames + 8, **s)).generate(requests) for s in (base, other)
+    ]
+    leading = []
+    for a, b in zip(*results):
+        n = min(a.codes.shape[1], b.codes.shape[1])
+        equal = (a.codes[:, :n] == b.codes[:, :n]).all(axis=0)
+        leading.append(int(np.argmin(equal)) if not equal.all() else n)
+    return {"rows": rows, "frames": frames, "leading_frames_equal": leading, "mean_leading": float(np.mean(leading)),
+            "rows_identical": sum(n == frames for n in leading)}  # fmt: skip

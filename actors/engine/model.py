@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from ..modules import FeedForward, RMSNorm, apply_rope, rope_rotation, uninitialised_embedding
 from .architecture import ModelArchitecture
 from .attention import attend, attend_reached_op
+from .kernels.stack import TokenView, finish, fused_layers
 
 
 class HeadRMSNorm(nn.Module):
@@ -39,6 +40,14 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
         return True
     current = torch.cuda.current_device()
     return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+
+
+def _path(fused) -> str:
+    """forward_slow/forward_fast's `fused` as a kernels.kernel_path: True or "fused" -> the fused
+    ops; "compiled" -> their references through inductor; False, None or "eager" -> the modules."""
+    if fused is True:
+        return "fused"
+    return "eager" if not fused else str(fused)
 
 
 @dataclass
@@ -184,6 +193,8 @@ class DualARModel(nn.Module):
         self.fast_output = nn.Linear(c.fast_dim, c.codebook_size, bias=False)
         self._rope_slow: Optional[Tensor] = None
         self._rope_fast: Optional[Tensor] = None
+        self._row_index: Optional[Tensor] = None  # 0, 1, 2, ...: batch rows' slots (row_slots)
+        self._codebook_offsets: Optional[Tensor] = None  # codebook i's row offset i * codebook_size
 
     # -- tables -------------------------------------------------------------------------
     def _slow_rope(self, n_positions: int, device) -> Tensor:
@@ -207,8 +218,9 @@ class DualARModel(nn.Module):
         """tokens [B, 1+C, T] -> x [B, T, dim] (the inference embedding rule, docs/architecture.md §5.6)."""
         c = self.config
         main = tokens[:, 0]
-        offsets = torch.arange(c.num_codebooks, device=tokens.device) * c.codebook_size
-        codes = tokens[:, 1:].transpose(1, 2) + offsets  # [B, T, C]: codebook i at row offset i*cb
+        codes = tokens[:, 1:].transpose(1, 2) + self.codebook_offsets(
+            tokens.device
+        )  # [B, T, C]: codebook i at row offset i*cb
         codebook_sum = self.codebook_embeddings(codes).sum(dim=2)
         semantic = (main >= c.semantic_begin_id) & (main <= c.semantic_end_id)
         x = self.embeddings(main) + codebook_sum * semantic.unsqueeze(-1).to(codebook_sum.dtype)
@@ -229,6 +241,8 @@ class DualARModel(nn.Module):
         logit_head: Optional[nn.Module] = None,
         select: Optional[Tensor] = None,
         reach: Optional[Tensor] = None,
+        fused=False,
+        slots: Optional[Tensor] = None,
     ) -> SlowOutput:
         """tokens [B, 1+C, T]; positions [B, T] absolute positions of the columns.
 
@@ -236,9 +250,28 @@ class DualARModel(nn.Module):
         uncached reference path; positions must then be 0..T-1). With a cache the new K/V
         are written to slots `rows` at `positions` (all < attend_len) and queries attend to
         keys 0..attend_len-1 of their slot (0..reach-1 when `reach` is given: CacheView), masked to
-        key position <= query position."""
+        key position <= query position.
+
+        `fused` (with a cache: "fused" or "compiled", kernels.kernel_path; True is "fused") runs the
+        blocks through the kernels package's stack (kernels/stack.py): each
+        token attends to its own slot's keys 0..position, no mask, no key count. `slots` [B, T]
+        then names each token's slot (a packed prefill of several rows in one sequence); else
+        every token of batch row i is in slot `rows`[i]."""
         b, _, t = tokens.shape
         x = self.embed(tokens)
+        if _path(fused) != "eager" and cache is not None:
+            if slots is None:
+                slots = self.row_slots(rows, b, x.device).unsqueeze(1).expand(b, t)
+            flat = positions.reshape(-1)
+            view = TokenView(slots.reshape(-1), flat, self._slow_rope(attend_len, x.device), _path(fused))
+            x, delta = fused_layers(self.layers, x, cache, view)
+            if select is not None:
+                pick = torch.arange(b, device=x.device), select
+                x, delta = x[pick].unsqueeze(1), delta[pick].unsqueeze(1)
+            elif last_only and t > 1:
+                x, delta = x[:, -1:], delta[:, -1:]
+            x, normed = finish(x, delta, self.norm, view.path)
+            return self._slow_output(x, normed, want_logits, logit_head, logit_rows)
         # every position is below attend_len (cached) or T (uncached, positions from 0): the
         # table size is known without reading `positions`, so compiled steps never sync
         n_pos = t if cache is None else attend_len
@@ -256,7 +289,9 @@ class DualARModel(nn.Module):
             x = x[torch.arange(b, device=x.device), select].unsqueeze(1)
         elif last_only and t > 1:
             x = x[:, -1:]
-        normed = self.norm(x)
+        return self._slow_output(x, self.norm(x), want_logits, logit_head, logit_rows)
+
+    def _slow_output(self, x, normed, want_logits, logit_head, logit_rows) -> SlowOutput:
         logits = None
         if want_logits and logit_head is not None:
             logits = logit_head(normed)
@@ -264,6 +299,28 @@ class DualARModel(nn.Module):
             logits = F.linear(normed, self.output_rows(logit_rows))
         hidden = normed if self.config.norm_fastlayer_input else x
         return SlowOutput(logits=logits, hidden=self.project_to_fast(hidden))
+
+    def codebook_offsets(self, device) -> Tensor:
+        """Codebook i's first row in codebook_embeddings (i * codebook_size), kept on the model."""
+        offsets, c = self._codebook_offsets, self.config
+        if offsets is None or not _same_device(offsets.device, torch.device(device)):
+            with torch.inference_mode(False), torch.no_grad():
+                offsets = torch.arange(c.num_codebooks, device=device) * c.codebook_size
+            self._codebook_offsets = offsets
+        return offsets
+
+    def row_slots(self, rows, b: int, device) -> Tensor:
+        """The slot of each of `b` batch rows as int64 [b]: `rows` itself, or a view of a table
+        kept on the model (no launch: a captured step reads it as a static tensor)."""
+        if not isinstance(rows, slice):
+            return rows
+        table = self._row_index
+        if table is None or table.shape[0] < rows.stop or not _same_device(table.device, torch.device(device)):
+            with torch.inference_mode(False), torch.no_grad():
+                self._row_index = torch.arange(
+                    max(rows.stop, 2 * (0 if table is None else table.shape[0]), 64), device=device
+                )
+        return self._row_index[rows]
 
     def output_rows(self, rows: Optional[Tensor] = None) -> Tensor:
         """The output matrix (tied embeddings or `output`), or only the given vocabulary rows."""
@@ -285,12 +342,23 @@ class DualARModel(nn.Module):
         return hidden
 
     # -- fast stack ---------------------------------------------------------------------
-    def forward_fast(self, x: Tensor, start: int = 0, cache: Optional[list[LayerKV]] = None, rows=None) -> Tensor:
+    def forward_fast(
+        self, x: Tensor, start: int = 0, cache: Optional[list[LayerKV]] = None, rows=None, want_logits: bool = True,
+        fused: bool = False,
+    ) -> Optional[Tensor]:  # fmt: skip
         """Fast-stack logits [B, T, codebook_size] for inputs x [B, T, fast_dim] at frame
         positions start..start+T-1. Without a cache: a full causal pass (T = C for the
-        teacher-forced score path). With a cache: K/V of this frame live in slots `rows`."""
+        teacher-forced score path). With a cache: K/V of this frame live in slots `rows`.
+        want_logits=False (a frame's position 0, whose head nobody samples) skips the final norm
+        and the head: the call only writes its K/V. `fused`: the fused kernels (forward_slow)."""
         b, t, _ = x.shape
         table = self._fast_rope(x.device)
+        if _path(fused) != "eager" and cache is not None:
+            slots = self.row_slots(rows, b, x.device).unsqueeze(1).expand(b, t).reshape(-1)
+            positions = self.row_slots(slice(start, start + t), t, x.device).expand(b, t).reshape(-1)
+            view = TokenView(slots, positions, table, _path(fused))
+            x, delta = fused_layers(self.fast_layers, x, cache, view)
+            return self.fast_output(finish(x, delta, self.fast_norm, view.path)[1]) if want_logits else None
         positions = torch.arange(start, start + t, device=x.device).expand(b, t)
         rotation = table[start : start + t].unsqueeze(0)  # the same positions for every row
         same = start if (cache is not None and t == 1 and isinstance(rows, slice)) else None
@@ -302,7 +370,7 @@ class DualARModel(nn.Module):
             mask = key_pos.unsqueeze(1) <= positions.unsqueeze(2)
         for i, layer in enumerate(self.fast_layers):
             x = layer(x, rotation, mask, None if cache is None else cache[i], view)
-        return self.fast_output(self.fast_norm(x))
+        return self.fast_output(self.fast_norm(x)) if want_logits else None
 
     def fast_codebook_input(self, codes: Tensor) -> Tensor:
         """fast_embeddings of the previous codebook's codes [B] -> [B, 1, fast_dim]."""

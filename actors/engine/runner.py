@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -20,12 +21,19 @@ import torch
 from torch import Tensor
 
 from .attention import attend_length
+from .buckets import bucket_size, bucket_sizes, cpu_buckets
 from .cache import PrefixCache, SlotKVCache
+from .compile_cache import load_artifacts, use_triton_cache
 from .compiling import compiled_frame, compiles, use_cache_dir
-from .decoding import BatchFacts, BatchSampling, Candidates, SlotSampling, first_code, pick_code, pick_main
+from .decoding import BatchFacts, BatchSampling, Candidates, SlotSampling, pick_code, pick_main_token
 from .graphs import StepGraphs, kv_bucket, kv_buckets
+from .kernels import kernel_path
+from .kernels.fp8 import quantize_slow_linears
+from .kernels.stack import gate_up_weight
 from .loader import LoadedModel
 from .packing import load_native_ops, pack_cpu_linears, unpack_cpu_linears
+from .prefill import PackedPrefill
+from .read_back import TokenReadBack
 from .settings import EngineConfig
 
 
@@ -57,37 +65,15 @@ class PrefillWork:
 
 @dataclass
 class FrameOutput:
-    tokens: np.ndarray  # [n, 1+C] int64: main token id, then the C codes, per live row
+    tokens: Optional[np.ndarray]  # [n, 1+C] int64: main token id, then the C codes, per live row
     slow_logits: Optional[Tensor] = None  # [n, n_candidates], when asked for
     fast_logits: Optional[Tensor] = None  # [n, C-1, codebook_size], when asked for
+    pending: Optional[Callable[[], np.ndarray]] = None  # a deferred frame: waits for its tokens
 
-
-def bucket_size(n: int, max_rows: int, buckets=None) -> int:
-    """The captured batch size that serves n live rows: the smallest configured bucket that
-    holds them (default: the next power of two), capped at max_rows."""
-    if buckets:
-        return min([b for b in buckets if b >= n] or [max_rows])
-    return min(max_rows, 1 << max(0, n - 1).bit_length())
-
-
-def cpu_buckets(max_rows: int) -> list[int]:
-    """The batch sizes a frame compiled on CPU is built at unless engine.decode_buckets says:
-    max_rows and its quarters. Each is a compile of about a minute or more on CPU (once per
-    node: the cache keeps them), so not every size; the smaller ones serve a batch's tail, where
-    a frame at 32 rows is mostly arithmetic and a live row fewer is work saved (`small`, 32
-    bf16 rows, against the starting commit's frames/s, interleaved: max_rows alone 1.15x;
-    max_rows, half, quarter 1.25x over 4 rounds and 1.28x over 3; with three quarters too
-    1.30x in those 3, 1.30-1.31x in each). Never 1 row where there are two slots: inductor
-    compiles a 1-row softmax over 4,096 codes into another reduction than a 2..32-row one
-    (bfloat16, Sapphire Rapids, 2 threads: row 0's probabilities differ), so a row decoded
-    alone in a 1-row graph would not get the codes it gets beside others."""
-    smallest = min(2, max_rows)
-    return sorted({max(smallest, max_rows * quarters // 4) for quarters in (1, 2, 3, 4)})
-
-
-def bucket_sizes(max_rows: int, buckets=None) -> list[int]:
-    """Every batch size `bucket_size` can return: the sizes a captured frame is compiled at."""
-    return sorted({bucket_size(n, max_rows, buckets) for n in range(1, max_rows + 1)})
+    def wait(self) -> np.ndarray:
+        if self.tokens is None:
+            self.tokens = self.pending()
+        return self.tokens
 
 
 class ModelRunner:
@@ -110,12 +96,20 @@ class ModelRunner:
         self.prefixes = PrefixCache(config.prefix_cache_entries)
         self.steps: list[StepRecord] = []
         self.logit_head = self.model.candidate_head(self.candidates.ids)
+        if config.fp8_weights:  # W8A8 products (kernels/fp8.py): the model is quantized in place, once
+            quantize_slow_linears(self.model)
         packed = 0
         if config.cpu_packed_linears and self.device.type == "cpu":
             packed = pack_cpu_linears(self.model) + pack_cpu_linears(self.logit_head)
         else:
             unpack_cpu_linears(self.model)  # another engine on this model may have packed it
         self.compiled = compiles(config, self.device, packed_linears=packed > 0)
+        # the fused kernels (kernels/): each row attends to its own keys, so a captured step
+        # needs no key bucket (one graph per batch bucket)
+        self.kernel_path = kernel_path(config.kernels, self.device.type)
+        self.fused = self.kernel_path != "eager"  # fused or compiled: the kernels package's stack
+        if cache.kv_dtype != cache.dtype and not self.fused:
+            raise ValueError("an FP8 K/V cache needs engine.kernels=fused or compiled (the eager path cannot read it)")
         # CUDA graphs of the whole step, captured by the engine (graphs.py); a compiled frame
         # on CUDA runs inside them
         self.graphs = StepGraphs(self.device) if config.cuda_graphs and self.device.type == "cuda" else None
@@ -123,16 +117,34 @@ class ModelRunner:
         self.buckets = config.decode_buckets
         if self.buckets is None and self.compiled and self.device.type == "cpu":
             self.buckets = cpu_buckets(config.max_rows)
-        self.kv_buckets = kv_buckets(config.max_tokens, config.kv_buckets)
-        self.compile_cache = use_cache_dir(config.compile_cache_dir) if self.compiled else None
+        self.kv_buckets = [config.max_tokens] if self.fused else kv_buckets(config.max_tokens, config.kv_buckets)
+        self.cache_loaded = False  # a saved mega-cache was loaded (compile_cache.py)
+        compiling = self.compiled or self.kernel_path != "eager" or self.graphs is not None
+        self.compile_cache = use_cache_dir(config.compile_cache_dir) if compiling else None
+        if self.compile_cache is not None:  # Triton's cache and the saved mega-cache beside inductor's
+            use_triton_cache(self.compile_cache)
+            self.cache_loaded = load_artifacts(self.compile_cache, self.device)
         if self.compiled and packed:
             # the frame calls the packed linears through an op it can trace, C++ where it can be
             # built (packing.py); an eager engine made later on this model switches them back
             load_native_ops(self.compile_cache)
             pack_cpu_linears(self.model, traceable=True)
             pack_cpu_linears(self.logit_head, traceable=True)
-        self.model._slow_rope(config.max_tokens, self.device)  # build once, before any captured frame
+        # fused: prefill packs every admitted row's chunk into one call, graphed per token bucket
+        self.packed = None
+        if self.fused:
+            self.packed = PackedPrefill(
+                self.model, cache, config.max_tokens, self.device, self.graphs, self.kernel_path
+            )
+        # the step's tables, built once before any captured frame (a step may not keep what it makes)
+        self.model._slow_rope(config.max_tokens, self.device)
         self.model._fast_rope(self.device)
+        self.model.codebook_offsets(self.device)
+        self.model.row_slots(slice(0, max(config.max_rows, c.num_codebooks + 1)), 0, self.device)
+        if self.fused:
+            for layer in [*self.model.layers, *self.model.fast_layers]:
+                if "_gate_up_fp8" not in layer.feed_forward.__dict__:  # FP8 layers keep their own
+                    gate_up_weight(layer.feed_forward)
         self._frame = compiled_frame(self._decode_frame, self.device) if self.compiled else self._decode_frame
         # the step's inputs and outputs: buffers that live as long as the engine, so a captured
         # step reads and writes the same addresses every time (graphs.py)
@@ -141,6 +153,7 @@ class ModelRunner:
         pinned = self.device.type == "cuda"
         self._positions_host = torch.zeros(rows, 1, dtype=torch.int64, pin_memory=pinned)
         self.frame_out = torch.zeros(rows, width, dtype=torch.int64, device=self.device)
+        self.read_back = TokenReadBack(rows, width, self.device)
         # a static CPU frame reads the keys its rows reach: their count, read at run time
         self.reach = torch.zeros((), dtype=torch.int64, device=self.device)
         # a context manager each eager device step runs in (audit.audit_steps watches steps)
@@ -183,8 +196,13 @@ class ModelRunner:
             if not pending:
                 break
             chunks = [todo[w.slot][round_index] for w in pending]
-            for group, group_chunks in _similar_widths(pending, chunks):
-                self._prefill_group(group, group_chunks, prompts)
+            if self.packed is not None:  # fused: every width in one packed call (prefill.py)
+                began = time.perf_counter()
+                self.packed.run([w.slot for w in pending], [w.prompt for w in pending], chunks)
+                self._record_prefill(pending, chunks, began)
+            else:
+                for group, group_chunks in _similar_widths(pending, chunks):
+                    self._prefill_group(group, group_chunks, prompts)
             round_index += 1
 
     def _prefill_group(self, group: list[PrefillWork], chunks: list[tuple[int, int]], prompts: dict) -> None:
@@ -204,6 +222,10 @@ class ModelRunner:
             tokens, positions, cache=self.cache.slow, rows=self._slot_rows([w.slot for w in group]),
             attend_len=attend_len, last_only=True, want_logits=False,
         )  # fmt: skip
+        self._record_prefill(group, chunks, began)
+
+    def _record_prefill(self, group: list[PrefillWork], chunks: list[tuple[int, int]], began: float) -> None:
+        """The rows' chunks are written: their lengths, step records, prefixes to keep, seconds."""
         for w, (s, e) in zip(group, chunks):
             before = self.cache.lengths[w.slot]
             self.cache.set_written(w.slot, e)
@@ -223,10 +245,11 @@ class ModelRunner:
         return torch.tensor(slots, device=self.device)
 
     # -- decode ------------------------------------------------------------------------
-    def decode(self, n_live: int, keep_logits: bool = False) -> FrameOutput:
+    def decode(self, n_live: int, keep_logits: bool = False, deferred: bool = False) -> FrameOutput:
         """One frame for the live rows, which hold slots 0..n_live-1 (the scheduler keeps
         them there). Static mode pads the batch to its bucket with free slots (their junk
-        lands in positions nobody reads) and attends over a fixed key count (keys_read)."""
+        lands in positions nobody reads) and attends over a fixed key count (keys_read).
+        `deferred`: return at once, the tokens' copy under way (FrameOutput.pending)."""
         lengths = self.cache.lengths
         b = bucket_size(n_live, self.config.max_rows, self.buckets) if self.static else n_live
         reached = max(lengths[:n_live]) + 1
@@ -245,7 +268,10 @@ class ModelRunner:
         if self.config.record_steps:
             after = self.cache.lengths
             self.steps.append(StepRecord("decode", tuple(range(n_live)), 1, lengths[:n_live], after[:n_live]))
-        # the frame's one read-back (a copy: on CPU .cpu() would hand out the buffer itself)
+        # the frame's one read-back (a copy: on CPU .cpu() would hand out the buffer itself);
+        # deferred, it is started now and waited for when the tokens are asked for (read_back.py)
+        if deferred:
+            return FrameOutput(tokens=None, pending=self.read_back.start(self.frame_out[:n_live]))
         out = FrameOutput(tokens=self.frame_out[:n_live].to("cpu", copy=True).numpy())
         if keep_logits:
             out.slow_logits, out.fast_logits = logits[0][:n_live], logits[1][:n_live]
@@ -256,6 +282,8 @@ class ModelRunner:
         to whole chunks (attention.attend_length); static on CPU, the slot's capacity (of which
         the frame reads the chunks the rows reach: attention.attend_reached); static elsewhere,
         the smallest key bucket that holds them (graphs.kv_buckets)."""
+        if self.fused:  # every row reads its own keys whatever this says: one shape
+            return self.config.max_tokens
         if not self.static:
             return attend_length(reached, self.config.max_tokens, self.device.type)
         if self.device.type == "cpu":
@@ -273,7 +301,7 @@ class ModelRunner:
         pending column, the sampling histories, the output buffer). Reads and writes only the
         engine's long-lived tensors (static_tensors), so it can run as a captured graph."""
         rows = slice(0, b)
-        state = self.sampling.batch(rows, facts=facts)
+        state = self.sampling.batch(rows, facts=facts, fused=self.kernel_path == "fused")
         tokens = self.next_tokens[rows].unsqueeze(-1)  # [b, 1+C, 1]
         reach = self.reach if self.static and self.device.type == "cpu" else None
         frame, main_index, slow_logits, fast_logits = self._frame(
@@ -325,23 +353,25 @@ class ModelRunner:
         rows = slice(0, tokens.shape[0])
         out = model.forward_slow(
             tokens, positions, cache=self.cache.slow, rows=rows, attend_len=attend_len, last_only=True,
-            logit_head=self.logit_head, reach=reach,
+            logit_head=self.logit_head, reach=reach, fused=self.kernel_path,
         )  # fmt: skip
         slow_logits, hidden = out.logits[:, -1], out.hidden[:, -1]
-        main_index = pick_main(slow_logits, state, self.candidates)
-        main = self.candidates.ids[main_index]
-        code = first_code(main, c)
+        main_index, main, code = pick_main_token(slow_logits, state, self.candidates, c)
         codes = [code]
-        model.forward_fast(hidden.unsqueeze(1), start=0, cache=self.cache.fast, rows=rows)
+        # position 0 only writes its K/V: its head's logits are never sampled
+        model.forward_fast(hidden.unsqueeze(1), start=0, cache=self.cache.fast, rows=rows, want_logits=False,
+                           fused=self.kernel_path)  # fmt: skip
         fast_logits = []
         for k in range(1, c.num_codebooks):
-            logits = model.forward_fast(model.fast_codebook_input(code), start=k, cache=self.cache.fast, rows=rows)
+            logits = model.forward_fast(
+                model.fast_codebook_input(code), start=k, cache=self.cache.fast, rows=rows, fused=self.kernel_path
+            )
             logits = logits[:, -1]
             if keep_logits:
                 fast_logits.append(logits)
             code = pick_code(logits, k, state, None if self.limits is None else self.limits[k])
             codes.append(code)
-        frame = torch.cat([main.unsqueeze(1), torch.stack(codes, dim=1)], dim=1)
+        frame = torch.stack([main, *codes], dim=1)
         kept = torch.stack(fast_logits, dim=1) if fast_logits else None
         return frame, main_index, (slow_logits if keep_logits else None), kept
 

@@ -68,7 +68,7 @@ class RowSampling:
     temperature: Tensor  # [B] float32
     top_p: Tensor  # [B] float32
     top_k: Tensor  # [B] int64, 0 = off
-    greedy: Tensor  # [B] bool
+    greedy: Optional[Tensor]  # [B] bool (None where the sampling kernels decide it themselves)
 
     @staticmethod
     def stack(temperature, top_p, top_k, device) -> RowSampling:

@@ -44,6 +44,7 @@ class Sequence:
     prefill_s: float = 0.0
     first_frame_at: float = 0.0
     reused: int = 0
+    finished: bool = False  # stopped or aborted (a deferred frame's tokens for it are dropped)
 
 
 def shared_prefix(request: Request) -> int:
@@ -71,6 +72,11 @@ class Scheduler:
         self.done: list[tuple[int, Result]] = []  # finished outside a decode (errors, zero budgets)
         self._next_id = 0
         self.observe: Optional[LogitObserver] = None
+        # engine.overlap_host: a step launches its frame, then reads the previous frame's tokens
+        # and does its bookkeeping while the device works (None: on CUDA)
+        overlap = config.overlap_host
+        self.overlap = runner.device.type == "cuda" if overlap is None else bool(overlap)
+        self._pending: Optional[tuple[list[Sequence], object]] = None  # the frame launched, not read
 
     # -- requests ----------------------------------------------------------------------
     def add(self, request: Request, problem: Optional[str]) -> int:
@@ -93,6 +99,7 @@ class Scheduler:
                 return True
         for seq in self.live:
             if seq.request.request_id == request_id:
+                seq.finished = True
                 self.live.remove(seq)
                 self.runner.release(seq.slot)
                 self._compact()
@@ -100,7 +107,7 @@ class Scheduler:
         return False
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.live or self.done)
+        return bool(self.waiting or self.live or self.done or self._pending)
 
     # -- one step ----------------------------------------------------------------------
     def step(self) -> list[tuple[int, Result]]:
@@ -121,8 +128,18 @@ class Scheduler:
             each_alone(group, self._prefill, prefill_failed)
         try:
             self._compact()
+            launched = None
             if self.live:
-                finished.extend(self._decode())
+                overlap = self.overlap and self.observe is None
+                out = self.runner.decode(len(self.live), keep_logits=self.observe is not None, deferred=overlap)
+                launched = (list(self.live), out)
+            if self._pending is not None:  # the previous frame, read while this one runs
+                finished.extend(self._accept(*self._pending))
+                self._pending = None
+            if launched is not None and launched[1].tokens is None:
+                self._pending = launched
+            elif launched is not None:
+                finished.extend(self._accept(*launched))
         except BaseException:
             self.done = finished + self.done  # results already made are handed out next time
             raise
@@ -143,12 +160,17 @@ class Scheduler:
             self.live.append(seq)
         self.live.sort(key=lambda s: s.slot)
 
-    def _decode(self) -> list[tuple[int, Result]]:
-        out = self.runner.decode(len(self.live), keep_logits=self.observe is not None)
+    def _accept(self, rows: list[Sequence], out) -> list[tuple[int, Result]]:
+        """A frame's tokens for the rows it was launched for: each row keeps its frame or stops
+        (retired, its slot freed). A row that stopped since the launch (a deferred frame, read one
+        step late) gets nothing from it: the frame was decoded past its end and is dropped."""
+        all_tokens = out.wait()
         now = time.perf_counter()
-        finished, still = [], []
-        for i, seq in enumerate(self.live):
-            tokens = out.tokens[i]
+        finished = []
+        for i, seq in enumerate(rows):
+            if seq.finished:
+                continue
+            tokens = all_tokens[i]
             if self.observe is not None:
                 fast = out.fast_logits[i] if out.fast_logits is not None else out.slow_logits[i, :0]
                 self.observe(seq.request.request_id, len(seq.frames), out.slow_logits[i], fast)
@@ -160,12 +182,11 @@ class Scheduler:
                 seq.frames.append(tokens[1:])
                 if len(seq.frames) == 1:
                     seq.first_frame_at = now
-            if reason is None:
-                still.append(seq)
-            else:
+            if reason is not None:
+                seq.finished = True
+                self.live.remove(seq)
                 self.runner.release(seq.slot)
                 finished.append((seq.seq_id, self._finish(seq, reason)))
-        self.live = still
         self._compact()
         return finished
 

@@ -22,6 +22,21 @@ def compile_mode(value) -> str:
     return mode
 
 
+# what engine.kernels may say (actors/engine/kernels/ acts on it): eager, the model's plain modules;
+# fused, the kernels package's ops on any device (Triton on CUDA, their eager references on the
+# CPU); compiled, the same regions as the references compiled by inductor (one compiled region
+# serves every layer); auto, fused on CUDA where Triton is installed, eager elsewhere
+KERNEL_MODES = ("eager", "fused", "compiled", "auto")
+
+
+def kernel_mode(value) -> str:
+    """engine.kernels as one of KERNEL_MODES; ValueError otherwise."""
+    mode = str(value).strip().lower()
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"engine.kernels must be one of {', '.join(KERNEL_MODES)}, got {value!r}")
+    return mode
+
+
 @dataclass
 class EngineConfig:
     """The engine's own settings (actors/engine/): its KV slots and positions, how prompts are
@@ -41,6 +56,21 @@ class EngineConfig:
     # torch.compile(fullgraph=True), a graph break being an error; auto: on CUDA, and on CPU
     # where the linears are packed (actors/engine/compiling.py: auto_compiles says why)
     compile: str = field(default="off", metadata=described("one of off, on, auto (true/false: on/off)"))
+    # the decode step's kernels (actors/engine/kernels/): eager, the model's plain modules; fused,
+    # the kernels package's ops (Triton on CUDA, their eager references on the CPU: for tests and
+    # counting); compiled, those regions' references compiled by inductor; auto, fused on CUDA
+    # where Triton is installed, else eager
+    kernels: str = field(default="eager", metadata=described("one of eager, fused, compiled, auto"))
+    # launch each decode step before reading the previous step's tokens, so the host's
+    # bookkeeping of one step overlaps the device's next (a row that stopped costs one frame
+    # decoded past its end, dropped); null = on for CUDA, off elsewhere
+    overlap_host: Optional[bool] = None
+    # the slow stack's K/V cache: auto, the model's dtype; fp8, float8 e4m3 (half of bf16's bytes;
+    # the fused or compiled kernels only; logits within the bound docs/engine.md states)
+    kv_dtype: str = field(default="auto", metadata=described("auto or fp8"))
+    # W8A8 FP8 products for the slow stack's linears (per-row scales; torch._scaled_mm on CUDA),
+    # for compute-bound shapes such as S2-Pro at 256 rows; quantizes the loaded model in place
+    fp8_weights: bool = False
     # inductor's cache, kept across starts; null = TORCHINDUCTOR_CACHE_DIR when set, else
     # ~/.cache/chorus/compile
     compile_cache_dir: Optional[str] = None
@@ -80,6 +110,13 @@ class EngineConfig:
     def validate(self) -> None:
         """Range checks a config schema cannot express; raises ValueError (ConfigError) naming the key."""
         compile_mode(self.compile)
+        kernel_mode(self.kernels)
+        if self.kv_dtype not in ("auto", "fp8"):
+            raise ValueError(f"engine.kv_dtype must be auto or fp8, got {self.kv_dtype!r}")
+        if self.kv_dtype == "fp8" and kernel_mode(self.kernels) == "eager":
+            raise ValueError(
+                "engine.kv_dtype=fp8 needs engine.kernels=fused, compiled or auto (the eager path reads K/V as the model's dtype)"
+            )
         check_bounds(self, "engine")
         if self.decode_buckets is not None and (
             not self.decode_buckets or any(not (1 <= b <= self.max_rows) for b in self.decode_buckets)

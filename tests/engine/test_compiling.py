@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from actors.engine import Engine, EngineConfig
+from actors.engine.buckets import cpu_buckets
 from actors.engine.compiling import INDUCTOR_CACHE_ENV, auto_compiles, compiles, use_cache_dir
-from actors.engine.runner import cpu_buckets
 from actors.engine.settings import compile_mode
 from actors.native import default_cache_dir
 

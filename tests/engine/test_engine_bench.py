@@ -55,6 +55,10 @@ def test_bench_cli_reports_every_mode_side_by_side(tmp_path):
     assert report["speedup_batched_vs_single"] == pytest.approx(modes[0]["frames_per_s"] / modes[-1]["frames_per_s"])
     assert modes[0]["prefix_hits"] > 0 and modes[1]["prefix_hits"] == 0
     assert "median of 3 run(s)" in proc.stdout
+    # kernels per decode step, eager and fused (tiny: 2 slow and 2 fast layers, 10 codebooks)
+    counts = report["kernels_per_step"]
+    assert 0 < counts["fused"] < counts["eager"] / 2
+    assert f"eager {counts['eager']}, fused {counts['fused']}" in proc.stdout
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ compiled with torch.compile(fullgraph=True) against the eager frame."""
 import numpy as np
 import pytest
 
-from actors.engine import STOP_BUDGET, STOP_ERROR, Engine, EngineConfig, Request, SamplingParams
+from actors.engine import STOP_BUDGET, STOP_EOS, STOP_ERROR, Engine, EngineConfig, Request, SamplingParams
 
 HOT = SamplingParams(temperature=0.9, top_p=0.9, top_k=20, ras_window=10)
 # every sampling feature on at once: temperature, top-p, top-k, RAS and the S1 penalty
@@ -139,9 +139,46 @@ def test_compiled_frame_equals_eager_frame(lm32):
 
 
 def test_decode_buckets_pad_to_the_smallest_that_fits():
-    from actors.engine.runner import bucket_size
+    from actors.engine.buckets import bucket_size
 
     assert [bucket_size(n, 8) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
     assert [bucket_size(n, 64, [16, 64]) for n in (1, 16, 17, 64)] == [16, 16, 64, 64]
     with pytest.raises(ValueError, match="decode_buckets"):
         EngineConfig(max_rows=8, decode_buckets=[16]).validate()
+
+
+@pytest.mark.parametrize("kernels", ["eager", pytest.param("fused", marks=pytest.mark.slow)])
+def test_overlapped_steps_give_every_row_what_the_plain_steps_give(lm32, kernels):
+    """engine.overlap_host: each step launches its frame, then reads the previous one's tokens.
+    Rows that stop on EOS or their budget, a row aborted mid-stream and rows added mid-stream
+    get the same codes and stop reasons as with the plain steps, and the slots all come back."""
+    sampling = SamplingParams(temperature=1.0, top_p=0.95, top_k=0, ras_window=4)
+    rng = np.random.default_rng(3)
+    requests = []
+    for i in range(7):
+        prompt = np.zeros((1 + lm32.config.num_codebooks, 5 + i), np.int64)
+        prompt[0] = rng.integers(32, 127, prompt.shape[1])
+        requests.append(Request(f"r{i}", prompt, 4 + 3 * i, sampling.with_seed(i), stop_on_eos=True))
+
+    def run(overlap: bool) -> dict:
+        engine = Engine(lm32, EngineConfig(max_rows=3, max_tokens=64, overlap_host=overlap, kernels=kernels))
+        assert engine.scheduler.overlap is overlap
+        for r in requests[:4]:
+            engine.add(r)
+        results, steps = {}, 0
+        while engine.has_unfinished():
+            results |= {result.request_id: result for result in engine.step()}
+            steps += 1
+            if steps == 2:
+                engine.abort("r1")
+                for r in requests[4:]:
+                    engine.add(r)
+        assert engine.cache.free_slots() == 3
+        return results
+
+    plain, overlapped = run(False), run(True)
+    assert set(plain) == set(overlapped) == {f"r{i}" for i in range(7)} - {"r1"}
+    for rid, result in plain.items():
+        assert overlapped[rid].stop_reason == result.stop_reason
+        assert np.array_equal(overlapped[rid].codes, result.codes)
+    assert {r.stop_reason for r in plain.values()} == {STOP_BUDGET, STOP_EOS}  # both kinds of stop met

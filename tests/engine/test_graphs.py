@@ -55,14 +55,21 @@ def test_slots_fit_the_share_of_memory_left_after_what_the_device_already_holds(
         EngineConfig(memory_fraction=1.5).validate()
 
 
-@pytest.mark.parametrize("static", [True, False])
+@pytest.mark.parametrize(
+    "static,kernels",
+    [(True, "eager"), (False, "eager"), pytest.param(True, "fused", marks=pytest.mark.slow)],
+    ids=["static", "dynamic", "fused"],
+)
 @pytest.mark.parametrize("sampling", [SAMPLED, GREEDY], ids=["sampled", "greedy"])
-def test_the_decode_step_reads_and_writes_only_long_lived_tensors_and_never_the_host(lm32, static, sampling):
+def test_the_decode_step_reads_and_writes_only_long_lived_tensors_and_never_the_host(lm32, static, kernels, sampling):
     """What a CUDA graph needs of the step, checked op by op on any device: no value read back
     (a capture refuses it), no tensor from outside that the engine does not keep for its whole
     life (a replay would read a stale address), nothing written but the cache, the sampling
-    state and the step's buffers, and every registered tensor at the same address after."""
-    engine = Engine(lm32, EngineConfig(max_rows=4, max_tokens=64, static_shapes=static, cpu_packed_linears=False))
+    state and the step's buffers, and every registered tensor at the same address after. The
+    fused path too (engine.kernels=fused: its ops are one dispatch each, their arguments
+    checked like any op's)."""
+    config = EngineConfig(max_rows=4, max_tokens=64, static_shapes=static, cpu_packed_linears=False, kernels=kernels)
+    engine = Engine(lm32, config)
     for request in _rows(lm32, 3, 6, sampling):
         engine.add(request)
     report = audit_steps(engine, 5)
