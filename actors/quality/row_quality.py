@@ -195,7 +195,9 @@ class RowQuality:
             S.SPEAKER_SIMILARITY: self.speaker_similarity,
         }
         if self.asr is not None:
-            out.update({S.ASR_TEXT: self.asr.asr_text, S.WER: self.asr.wer, S.CER: self.asr.cer})
+            asr = self.asr
+            out.update({S.ASR_TEXT: asr.asr_text, S.ASR_LANGUAGE: asr.language, S.WER: asr.wer, S.CER: asr.cer})
+            out[S.WER_RECIPE] = asr.recipe
         if self.mos is not None:
             out.update({S.MOS: self.mos.ovrl, S.MOS_SIG: self.mos.sig, S.MOS_BAK: self.mos.bak})
         return out
