@@ -93,7 +93,6 @@ EXPORT_STATUSES = (S.STATUS_OK, S.STATUS_REJECTED)  # error rows have no audio t
 # in which language (as ASR decoded it); the other output columns (timings, provenance, codes,
 # the quality metrics) go out only when export.columns names them
 TRAINING_COLUMNS = (S.ID, S.TEXT, S.AUDIO, S.AUDIO_SECONDS, S.SPEAKER, S.ASR_LANGUAGE)
-EXPORT_KEPT_COLUMNS = (S.ID, S.AUDIO)  # every export has them, named or not
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"  # a prefix: a file name's start
 _SPLIT_NAME = r"[A-Za-z0-9][A-Za-z0-9_]{0,63}"  # a split: also a Hub split name (no '-', no '.')
 
@@ -174,8 +173,10 @@ class ExportSettings:
             )
 
     def export_columns(self) -> list:
-        """The columns each exported row carries: id and audio, then export.columns in order."""
-        return list(dict.fromkeys([*EXPORT_KEPT_COLUMNS, *self.columns]))
+        """The columns each exported row carries: export.columns in order, id first and audio
+        last where it does not name them."""
+        named = list(dict.fromkeys(self.columns))
+        return [*([S.ID] if S.ID not in named else []), *named, *([S.AUDIO] if S.AUDIO not in named else [])]
 
     def split_shares(self) -> Optional[dict]:
         return None if self.splits is None else {str(k): float(v) for k, v in dict(self.splits).items()}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 from typing import Optional
 
@@ -72,6 +73,7 @@ class FilesPiece:
 
     def _write(self, path: str, data: bytes) -> None:
         if self.destination.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             with atomic_open(path, "wb") as f:
                 f.write(data)
         else:  # an object appears whole when its upload completes
