@@ -210,22 +210,23 @@ def summarize(records: list, pieces: list, wanted: dict) -> dict:
         "filters": wanted["filters"],
         "prefix": wanted["prefix"],
         "columns": wanted["columns"],
-        "splits": _split_counts(pieces),
+        "splits": _split_counts(pieces, list(wanted["splits"] or [])),
         "split_shares": wanted["splits"],
         "card": wanted["card"],
     }
 
 
-def _split_counts(pieces: list) -> dict:
-    """Rows, audio and files per split, in the order the splits first appear."""
-    out: dict = {}
+def _split_counts(pieces: list, order: list) -> dict:
+    """Rows, audio and files per split with rows, in export.splits' order."""
+    out: dict = {split: None for split in order}
     for piece in pieces:
-        entry = out.setdefault(piece["split"], {"rows": 0, "audio_seconds": 0.0, "audio_bytes": 0, "shards": 0})
+        entry = out.get(piece["split"]) or {"rows": 0, "audio_seconds": 0.0, "audio_bytes": 0, "shards": 0}
+        out[piece["split"]] = entry
         entry["rows"] += piece["rows"]
         entry["audio_seconds"] = round(entry["audio_seconds"] + piece["audio_seconds"], 3)
         entry["audio_bytes"] += piece["audio_bytes"]
         entry["shards"] += 1
-    return out
+    return {split: counts for split, counts in out.items() if counts is not None}
 
 
 def export(source_dir: str, settings: ExportSettings, cluster_settings: ExportCluster) -> ExportReport:
