@@ -48,7 +48,9 @@ class Transcript:
 
 
 @dataclass(frozen=True)
-class Heard:
+class Hearing:
+    """What a clip says, and the language it was decoded in."""
+
     text: str
     language: Optional[str]
 
@@ -77,11 +79,11 @@ class WhisperASR:
         lang_to_id = getattr(self.model.generation_config, "lang_to_id", None) or {}
         self._language_of_id = {i: token.strip("<|>") for token, i in lang_to_id.items()}
 
-    def hear(self, clips: Sequence[np.ndarray], sample_rate: int) -> list[Heard]:
+    def hear(self, clips: Sequence[np.ndarray], sample_rate: int) -> list[Hearing]:
         """What each clip (float32 mono at sample_rate) says and in which language, in order:
         the clips of at most 30 s batch_rows at a time, the longer ones by long-form decoding."""
         waves = [resample(np.asarray(clip, dtype=np.float32), sample_rate, WHISPER_RATE) for clip in clips]
-        heard: list[Optional[Heard]] = [None] * len(waves)
+        heard: list[Optional[Hearing]] = [None] * len(waves)
         for long_form in (False, True):
             chosen = [i for i, w in enumerate(waves) if (len(w) > WINDOW_SAMPLES) == long_form]
             for start in range(0, len(chosen), self.batch_rows):
@@ -117,7 +119,7 @@ class WhisperASR:
             mask[row, : f.shape[-1]] = 1
         return padded, mask
 
-    def _decode(self, waves: list[np.ndarray], long_form: bool) -> list[Heard]:
+    def _decode(self, waves: list[np.ndarray], long_form: bool) -> list[Hearing]:
         features, mask = self._features(waves, long_form)
         features = features.to(self.device, self.model.dtype)
         with self._torch.inference_mode():
@@ -132,7 +134,7 @@ class WhisperASR:
                 **chosen,
             )
         texts = self.processor.batch_decode(tokens, skip_special_tokens=True)
-        return [Heard(t.strip(), language) for t, language in zip(texts, languages)]
+        return [Hearing(t.strip(), language) for t, language in zip(texts, languages)]
 
     def _detect(self, features) -> list[Optional[str]]:
         """Each clip's language, from its first 30 s (None: a checkpoint without languages)."""
