@@ -63,6 +63,24 @@ def _cut(row: dict, recording):
     )
 
 
+def _placeholder(key: str, flac: bytes):
+    """The recording's Shar placeholder (what lhotse's `to_shar_placeholder` makes of
+    `Recording.from_bytes`: one `shar` source over every channel), from the FLAC's header alone."""
+    import soundfile as sf
+    from lhotse import AudioSource, Recording
+
+    info = sf.info(BytesIO(flac))
+    channels = list(range(info.channels))
+    return Recording(
+        id=key,
+        sources=[AudioSource(type="shar", channels=channels, source="")],
+        sampling_rate=info.samplerate,
+        num_samples=info.frames,
+        duration=info.frames / info.samplerate,
+        channel_ids=channels,
+    )
+
+
 def _without_index(writer_class, *args):
     """A lhotse writer, told not to write index files where it can be (newer releases)."""
     if "create_index" in inspect.signature(writer_class).parameters:
@@ -82,12 +100,9 @@ class SharPiece:
         self.cuts.__enter__()
 
     def add(self, table) -> None:
-        from lhotse import Recording
-        from lhotse.shar.utils import to_shar_placeholder
-
         for row, flac in zip(metadata_rows(table, self.columns), audio_bytes(table).to_pylist()):
             key = S.sample_key(row[S.ID])
-            placeholder = to_shar_placeholder(Recording.from_bytes(flac, recording_id=key))
+            placeholder = _placeholder(key, flac)
             self.tar.write(f"{key}.flac", BytesIO(flac))
             manifest = BytesIO()
             print(json.dumps(placeholder.to_dict()), file=codecs.getwriter("utf-8")(manifest))

@@ -178,3 +178,20 @@ def test_the_lhotse_tar_is_the_flac_bytes_and_their_placeholder(source, tmp_path
     assert members[0].name.endswith(".flac") and members[1].name == members[0].name.replace(".flac", ".json")
     assert first == ROWS[members[0].name[: -len(".flac")]][S.AUDIO][S.AUDIO_BYTES]
     assert manifest["sources"] == [{"type": "shar", "channels": [0], "source": ""}]
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_the_recording_placeholder_is_lhotses_own(channels):
+    """Read from the FLAC header alone, it equals what lhotse's to_shar_placeholder makes of
+    Recording.from_bytes (which SharWriter stores)."""
+    import numpy as np
+    from lhotse import Recording
+    from lhotse.shar.utils import to_shar_placeholder
+
+    from pipeline.export.lhotse_shar import _placeholder
+
+    buffer = io.BytesIO()
+    sf.write(buffer, (np.random.default_rng(0).standard_normal((12345, channels)) * 0.1), 44100, format="FLAC")
+    data = buffer.getvalue()
+    theirs = to_shar_placeholder(Recording.from_bytes(data, recording_id="k"))
+    assert _placeholder("k", data).to_dict() == theirs.to_dict()
