@@ -149,8 +149,7 @@ class WhisperASR:
         out = []
         for reference, heard in zip(texts, self.hear(clips, sample_rate)):
             recipe = text.recipe_for(heard.language)
-            wer = text.word_error_rate(reference, heard.text, recipe)
-            cer = text.char_error_rate(reference, heard.text, recipe)
+            wer, cer = text.error_rates(reference, heard.text, recipe)
             out.append(Transcript(heard.text, heard.language, recipe, wer, cer))
         return out
 

@@ -62,15 +62,28 @@ def normalize(text: str, recipe: str = BASIC) -> str:
 def word_error_rate(reference: str, hypothesis: str, recipe: str = BASIC) -> float:
     """Word edits between the normalised texts over the reference's words (jiwer.wer: may exceed
     1; an empty reference gives 0 for an empty hypothesis, else the hypothesis's word count)."""
-    import jiwer
-
-    return float(jiwer.wer(normalize(reference, recipe), normalize(hypothesis, recipe)))
+    return _wer(normalize(reference, recipe), normalize(hypothesis, recipe))
 
 
 def char_error_rate(reference: str, hypothesis: str, recipe: str = BASIC) -> float:
     """Character edits between the normalised texts, whitespace removed, over the reference's
     characters (jiwer.cer)."""
+    return _cer(normalize(reference, recipe), normalize(hypothesis, recipe))
+
+
+def error_rates(reference: str, hypothesis: str, recipe: str) -> tuple[float, float]:
+    """(WER, CER) of a pair, each text normalised once."""
+    ref, hyp = normalize(reference, recipe), normalize(hypothesis, recipe)
+    return _wer(ref, hyp), _cer(ref, hyp)
+
+
+def _wer(reference: str, hypothesis: str) -> float:
     import jiwer
 
-    ref, hyp = normalize(reference, recipe).replace(" ", ""), normalize(hypothesis, recipe).replace(" ", "")
-    return float(jiwer.cer(ref, hyp))
+    return float(jiwer.wer(reference, hypothesis))
+
+
+def _cer(reference: str, hypothesis: str) -> float:
+    import jiwer
+
+    return float(jiwer.cer(reference.replace(" ", ""), hypothesis.replace(" ", "")))

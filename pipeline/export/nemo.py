@@ -18,9 +18,8 @@ import soundfile as sf
 
 from actors import schema as S
 
-from ..names import EXPORT_RECORD
-from .files import FilesPiece, join_pieces
-from .formats import Format, audio_bytes, metadata_json, metadata_rows, selected
+from .files import FilesFormat, FilesPiece, join_pieces
+from .formats import audio_bytes, metadata_json, metadata_rows, selected
 
 AUDIO_DIR = "audio/"
 MANIFEST_PIECE = "manifest.jsonl"
@@ -55,24 +54,16 @@ class NemoPiece(FilesPiece):
         self.lines.close()
 
 
-class NemoFormat(Format):
+class NemoFormat(FilesFormat):
+    """The files export's units and bounds (a file per row), with NeMo's names and manifests."""
+
     name = "nemo"
     default_dir = "nemo"
-    # a file per row: a work unit of at most this many rows writes their files and its manifest piece
-    shard_rows = 4_096
-    shard_bytes = 1 << 62
-    sharded = False
-    library = None
     owned = OWNED
-    record_name = EXPORT_RECORD
 
     @staticmethod
     def open_piece(folder: str, context) -> NemoPiece:
         return NemoPiece(folder, context)
-
-    @staticmethod
-    def final_names(number: int, total: int, split, prefix: str) -> dict:
-        return {}  # the files are in place already; the manifest pieces are joined by finish
 
     @staticmethod
     def finish(destination, pieces: list, summary: dict) -> None:

@@ -125,3 +125,11 @@ def test_empty_texts():
     assert word_error_rate("", "") == 0.0 and char_error_rate("", "") == 0.0
     assert word_error_rate("", "uh huh") == 2.0  # jiwer's: the inserted words
     assert word_error_rate("hello", "") == 1.0
+
+
+@pytest.mark.parametrize("reference, hypothesis, recipe, wer, cer", PAIRS)
+def test_both_rates_at_once_are_the_same_numbers(reference, hypothesis, recipe, wer, cer):
+    from actors.quality.text import error_rates
+
+    both = error_rates(reference, hypothesis, recipe)
+    assert both == (word_error_rate(reference, hypothesis, recipe), char_error_rate(reference, hypothesis, recipe))
