@@ -56,6 +56,29 @@ def _tiny_whisper_tokenizer(folder: Path, languages: tuple):
     return tokenizer
 
 
+def _tiny_whisper_generation(ids, languages: tuple, max_length: int):
+    """OpenAI's generation config in shape: languages, tasks, timestamps."""
+    from transformers import GenerationConfig
+
+    end, start = ids(WHISPER_END), ids("<|startoftranscript|>")
+    return GenerationConfig(
+        max_length=max_length,
+        decoder_start_token_id=start,
+        bos_token_id=end,
+        eos_token_id=end,
+        pad_token_id=end,
+        no_timestamps_token_id=ids("<|notimestamps|>"),
+        prev_sot_token_id=ids("<|startofprev|>"),
+        max_initial_timestamp_index=50,
+        is_multilingual=True,
+        lang_to_id={f"<|{code}|>": ids(f"<|{code}|>") for code in languages},
+        task_to_id={"transcribe": ids("<|transcribe|>"), "translate": ids("<|translate|>")},
+        # random weights: keep them off the special tokens so the transcripts hold text
+        suppress_tokens=[ids(s) for s in WHISPER_TASKS],
+        begin_suppress_tokens=[end],
+    )
+
+
 def build_tiny_whisper(folder: Path, languages: tuple = ("en", "zh", "de"), max_length: int = 24) -> Path:
     """A tiny multilingual Whisper as `save_pretrained` writes it (config, weights, generation
     config, tokenizer with timestamp tokens, feature extractor), seeded random weights. Its
@@ -63,7 +86,6 @@ def build_tiny_whisper(folder: Path, languages: tuple = ("en", "zh", "de"), max_
     per 30 s window (few: the decoding, not the text, is under test)."""
     import torch
     from transformers import (
-        GenerationConfig,
         WhisperConfig,
         WhisperFeatureExtractor,
         WhisperForConditionalGeneration,
@@ -99,22 +121,7 @@ def build_tiny_whisper(folder: Path, languages: tuple = ("en", "zh", "de"), max_
         # else; halved, a window holds text and some timestamps, and long-form decoding seeks
         # by them (a window starting before 30 s and ending after it)
         model.model.decoder.embed_tokens.weight[ids("<|notimestamps|>") + 1 :] *= 0.5
-    model.generation_config = GenerationConfig(
-        max_length=max_length,
-        decoder_start_token_id=start,
-        bos_token_id=end,
-        eos_token_id=end,
-        pad_token_id=end,
-        no_timestamps_token_id=ids("<|notimestamps|>"),
-        prev_sot_token_id=ids("<|startofprev|>"),
-        max_initial_timestamp_index=50,
-        is_multilingual=True,
-        lang_to_id={f"<|{code}|>": ids(f"<|{code}|>") for code in languages},
-        task_to_id={"transcribe": ids("<|transcribe|>"), "translate": ids("<|translate|>")},
-        # random weights: keep them off the special tokens so the transcripts hold text
-        suppress_tokens=[ids(s) for s in WHISPER_TASKS],
-        begin_suppress_tokens=[end],
-    )
+    model.generation_config = _tiny_whisper_generation(ids, languages, max_length)
     model.save_pretrained(folder)
     return folder
 
