@@ -193,10 +193,15 @@ SPEECH_RATE_S_PER_CHAR = "speech_rate_s_per_char"  # seconds of audio per non-sp
 SILENCE_RATIO = "silence_ratio"  # share of 20 ms frames below quality.silence_dbfs
 CLIPPED_RATIO = "clipped_ratio"  # share of samples at full scale
 LOUDNESS_LUFS = "loudness_lufs"  # integrated loudness, ITU-R BS.1770-4 (null: too short or silent)
-# with quality.asr: the transcript, and its word / character error rates against `text`
+# with quality.asr: the transcript, the language it was decoded in (quality.asr_language or
+# Whisper's detection; a Whisper code such as "en"), its word / character error rates against
+# `text`, and the recipe they were computed by (actors/quality/text.py: "whisper-english" or
+# "whisper-basic", Whisper's normaliser then jiwer)
 ASR_TEXT = "asr_text"
+ASR_LANGUAGE = "asr_language"
 WER = "wer"
 CER = "cer"
+WER_RECIPE = "wer_recipe"
 # the reference clip the row's voice came from, as the actor read it: its path (confined to
 # data.audio_root) or URI; null when it was given as bytes or codes, or there was none
 REFERENCE = "reference"
@@ -308,8 +313,10 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field(CLIPPED_RATIO, pa.float64()),
         pa.field(LOUDNESS_LUFS, pa.float64()),
         pa.field(ASR_TEXT, pa.string()),
+        pa.field(ASR_LANGUAGE, pa.string()),
         pa.field(WER, pa.float64()),
         pa.field(CER, pa.float64()),
+        pa.field(WER_RECIPE, pa.string()),
         pa.field(SPEAKER_SIMILARITY, pa.float64()),
         pa.field(MOS, pa.float64()),
         pa.field(MOS_SIG, pa.float64()),

@@ -87,8 +87,14 @@ class ChorusConfig(RunGroups):
     preview: PreviewSettings = field(default_factory=PreviewSettings)
 
 
-EXPORT_FORMATS = ("files", "webdataset", "lhotse", "hf")
+EXPORT_FORMATS = ("files", "webdataset", "lhotse", "hf", "nemo")
 EXPORT_STATUSES = (S.STATUS_OK, S.STATUS_REJECTED)  # error rows have no audio to export
+# what a training set holds: the row's key, what is said, the audio and its length, who says it,
+# in which language (as ASR decoded it); the other output columns (timings, provenance, codes,
+# the quality metrics) go out only when export.columns names them
+TRAINING_COLUMNS = (S.ID, S.TEXT, S.AUDIO, S.AUDIO_SECONDS, S.SPEAKER, S.ASR_LANGUAGE)
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"  # a prefix: a file name's start
+_SPLIT_NAME = r"[A-Za-z0-9][A-Za-z0-9_]{0,63}"  # a split: also a Hub split name (no '-', no '.')
 
 
 @dataclass
@@ -96,7 +102,8 @@ class ExportSettings:
     """`python -m pipeline.export`'s own group (pipeline/export/)."""
 
     # files: one audio file per row + files.csv; webdataset: <prefix>-NNNNNN.tar; lhotse: Lhotse
-    # Shar (cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar); hf: data/train-NNNNN-of-NNNNN.parquet + README.md
+    # Shar (cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar); hf: data/train-NNNNN-of-NNNNN.parquet +
+    # README.md; nemo: audio/<id>.flac + train_manifest.json (NeMo's JSON-lines manifest)
     format: str = field(default="files", metadata=one_of(*EXPORT_FORMATS))
     # where it goes (local or URI); null = <output.dir>/<format> (files: <output.dir>/audio)
     dir: Optional[str] = None
@@ -111,11 +118,23 @@ class ExportSettings:
     min_speaker_similarity: Optional[float] = None
     max_wer: Optional[float] = None
     exclude_flags: list = field(default_factory=list, metadata=described("quality flags (quality.reject's)"))
+    # the output columns each exported row carries (id and audio always): a training set's by
+    # default; name others (wer, speaker_similarity, turns, ...) to add them
+    columns: list = field(
+        default_factory=lambda: list(TRAINING_COLUMNS), metadata=described("output columns (actors/schema.py)")
+    )
+    # named splits and their shares of the rows, e.g. {train: 0.98, validation: 0.01, test: 0.01};
+    # a row's split is fixed by a hash of its id, so it stays put as the dataset grows. null: one
+    # split, train (webdataset: export.prefix)
+    splits: Optional[dict[str, float]] = field(default=None, metadata=described("shares summing to 1"))
+    # the dataset card's (hf) `license` (a Hub licence id, e.g. cc-by-4.0) and `language` (codes, e.g. [en])
+    license: Optional[str] = None
+    language: list = field(default_factory=list, metadata=described("language codes"))
     # a shard's rows and bytes (its samples' audio and metadata) at most; null: the format's
     # own recommendation (pipeline/export/formats.py)
     shard_rows: Optional[int] = field(default=None, metadata=at_least(1, or_null=True))
     shard_bytes: Optional[int] = field(default=None, metadata=at_least(1, or_null=True))
-    # webdataset's shard names: <prefix>-000000.tar, ...
+    # webdataset's shard names without export.splits: <prefix>-000000.tar, ...
     prefix: str = field(default="train", metadata=described("letters, digits, '_' or '-'; 1-64 characters"))
     # periodic progress line, seconds
     progress_interval_s: float = 10.0
@@ -131,10 +150,36 @@ class ExportSettings:
         unknown = [f for f in self.exclude_flags if f not in FLAGS]
         if unknown:
             raise ConfigError(f"export.exclude_flags: unknown flag(s) {unknown}; the flags are {', '.join(FLAGS)}")
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", self.prefix):
+        if not re.fullmatch(_NAME, self.prefix):
             raise ConfigError(
                 f"export.prefix must be letters, digits, '_' or '-' (a file name's start), got {self.prefix!r}"
             )
+        unknown = [c for c in self.columns if c not in S.OUTPUT_SCHEMA.names]
+        if unknown:
+            raise ConfigError(
+                f"export.columns: {unknown} are not output columns; choose from {', '.join(S.OUTPUT_SCHEMA.names)}"
+            )
+        self._validate_splits()
+
+    def _validate_splits(self) -> None:
+        if self.splits is None:
+            return
+        shares = dict(self.splits)
+        bad = [name for name, share in shares.items() if not re.fullmatch(_SPLIT_NAME, str(name)) or not 0 < share <= 1]
+        if not shares or bad or abs(sum(shares.values()) - 1.0) > 1e-6:
+            raise ConfigError(
+                f"export.splits must name splits (letters, digits or '_') with shares in (0, 1] summing to 1, "
+                f"e.g. {{train: 0.98, validation: 0.01, test: 0.01}}; got {shares}"
+            )
+
+    def export_columns(self) -> list:
+        """The columns each exported row carries: export.columns in order, id first and audio
+        last where it does not name them."""
+        named = list(dict.fromkeys(self.columns))
+        return [*([S.ID] if S.ID not in named else []), *named, *([S.AUDIO] if S.AUDIO not in named else [])]
+
+    def split_shares(self) -> Optional[dict]:
+        return None if self.splits is None else {str(k): float(v) for k, v in dict(self.splits).items()}
 
 
 def export_settings(**keys) -> ExportSettings:

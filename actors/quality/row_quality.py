@@ -112,14 +112,17 @@ class RowQuality:
         self.turn_similarities = list(similarities)
         measured = [value for value in similarities if value is not None]
         self.speaker_similarity = min(measured) if measured else None
-        if self.speaker_similarity is not None and self.speaker_similarity < self.settings.min_speaker_similarity:
+        bound = self.settings.speaker_bound()
+        if self.speaker_similarity is not None and bound is not None and self.speaker_similarity < bound:
             self._flag(SPEAKER)
 
     def first_failing_turn(self, flag: str) -> Optional[int]:
         """The first turn whose own measurement shows `flag` (a local flag, or speaker); None
         when no turn was measured alone for it."""
         if flag == SPEAKER and len(self.turn_similarities) > 1:
-            low = self.settings.min_speaker_similarity
+            low = self.settings.speaker_bound()
+            if low is None:
+                return None
             return next((k for k, v in enumerate(self.turn_similarities) if v is not None and v < low), None)
         return next((k for k, flags in enumerate(self.turn_flags) if flag in flags), None)
 
@@ -195,7 +198,9 @@ class RowQuality:
             S.SPEAKER_SIMILARITY: self.speaker_similarity,
         }
         if self.asr is not None:
-            out.update({S.ASR_TEXT: self.asr.asr_text, S.WER: self.asr.wer, S.CER: self.asr.cer})
+            asr = self.asr
+            out.update({S.ASR_TEXT: asr.asr_text, S.ASR_LANGUAGE: asr.language, S.WER: asr.wer, S.CER: asr.cer})
+            out[S.WER_RECIPE] = asr.recipe
         if self.mos is not None:
             out.update({S.MOS: self.mos.ovrl, S.MOS_SIG: self.mos.sig, S.MOS_BAK: self.mos.bak})
         return out

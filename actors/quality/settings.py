@@ -31,7 +31,9 @@ FLAGS = (NO_AUDIO, TRUNCATED, REPETITION, WER, SPEAKER, SPEECH_RATE, SILENCE, CL
 LOCAL_FLAGS = (SILENCE, CLIPPING, LOUDNESS)
 
 ASR_BACKENDS = ("whisper",)  # Whisper through transformers (actors/quality/asr.py)
-SPEAKER_BACKENDS = ("wavlm",)  # a WavLM x-vector model through transformers (actors/quality/speaker.py)
+# wavlm: a WavLM x-vector model through transformers (microsoft/wavlm-base-plus-sv; speaker.py);
+# wavlm_ecapa: UniSpeech's WavLM-Large ECAPA-TDNN, Seed-TTS-eval's SIM model (wavlm_ecapa.py)
+SPEAKER_BACKENDS = ("wavlm", "wavlm_ecapa")
 MOS_BACKENDS = ("dnsmos",)  # DNSMOS P.835's ONNX file through onnxruntime (actors/quality/mos.py)
 
 # the thresholds the checks' defaults take (QualitySettings), each from its source
@@ -39,6 +41,9 @@ MOS_BACKENDS = ("dnsmos",)  # DNSMOS P.835's ONNX file through onnxruntime (acto
 # "Usage") compares the cosine of two of its x-vectors with `threshold = 0.86` ("the optimal threshold
 # is dataset-dependent"): below it, not the same speaker. It holds for that checkpoint only.
 WAVLM_SAME_SPEAKER_THRESHOLD = 0.86
+# each speaker backend's own bound when quality.min_speaker_similarity is null: only the x-vector
+# model's card publishes one; Seed-TTS-eval reports its model's cosine as a mean, no threshold
+SPEAKER_BOUNDS = {"wavlm": WAVLM_SAME_SPEAKER_THRESHOLD, "wavlm_ecapa": None}
 # Emilia keeps only utterances with DNSMOS P.835 OVRL >= 3.0, "the lowest 'fair' quality
 # anchor" of ITU-T P.835: He et al., "Emilia: A Large-Scale, Extensive, Multilingual, and
 # Diverse Dataset for Speech Generation", arXiv:2501.15907, Sec. III (Filtering). The
@@ -88,12 +93,15 @@ class QualitySettings:
     asr_language: Optional[str] = None
     asr_batch_rows: int = field(default=8, metadata=at_least(1))
     max_wer: float = field(default=0.5, metadata=at_least(0))
-    # speaker similarity (speaker_similarity): a WavLM x-vector model from a local directory
+    # speaker similarity (speaker_similarity): a speaker-verification model from a local directory
     # (null: none, nothing imported), the row's audio against its reference clip; the flag below
-    # the bound. 0.86: the same-speaker threshold microsoft/wavlm-base-plus-sv's model card gives
+    # the bound. wavlm: a WavLM x-vector model (microsoft/wavlm-base-plus-sv); wavlm_ecapa:
+    # Seed-TTS-eval's SIM model (UniSpeech's wavlm_large_finetune.pth). The bound, null: the
+    # backend's own -- 0.86 for wavlm (its model card's same-speaker threshold), none (measured,
+    # never flagged) for wavlm_ecapa, whose source publishes no threshold
     speaker: Optional[str] = field(default=None, metadata=one_of(*SPEAKER_BACKENDS, or_null=True))
     speaker_model: Optional[str] = field(default=None, metadata=described(_MODEL_WORDS.format(backend="speaker")))
-    min_speaker_similarity: float = WAVLM_SAME_SPEAKER_THRESHOLD
+    min_speaker_similarity: Optional[float] = field(default=None, metadata=within(-1, 1, or_null=True))
     # predicted MOS (mos, mos_sig, mos_bak): DNSMOS P.835's ONNX file (null: none, nothing
     # imported); the flag below the bound. 3.0 OVRL: the Emilia corpus's filter (He et al., 2024)
     mos: Optional[str] = field(default=None, metadata=one_of(*MOS_BACKENDS, or_null=True))
@@ -105,6 +113,12 @@ class QualitySettings:
     # would otherwise regenerate most of itself max_attempts times per segment
     max_regenerated_share: float = field(default=2.0, metadata=at_least(0))
 
+    def speaker_bound(self) -> Optional[float]:
+        """The similarity below which the `speaker` flag is raised (None: never)."""
+        if self.min_speaker_similarity is not None:
+            return self.min_speaker_similarity
+        return SPEAKER_BOUNDS.get(self.speaker or "wavlm")
+
     def validate(self) -> None:
         check_bounds(self, "quality")
         for flag in self.reject:
@@ -115,6 +129,11 @@ class QualitySettings:
                 raise ConfigError(
                     f"quality.reject lists {flag!r} but quality.{backend} is null (set quality.{backend}={example})"
                 )
+        if SPEAKER in self.reject and self.speaker is not None and self.speaker_bound() is None:
+            raise ConfigError(
+                f"quality.reject lists 'speaker' but quality.speaker={self.speaker} has no published threshold: "
+                "set quality.min_speaker_similarity"
+            )
         for low, high in (("min_s_per_char", "max_s_per_char"), ("min_lufs", "max_lufs")):
             if not getattr(self, low) <= getattr(self, high):
                 raise ConfigError(

@@ -1,6 +1,8 @@
-"""Optional speaker similarity for the quality gate: the cosine between a WavLM x-vector of a
-row's synthesized audio and one of its reference voice clip, through `transformers`, loaded from
-a local model directory (`quality.speaker_model`; nothing is downloaded).
+"""Optional speaker similarity for the quality gate: the cosine between a speaker embedding of a
+row's synthesized audio and one of its reference voice clip, from a local model directory
+(`quality.speaker_model`; nothing is downloaded): a WavLM x-vector through `transformers`
+(`quality.speaker=wavlm`, here) or Seed-TTS-eval's WavLM ECAPA-TDNN (`wavlm_ecapa`,
+actors/quality/wavlm_ecapa.py); `open_embedder` picks.
 
 Imported only when `quality.speaker` is set: torch and transformers are imported inside
 SpeakerEmbedder, so importing this module costs numpy only.
@@ -98,6 +100,18 @@ class SpeakerEmbedder:
         if not (math.isfinite(norm) and norm > 0):
             return np.full(self.dim, np.nan, dtype=np.float32)
         return (embedding / norm).astype(np.float32)
+
+
+def open_embedder(backend: str, model_dir: str, device: str = "cpu") -> ClipEmbedder:
+    """The speaker-verification model quality.speaker names, from its local directory: the WavLM
+    x-vector model (`wavlm`) or Seed-TTS-eval's WavLM ECAPA-TDNN (`wavlm_ecapa`)."""
+    if backend == "wavlm_ecapa":
+        from actors.quality.wavlm_ecapa import WavLMEcapaEmbedder
+
+        return WavLMEcapaEmbedder(model_dir, device=device)
+    if backend != "wavlm":
+        raise ConfigError(f"quality.speaker must be one of {', '.join(SPEAKER_BACKENDS)}, got {backend!r}")
+    return SpeakerEmbedder(model_dir, device=device)
 
 
 def _check_xvector_config(model_dir: str) -> None:

@@ -63,9 +63,9 @@ def load_speaker_check(
     if settings.speaker is None:
         return None
     settings.validate()
-    from actors.quality.speaker import SpeakerEmbedder
+    from actors.quality.speaker import open_embedder
 
-    return SpeakerCheck(SpeakerEmbedder(settings.speaker_model, device=device), load_reference)
+    return SpeakerCheck(open_embedder(settings.speaker, settings.speaker_model, device=device), load_reference)
 
 
 def load_mos(settings: QualitySettings, threads: Optional[int]) -> Any:

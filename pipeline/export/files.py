@@ -1,7 +1,8 @@
 """One audio file per exported row, named after its id (`schema.audio_file_stem`: plain ids as
 they are, any other its safe characters plus a hash), and `files.csv` mapping each id to its
-file, status, length and turns (who speaks when, as JSON). A file is the row's audio as stored:
-a dialogue row's of output.channels=per_speaker has a channel per voice.
+file, its split (with export.splits) and export.columns (by default text, audio_seconds, speaker,
+asr_language; a list or struct column such as turns as JSON). A file is the row's audio as
+stored: a dialogue row's of output.channels=per_speaker has a channel per voice.
 
 Each Ray task writes its rows' files straight under their final names (each whole: a temporary
 name renamed, or an object store's upload) and its part of the index as a piece; the index is
@@ -15,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 from typing import Optional
 
@@ -24,22 +26,37 @@ from actors import schema as S
 from actors.files import atomic_open
 
 from ..names import EXPORT_DIR, EXPORT_INDEX_FILE, EXPORT_RECORD
-from .formats import Format, audio_bytes
+from .formats import Format, audio_bytes, selected
 
 INDEX_PIECE = "index.csv"
-INDEX_HEADER = [S.ID, S.STATUS, "file", S.AUDIO_SECONDS, S.TURNS]
+FILE_COLUMN, SPLIT_COLUMN = "file", "split"
 OWNED = re.compile(rf"[^/]+\.flac|{re.escape(EXPORT_INDEX_FILE)}")
 
 
-def turns_cell(turns: Optional[list]) -> str:
-    """A row's turns for files.csv: a JSON list of {speaker, text, start_s, end_s,
-    speaker_similarity} (empty for output written before turns existed)."""
-    return json.dumps(turns, ensure_ascii=False) if turns else ""
+def index_header(columns: list, named_split: bool) -> list:
+    """files.csv's columns: id, the file, the split (with export.splits), the other columns."""
+    return [S.ID, FILE_COLUMN, *([SPLIT_COLUMN] if named_split else []), *selected(columns, S.ID)]
+
+
+def cell(value) -> str:
+    """A value as a CSV cell: a list or struct (turns, quality_flags) as JSON, null as empty."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
 
 
 class FilesPiece:
-    def __init__(self, folder: str, destination):
-        self.destination = destination
+    """Rows' audio under their file names (in `subdir` of the destination), and the piece's part
+    of the index."""
+
+    def __init__(self, folder: str, context, subdir: str = ""):
+        self.destination, self.subdir = context.destination, subdir
+        self.columns, self.context = selected(context.columns, S.ID), context
+        self.open_index(folder)
+
+    def open_index(self, folder: str) -> None:
         self.index = open(f"{folder}/{INDEX_PIECE}", "w", newline="", encoding="utf-8")
         self.rows = csv.writer(self.index)
 
@@ -56,6 +73,7 @@ class FilesPiece:
 
     def _write(self, path: str, data: bytes) -> None:
         if self.destination.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             with atomic_open(path, "wb") as f:
                 f.write(data)
         else:  # an object appears whole when its upload completes
@@ -65,7 +83,7 @@ class FilesPiece:
     def place(self, row_id: str, data: bytes) -> str:
         """The file name the row's audio is under, written unless it is there already."""
         for stem in (S.audio_file_stem(row_id), S.audio_file_stem(row_id, with_hash=True)):
-            name = f"{stem}.flac"
+            name = f"{self.subdir}{stem}.flac"
             path = self.destination.path(name)
             held = self._holds(path, data)
             if held is None:
@@ -75,10 +93,11 @@ class FilesPiece:
         raise FileExistsError(f"{self.destination.path(name)} holds another row's audio than {row_id!r}'s")
 
     def add(self, table) -> None:
-        columns = table.select([S.ID, S.STATUS, S.AUDIO_SECONDS, S.TURNS]).to_pylist()
-        for row, data in zip(columns, audio_bytes(table).to_pylist()):
+        split = [self.context.split] if self.context.named_split else []
+        values = table.select([S.ID, *self.columns]).to_pylist()
+        for row, data in zip(values, audio_bytes(table).to_pylist()):
             name = self.place(row[S.ID], data)
-            self.rows.writerow([row[S.ID], row[S.STATUS], name, row[S.AUDIO_SECONDS], turns_cell(row[S.TURNS])])
+            self.rows.writerow([row[S.ID], name, *split, *(cell(row[c]) for c in self.columns)])
 
     def close(self) -> None:
         self.index.close()
@@ -90,27 +109,31 @@ class FilesFormat(Format):
     # no shards: a work unit of at most this many rows writes their files and its index piece
     shard_rows = 4_096
     shard_bytes = 1 << 62
+    sharded = False
     library = None
-    columns = [S.ID, S.STATUS, S.AUDIO, S.AUDIO_SECONDS, S.TURNS]
     owned = OWNED
     record_name = EXPORT_RECORD
 
     @staticmethod
-    def open_piece(folder: str, destination) -> FilesPiece:
-        return FilesPiece(folder, destination)
+    def open_piece(folder: str, context) -> FilesPiece:
+        return FilesPiece(folder, context)
 
     @staticmethod
-    def final_names(number: int, total: int, prefix: str) -> dict:
+    def final_names(number: int, total: int, split, prefix: str) -> dict:
         return {}  # the files are in place already; the index pieces are joined by finish
 
     @staticmethod
     def finish(destination, pieces: list, summary: dict) -> None:
-        """files.csv: the header, then each piece's rows in plan order, streamed (never whole)."""
-        with destination.open_output(EXPORT_INDEX_FILE) as out:
-            header = io.StringIO()
-            csv.writer(header).writerow(INDEX_HEADER)
-            out.write(header.getvalue().encode("utf-8"))
-            for piece in pieces:
-                with destination.fs.open_input_stream(destination.staged(piece, INDEX_PIECE), compression=None) as f:
-                    while chunk := f.read(1 << 20):
-                        out.write(chunk)
+        header = io.StringIO()
+        csv.writer(header).writerow(index_header(summary["columns"], bool(summary["split_shares"])))
+        join_pieces(destination, EXPORT_INDEX_FILE, header.getvalue().encode("utf-8"), pieces, INDEX_PIECE)
+
+
+def join_pieces(destination, name: str, header: bytes, pieces: list, piece_file: str) -> None:
+    """`name`: the header, then each piece's `piece_file` in plan order, streamed (never whole)."""
+    with destination.open_output(name) as out:
+        out.write(header)
+        for piece in pieces:
+            with destination.fs.open_input_stream(destination.staged(piece, piece_file), compression=None) as f:
+                while chunk := f.read(1 << 20):
+                    out.write(chunk)

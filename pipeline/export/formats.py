@@ -4,13 +4,19 @@ cutting of a unit's rows into pieces of at most `shard_rows` rows and `shard_byt
 A format is a class with:
   name, default_dir        export.format and the folder under output.dir when export.dir is null
   shard_rows, shard_bytes  its recommended bounds (export.shard_rows / shard_bytes override)
+  sharded                  whether it writes shards (False: a file per row and an index)
   library                  the package its writer needs (None: pyarrow and the standard library)
-  columns                  the output columns its pieces read (the filters' are added)
   record_name              the export's record in the destination
-  open_piece(folder, context) -> a piece writer: add(table), close() (files under `folder`)
-  final_names(number, total, prefix) -> {staged file name: path in the destination}
+  open_piece(folder, context) -> a piece writer: add(table), close() (files under `folder`);
+                           `context` (PieceContext) names the destination, the columns its
+                           rows carry (export.columns, id and audio first) and its split
+  final_names(number, total, split, prefix) -> {staged file name: path in the destination}; the
+                           piece's number and count within its split (split None: no export.splits)
   owns(path)               a file the format writes (what export.overwrite may delete)
   finish(destination, pieces, summary)  the files written once every piece is published
+
+A piece's rows come with more columns than it writes (the filters', sample_rate, audio_seconds):
+a writer picks `columns` (`selected`).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +42,7 @@ _REGISTRY = {
     "webdataset": "webdataset:WebDatasetFormat",
     "lhotse": "lhotse_shar:LhotseFormat",
     "hf": "hf:HubParquetFormat",
+    "nemo": "nemo:NemoFormat",
 }
 INSTALL_HINT = "pip install 'chorus[export]'"
 
@@ -44,6 +51,7 @@ class Format:
     """What every format shares: `owns` by its `owned` pattern, no last files unless it has some."""
 
     owned: re.Pattern
+    sharded = True
 
     @classmethod
     def owns(cls, path: str) -> bool:
@@ -67,6 +75,14 @@ def check_installed(fmt) -> None:
             f"export.format={fmt.name} writes with the {fmt.library} package, which is not installed: "
             f"{INSTALL_HINT} (on a cluster, on every node)"
         )
+
+
+@dataclass(frozen=True)
+class PieceContext:
+    destination: Any  # destination.Destination
+    columns: list  # the columns each row carries (id and audio first)
+    split: str  # the piece's split: one of export.splits, or "train" without them
+    named_split: bool  # whether export.splits named it (else no split is written anywhere)
 
 
 @dataclass(frozen=True)
@@ -94,10 +110,14 @@ def _finite(value):
     return value
 
 
-def metadata_rows(table: pa.Table) -> list[dict]:
-    """Every metadata column of each row (all but audio and codes), JSON-ready."""
-    names = [n for n in S.METADATA_COLUMNS if n in table.column_names]
-    return [_finite(row) for row in table.select(names).to_pylist()]
+def selected(columns: list, *leave_out: str) -> list:
+    """The export's columns, but those a format stores its own way (the audio, always)."""
+    return [c for c in columns if c not in (S.AUDIO, *leave_out)]
+
+
+def metadata_rows(table: pa.Table, columns: list) -> list[dict]:
+    """Each row's exported columns (audio aside), JSON-ready."""
+    return [_finite(row) for row in table.select(selected(columns)).to_pylist()]
 
 
 def metadata_json(row: dict) -> bytes:

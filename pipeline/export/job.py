@@ -36,7 +36,7 @@ log = logging.getLogger("chorus")
 
 # what makes two exports the same export: a rerun with all of these equal resumes (or, done,
 # changes nothing); any other is refused unless export.overwrite
-IDENTITY_KEYS = ("format", "source_files", "filters", "bounds", "prefix")
+IDENTITY_KEYS = ("format", "source_files", "filters", "bounds", "prefix", "columns", "splits", "card")
 PUBLISH_THREADS = 8  # an object store's copies are slow one at a time
 
 
@@ -173,10 +173,18 @@ def run_units(plan: ExportPlan, job: dict, cluster_settings: ExportCluster, inte
     return sorted(records, key=lambda r: r["unit"])
 
 
-def publish(destination: Destination, fmt, records: list, prefix: str) -> list:
-    """Every piece under its final name, numbered in plan order; the pieces, in that order."""
+def publish(destination: Destination, fmt, records: list, wanted: dict) -> list:
+    """Every piece under its final name, numbered in plan order within its split; the pieces,
+    in that order."""
     pieces = [piece for record in records for piece in record["pieces"]]
-    names = [fmt.final_names(n, len(pieces), prefix) for n in range(len(pieces))]
+    split_of = (lambda piece: piece["split"]) if wanted["splits"] else (lambda piece: None)
+    totals = Counter(split_of(p) for p in pieces)
+    seen: Counter = Counter()
+    names = []
+    for piece in pieces:
+        split = split_of(piece)
+        names.append(fmt.final_names(seen[split], totals[split], split, wanted["prefix"]))
+        seen[split] += 1
     with ThreadPoolExecutor(PUBLISH_THREADS) as pool:
         list(pool.map(destination.publish, pieces, names))
     return pieces
@@ -193,7 +201,7 @@ def summarize(records: list, pieces: list, wanted: dict) -> dict:
         "removed": dict(sorted(removed.items())),
         "audio_seconds": round(sum(p["audio_seconds"] for p in pieces), 3),
         "audio_bytes": sum(p["audio_bytes"] for p in pieces),
-        "shards": len(pieces) if wanted["format"] != "files" else 0,
+        "shards": len(pieces) if formats.get(wanted["format"]).sharded else 0,
         "units": len(records),
         "units_reused": sum(1 for r in records if r.get("reused")),
         "workers": len({r["worker"] for r in records}),
@@ -201,7 +209,24 @@ def summarize(records: list, pieces: list, wanted: dict) -> dict:
         "sample_rate": rates[0] if rates else None,
         "filters": wanted["filters"],
         "prefix": wanted["prefix"],
+        "columns": wanted["columns"],
+        "splits": _split_counts(pieces, list(wanted["splits"] or [])),
+        "split_shares": wanted["splits"],
+        "card": wanted["card"],
     }
+
+
+def _split_counts(pieces: list, order: list) -> dict:
+    """Rows, audio and files per split with rows, in export.splits' order."""
+    out: dict = {split: None for split in order}
+    for piece in pieces:
+        entry = out.get(piece["split"]) or {"rows": 0, "audio_seconds": 0.0, "audio_bytes": 0, "shards": 0}
+        out[piece["split"]] = entry
+        entry["rows"] += piece["rows"]
+        entry["audio_seconds"] = round(entry["audio_seconds"] + piece["audio_seconds"], 3)
+        entry["audio_bytes"] += piece["audio_bytes"]
+        entry["shards"] += 1
+    return {split: counts for split, counts in out.items() if counts is not None}
 
 
 def export(source_dir: str, settings: ExportSettings, cluster_settings: ExportCluster) -> ExportReport:
@@ -221,6 +246,9 @@ def export(source_dir: str, settings: ExportSettings, cluster_settings: ExportCl
         "filters": filters.settings_of(settings),
         "bounds": asdict(bounds),
         "prefix": settings.prefix,
+        "columns": settings.export_columns(),
+        "splits": settings.split_shares(),
+        "card": {"license": settings.license, "language": list(settings.language)},
     }
     done = begin(destination, fmt, wanted, settings.overwrite)
     if done is not None:
@@ -228,7 +256,7 @@ def export(source_dir: str, settings: ExportSettings, cluster_settings: ExportCl
         return ExportReport(destination.location, done["summary"], already_done=True)
     job = {**wanted, "source": layout.location, "dest": destination.location}
     records = run_units(plan, job, cluster_settings, settings.progress_interval_s)
-    pieces = publish(destination, fmt, records, settings.prefix)
+    pieces = publish(destination, fmt, records, wanted)
     summary = {**summarize(records, pieces, wanted), "source_dir": layout.location, "source": _source_facts(layout)}
     fmt.finish(destination, pieces, summary)
     summary["seconds"] = round(time.monotonic() - began, 3)

@@ -1,7 +1,8 @@
 """WebDataset: tar shards `<prefix>-000000.tar`, ... (brace notation reads them all:
-`<prefix>-{000000..000041}.tar`), each sample two members in a row, `<key>.flac` (the row's
-audio as stored: mono, or a channel per voice) and `<key>.json` (every metadata column: id,
-text, speaker, timings, the quality metrics, turns). Keys are `schema.sample_key`: no dot
+`<prefix>-{000000..000041}.tar`; with export.splits each split's own, `<split>-000000.tar`),
+each sample two members in a row, `<key>.flac` (the row's audio as stored: mono, or a channel
+per voice) and `<key>.json` (export.columns: by default id, text, audio_seconds, speaker,
+asr_language; any other output column on request). Keys are `schema.sample_key`: no dot
 (WebDataset splits a member name at its first dot into key and extension), safe in a tar, and
 unique when ids are.
 
@@ -28,7 +29,8 @@ OWNED = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*-\d{6}\.tar")
 
 
 class TarPiece:
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, columns: list):
+        self.columns = columns
         self.file = open(f"{folder}/{SHARD_FILE}", "wb")
         self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.PAX_FORMAT)
 
@@ -39,7 +41,7 @@ class TarPiece:
 
     def add(self, table) -> None:
         audio = audio_bytes(table).to_pylist()
-        for row, flac in zip(metadata_rows(table), audio):
+        for row, flac in zip(metadata_rows(table, self.columns), audio):
             key = S.sample_key(row[S.ID])
             self._member(f"{key}.flac", flac)
             self._member(f"{key}.json", metadata_json(row))
@@ -57,19 +59,27 @@ class WebDatasetFormat(Format):
     shard_rows = 100_000
     shard_bytes = 1_000_000_000
     library = None
-    columns = [*S.METADATA_COLUMNS, S.AUDIO]
     owned = OWNED
     record_name = EXPORT_RECORD
 
     @staticmethod
     def open_piece(folder: str, context) -> TarPiece:
-        return TarPiece(folder)
+        return TarPiece(folder, context.columns)
 
     @staticmethod
-    def final_names(number: int, total: int, prefix: str) -> dict:
-        return {SHARD_FILE: f"{prefix}-{number:06d}.tar"}
+    def final_names(number: int, total: int, split, prefix: str) -> dict:
+        return {SHARD_FILE: f"{split or prefix}-{number:06d}.tar"}
 
     @staticmethod
     def finish(destination, pieces: list, summary: dict) -> None:
-        prefix, last = summary["prefix"], summary["shards"] - 1
-        summary["urls"] = f"{destination.location}/{prefix}-{{000000..{last:06d}}}.tar" if last >= 0 else None
+        """The brace URL of the shards (with export.splits, {split: its shards' URL})."""
+        if not summary["split_shares"]:
+            last = summary["shards"] - 1
+            summary["urls"] = (
+                f"{destination.location}/{summary['prefix']}-{{000000..{last:06d}}}.tar" if last >= 0 else None
+            )
+            return
+        summary["urls"] = {
+            split: f"{destination.location}/{split}-{{000000..{counts['shards'] - 1:06d}}}.tar"
+            for split, counts in summary["splits"].items()
+        }

@@ -80,7 +80,9 @@ def test_export_writes_multichannel_files_and_the_turns(tmp_path):
     ]
     talk = {**ok_row("talk", 1.0), S.AUDIO: {S.AUDIO_BYTES: flac, S.AUDIO_PATH: None}, S.TURNS: turns}
     layout = export_source(tmp_path / "out", [talk, ok_row("plain")])
-    report = export(layout.location, export_settings(), export_in_process())
+    # the turns on request (export.columns): who speaks when, beside each file
+    columns = [S.ID, S.TEXT, S.AUDIO, S.AUDIO_SECONDS, S.TURNS]
+    report = export(layout.location, export_settings(columns=columns), export_in_process())
     assert report.summary["rows"] == 2
     audio_dir = tmp_path / "out" / "audio"
     channels, _ = sf.read(audio_dir / "talk.flac")

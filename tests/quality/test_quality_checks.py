@@ -1,6 +1,6 @@
 """The per-row checks on constructed inputs (a silent clip, a clipped sine, a looping code
-sequence, a zero-frame result, a budget-hit result), the attempt logic, the error rates and
-the quality settings' checks."""
+sequence, a zero-frame result, a budget-hit result), the attempt logic and the quality
+settings' checks."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from actors.errors import ConfigError
 from actors.quality import attempts, checks
 from actors.quality.row_quality import RowQuality, SegmentAttempts
 from actors.quality.settings import QualitySettings
-from actors.quality.text import char_error_rate, edit_distance, normalize, word_error_rate
 
 SR = 44100
 LIMITS = QualitySettings()
@@ -104,40 +103,6 @@ def test_the_reject_decision():
     assert attempts.should_retry(["no_audio"], reject, attempt=1, max_attempts=3)
     assert not attempts.should_retry(["no_audio"], reject, attempt=2, max_attempts=3)
     assert not attempts.should_retry(["truncated"], reject, attempt=0, max_attempts=3)
-
-
-@pytest.mark.parametrize(
-    "reference, hypothesis, distance",
-    [("kitten", "sitting", 3), ("flaw", "lawn", 2), ("intention", "execution", 5), ("", "abc", 3), ("abc", "abc", 0)],
-)
-def test_edit_distance_on_known_pairs(reference, hypothesis, distance):
-    assert edit_distance(reference, hypothesis) == distance
-    assert edit_distance(hypothesis, reference) == distance
-
-
-def test_edit_distance_matches_the_textbook_recursion():
-    def textbook(a, b):
-        row = list(range(len(b) + 1))
-        for i, x in enumerate(a, 1):
-            previous, row[0] = row[:], i
-            for j, y in enumerate(b, 1):
-                row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (x != y))
-        return row[-1]
-
-    rng = np.random.default_rng(5)
-    for _ in range(200):
-        a, b = ("".join(rng.choice(list("abc"), size=rng.integers(0, 14))) for _ in range(2))
-        assert edit_distance(a, b) == textbook(a, b), (a, b)
-
-
-def test_error_rates_after_normalising():
-    assert normalize("Hello, World! [laughs] It's (aside) 你好。") == "hello world it s 你好"
-    assert word_error_rate("The cat sat on the mat.", "the cat, sit on mat") == pytest.approx(2 / 6)
-    assert word_error_rate("Hello world", "HELLO WORLD!") == 0.0
-    assert word_error_rate("", "") == 0.0 and word_error_rate("", "uh") == 1.0
-    assert word_error_rate("a b", "c d e f") == 2.0  # insertions count: may exceed 1
-    assert char_error_rate("你好世界", "你好") == 0.5
-    assert char_error_rate("new york", "newyork") == 0.0  # spaces do not count
 
 
 @pytest.mark.parametrize(

@@ -71,7 +71,7 @@ def test_importing_the_module_imports_neither_torch_nor_transformers():
 
 
 def test_constants():
-    assert SPEAKER_BACKENDS == ("wavlm",)
+    assert SPEAKER_BACKENDS == ("wavlm", "wavlm_ecapa")
     assert WAVLM_SAME_SPEAKER_THRESHOLD == 0.86
 
 
