@@ -3,6 +3,7 @@
     python -m actors.codec encode --checkpoint codec.pth IN.wav OUT.npy
     python -m actors.codec decode --checkpoint codec.pth IN.npy OUT.flac|OUT.wav
     python -m actors.codec make-tiny --out DIR [--seed N]
+    python -m actors.codec make-random --size real --out DIR [--device cuda] [--seed N]
     python -m actors.codec bench --size tiny|real [--seconds 5] [--json OUT]
 
 encode/decode read and write audio through actors.audio (soundfile + soxr);
@@ -87,6 +88,18 @@ def _make_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_random(args: argparse.Namespace) -> int:
+    import time
+
+    from .bench import bench_config
+    from .tiny import write_random_codec
+
+    began = time.perf_counter()
+    path = write_random_codec(args.out, bench_config(args.size), seed=args.seed, device=args.device)
+    print(f"{path} ({args.size}, random weights drawn on {args.device}, {time.perf_counter() - began:.1f} s)")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .bench import format_table, run_bench
 
@@ -128,6 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--semantic-codebook-size", type=int, default=128)
     tiny.add_argument("--codebook-size", type=int, default=128)
     tiny.set_defaults(func=_make_tiny)
+
+    random = commands.add_parser("make-random", help="write a random codec of the real (or tiny) size")
+    random.add_argument("--out", required=True, type=Path)
+    random.add_argument("--size", choices=["tiny", "real"], default="real")
+    random.add_argument("--seed", type=int, default=0)
+    random.add_argument(
+        "--device", default="cpu", help="where the weights are drawn: cpu | cuda (seconds, not minutes)"
+    )
+    random.set_defaults(func=_make_random)
 
     bench = commands.add_parser("bench", help="decode/encode throughput on random weights")
     bench.add_argument("--size", choices=["tiny", "real"], default="tiny")
