@@ -5,6 +5,7 @@
     python -m actors.codec make-tiny --out DIR [--seed N]
     python -m actors.codec make-random --size real --out DIR [--device cuda] [--seed N]
     python -m actors.codec bench --size tiny|real [--seconds 5] [--json OUT]
+    python -m actors.codec gpu-bench [--out DIR] [--backends triton,eager] | --quick
 
 encode/decode read and write audio through actors.audio (soundfile + soxr);
 it is imported only by those two commands, so the codec library itself keeps
@@ -119,6 +120,48 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpu_bench(args: argparse.Namespace) -> int:
+    from .gpu_bench import GpuBenchOptions, run_gpu_bench
+
+    if args.quick:
+        options = GpuBenchOptions.quick(out=args.out)
+    else:
+        options = GpuBenchOptions(
+            device=args.device,
+            size=args.size,
+            dtype=args.dtype,
+            rows=tuple(int(r) for r in args.rows.split(",")),
+            seconds=tuple(float(s) for s in args.seconds.split(",")),
+            backends=tuple(args.backends.split(",")),
+            graphs=tuple(g == "on" for g in args.graphs.split(",")),
+            budget_s=args.budget_s,
+            overlap=not args.no_overlap,
+            out=args.out,
+        )
+    run_gpu_bench(options)
+    if args.out:
+        print(args.out / "codec_gpu_bench.json")
+    return 0
+
+
+def _add_gpu_bench(commands) -> None:
+    from .device import BACKENDS
+
+    gpu = commands.add_parser("gpu-bench", help="GPU decode: backends x graphs x rows x seconds, JSON as it goes")
+    gpu.add_argument("--quick", action="store_true", help="CPU, tiny codec, Triton's interpreter (what CI runs)")
+    gpu.add_argument("--device", default="cuda")
+    gpu.add_argument("--size", choices=["tiny", "real"], default="real")
+    gpu.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    gpu.add_argument("--rows", default="1,4,16,64", help="comma list")
+    gpu.add_argument("--seconds", default="2,10", help="comma list: audio seconds per row")
+    gpu.add_argument("--backends", default="triton,eager", help=f"comma list of {', '.join(BACKENDS[1:])}")
+    gpu.add_argument("--graphs", default="on,off", help="on, off or both (CUDA graphs per decode shape)")
+    gpu.add_argument("--budget-s", type=float, default=150.0, help="figures past this are skipped, not cut")
+    gpu.add_argument("--no-overlap", action="store_true", help="skip the codec-beside-engine figure")
+    gpu.add_argument("--out", type=Path, default=None, help="folder for codec_gpu_bench.json")
+    gpu.set_defaults(func=_gpu_bench)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m actors.codec", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -168,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     bench.add_argument("--json", type=Path, default=None)
     bench.set_defaults(func=_bench)
+    _add_gpu_bench(commands)
 
     args = parser.parse_args(argv)
     from .config import CodecConfigError

@@ -67,7 +67,7 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
         fused = device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
         return "triton" if fused and triton_conv.available(device) else "eager"
     if backend.startswith("triton") and not triton_conv.available(device):
-        why = "triton is not installed" if triton_conv.triton is None else f"{device} is not CUDA"
+        why = "triton is not installed" if not triton_conv.installed() else f"{device} is not CUDA"
         raise ValueError(f"codec decode backend {backend!r} cannot run: {why} (TRITON_INTERPRET=1 runs it on CPU)")
     return backend
 
@@ -183,6 +183,18 @@ class DeviceDecode:
             if self.graphs is None:
                 return self.forward(codes)
             return self.graphs.run(codes, self.forward)
+
+    def warm_up(self, frames: int = 16, rows: int = 1) -> float:
+        """Decode one batch of zeros, so what the first real call would pay -- Triton's compile
+        of each layer (cached on disk for the next process), cuDNN's autotuning -- is paid at
+        load; returns its seconds. Graphs are captured later, per shape met twice."""
+        began = time.perf_counter()
+        codes = torch.zeros(rows, self.codec.num_codebooks, frames, dtype=torch.long, device=self.device)
+        with self.lock, torch.inference_mode():
+            self.forward(codes)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - began
 
     @property
     def bytes_per_sample(self) -> float:
