@@ -38,6 +38,7 @@ import importlib
 import importlib.util
 import os
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Optional
 
 import torch
@@ -63,19 +64,29 @@ def available(device: torch.device) -> bool:
     return installed() and (device.type == "cuda" or interpreting())
 
 
-_KERNELS: dict[bool, object] = {}
+_KERNEL_MODULES: dict[bool, ModuleType] = {}
+
+
+def kernel_module() -> ModuleType:
+    """triton_kernels.py decorated for this process's mode (compiled, or interpreted under
+    TRITON_INTERPRET=1): imported the first time it is asked for; asked for in the other mode
+    later (a test), loaded again as a module of its own, so neither copy's kernels change."""
+    mode = interpreting()
+    if mode not in _KERNEL_MODULES:
+        name = f"{__package__}.triton_kernels"
+        module = importlib.import_module(name)
+        if module.INTERPRETED != mode:
+            spec = importlib.util.spec_from_file_location(
+                f"{name}_{'interpreted' if mode else 'compiled'}", module.__file__
+            )
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        _KERNEL_MODULES[mode] = module
+    return _KERNEL_MODULES[mode]
 
 
 def kernel():
-    """The jit kernel for this process's mode (compiled, or interpreted under
-    TRITON_INTERPRET=1), decorated in that mode the first time it is asked for."""
-    mode = interpreting()
-    if mode not in _KERNELS:
-        module = importlib.import_module(f"{__package__}.triton_kernels")
-        if module.INTERPRETED != mode:  # imported in the other mode: decorate again in this one
-            module = importlib.reload(module)
-        _KERNELS[mode] = module.causal_conv_kernel
-    return _KERNELS[mode]
+    return kernel_module().causal_conv_kernel
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def causal_conv_kernel(
     co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
     row = tl.program_id(2).to(tl.int64)
     x_row = x_ptr + row * IN_CHANNELS * length
-    acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
+    acc = tl.full((BLOCK_CO, BLOCK_T), 0.0, tl.float32)  # a builtin (tl.zeros is a jit function of its own)
     for tap in tl.static_range(TAPS):
         acc = _tap_sum(acc, x_row, w_ptr, in_alpha, in_inverse, t, co, length, IN_CHANNELS, OUT_CHANNELS,
                        (TAPS - 1 - tap) * DILATION, tap, IN_SNAKE, DOT_F32, ROUND_BF16, FAST_SIN, BLOCK_CI)  # fmt: skip
