@@ -169,6 +169,9 @@ class DeviceDecode:
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True
             ROPE_TABLES.get(ROPE_POSITIONS, *_rope_key(codec), device)
+            # the packed weights and tables were made on this thread's stream; decodes run on
+            # the codec's own: let them be complete before any reads them
+            torch.cuda.synchronize(device)
         use_graphs = device.type == "cuda" if graphs is None else graphs
         if use_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, the codec is on {device}")

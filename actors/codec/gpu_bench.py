@@ -71,6 +71,7 @@ class GpuBenchOptions:
 class _Run:
     options: GpuBenchOptions
     log: Callable[[str], None]
+    on_put: Optional[Callable[[str, object], None]] = None
     began: float = field(default_factory=time.perf_counter)
     result: dict = field(default_factory=dict)
 
@@ -79,6 +80,8 @@ class _Run:
 
     def put(self, key: str, value) -> None:
         self.result[key] = value
+        if self.on_put is not None:
+            self.on_put(key, value)
         if self.options.out is not None:
             path = self.options.out / "codec_gpu_bench.json"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,8 +106,14 @@ def decoder_conv_flops(config: CodecConfig) -> float:
     return 2 * (macs + config.sample_rate * width * 7)
 
 
-def run_gpu_bench(options: GpuBenchOptions, log: Callable[[str], None] = print) -> dict:
-    run = _Run(options, log)
+def run_gpu_bench(
+    options: GpuBenchOptions,
+    log: Callable[[str], None] = print,
+    on_put: Optional[Callable[[str, object], None]] = None,
+) -> dict:
+    """Every figure above; each is also handed to `on_put(key, value)` (and rewritten into
+    out/codec_gpu_bench.json) as soon as it is measured."""
+    run = _Run(options, log, on_put)
     if options.device == "cpu" and triton_conv.installed():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read at the kernel's first use
     device = torch.device(options.device)

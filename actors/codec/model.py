@@ -186,6 +186,8 @@ class Codec(nn.Module):
         if key not in self._code_limits:
             sizes = torch.tensor([size - 1 for size in self.codebook_sizes], dtype=torch.long)
             self._code_limits[key] = sizes.view(1, -1, 1).to(self.device)
+            if self.device.type == "cuda":  # complete before a decode on another stream reads it
+                torch.cuda.synchronize(self.device)
         return self._code_limits[key]
 
     # ---- numpy batch API -------------------------------------------------

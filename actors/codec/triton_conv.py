@@ -101,16 +101,15 @@ class Tiles:
 
 
 def tiles_for(out_channels: int, in_channels: int, taps: int, length: int) -> Tiles:
-    """Tile sizes by the layer's width. Wide layers (the real codec's 384-1536 channels) take
-    128 x 128 output tiles, which keep a tensor core busy; narrow ones (96-192) cover their
-    channels in as few blocks as the registers allow, so the input tile -- and a prologue's
-    Snake -- is loaded by few programs. The GPU bench's figures are what to tune them by."""
-    block_co, block_ci = _power_of_two(out_channels, 128), _power_of_two(in_channels, 64)
+    """Tile sizes by the layer's width. 128 x 128 output tiles with 8 warps (a wgmma-sized tile,
+    its float32 sums 64 registers a thread); input channels in blocks that divide them where a
+    power of two does (the real codec's 96 in threes of 32), so no block is half masked. Under
+    the interpreter a tile spans the whole length. The GPU bench's figures are what to tune by."""
+    block_co = _power_of_two(out_channels, 128)
+    block_ci = next((b for b in (64, 32, 16) if in_channels % b == 0), _power_of_two(in_channels, 64))
     if interpreting():
         return Tiles(block_co=block_co, block_t=_power_of_two(length, INTERPRETER_BLOCK_T), block_ci=block_ci)
-    if out_channels >= 256 and in_channels >= 256:
-        return Tiles(block_co=128, block_t=128, block_ci=64, warps=8)
-    return Tiles(block_co=block_co, block_t=128 if taps > 1 else 256, block_ci=block_ci, warps=8 if taps > 1 else 4)
+    return Tiles(block_co=block_co, block_t=128, block_ci=block_ci, warps=8 if block_co >= 64 else 4)
 
 
 def _power_of_two(count: int, most: int) -> int:
