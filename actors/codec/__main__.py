@@ -144,6 +144,17 @@ def _gpu_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_make_random(commands) -> None:
+    random = commands.add_parser("make-random", help="write a random codec of the real (or tiny) size")
+    random.add_argument("--out", required=True, type=Path)
+    random.add_argument("--size", choices=["tiny", "real"], default="real")
+    random.add_argument("--seed", type=int, default=0)
+    random.add_argument(
+        "--device", default="cpu", help="where the weights are drawn: cpu | cuda (seconds, not minutes)"
+    )
+    random.set_defaults(func=_make_random)
+
+
 def _add_gpu_bench(commands) -> None:
     from .device import BACKENDS
 
@@ -185,14 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--codebook-size", type=int, default=128)
     tiny.set_defaults(func=_make_tiny)
 
-    random = commands.add_parser("make-random", help="write a random codec of the real (or tiny) size")
-    random.add_argument("--out", required=True, type=Path)
-    random.add_argument("--size", choices=["tiny", "real"], default="real")
-    random.add_argument("--seed", type=int, default=0)
-    random.add_argument(
-        "--device", default="cpu", help="where the weights are drawn: cpu | cuda (seconds, not minutes)"
-    )
-    random.set_defaults(func=_make_random)
+    _add_make_random(commands)
 
     bench = commands.add_parser("bench", help="decode/encode throughput on random weights")
     bench.add_argument("--size", choices=["tiny", "real"], default="tiny")

@@ -230,7 +230,7 @@ def _point(run: _Run, codec: Codec, rows: int, seconds: float) -> dict:
         run.sync()
         walls.append(time.perf_counter() - began)
     figures = {"frames": frames, "audio_s": round(audio_s, 3), "calls": len(walls),
-               "median_s": statistics.median(walls), "audio_s_per_s": round(audio_s / statistics.median(walls), 1)}  # fmt: skip
+               "median_s": statistics.median(walls), "audio_s_per_s": round(audio_s / statistics.median(walls), 3)}  # fmt: skip
     samples = rows * frames * codec.frame_length
     figures["bytes_per_sample_computed"] = round(codec.device_decode.bytes_per_sample, 1)
     if cuda and codec.device_decode.graphs is None:  # a replay allocates nothing: peaks mean something eager only
@@ -275,7 +275,7 @@ def _batch(run: _Run, codec: Codec, backend: str) -> None:
     wall = time.perf_counter() - began
     audio_s = sum(len(w) for w in waves) / codec.sample_rate
     figures = {"backend": backend, "rows": len(rows), "audio_s": round(audio_s, 1), "wall_s": round(wall, 3),
-               "audio_s_per_s": round(audio_s / wall, 1), "max_batch_samples": cap,
+               "audio_s_per_s": round(audio_s / wall, 3), "max_batch_samples": cap,
                "cap_audio_s": round(cap / codec.sample_rate, 1), "path": path.describe()}  # fmt: skip
     run.log(f"decode_batch ({backend}, cap {figures['cap_audio_s']} audio s): {figures['audio_s_per_s']} audio s/s")
     run.put("decode_batch", figures)
