@@ -117,7 +117,7 @@ class DecodeGraphs:
                 while len(self.seen) > 4 * self.capacity:
                     self.seen.popitem(last=False)
                 self.stats["eager_calls"] += 1
-                return forward(codes)
+                return self._on_capture_stream(lambda: forward(codes))
             entry = self._capture(key, codes, forward)
         self.graphs.move_to_end(key)
         graph, static_input, static_output, _ = entry
@@ -125,6 +125,17 @@ class DecodeGraphs:
         graph.replay()
         self.stats["replays"] += 1
         return static_output.clone()  # the next replay of any graph may reuse this memory
+
+    def _on_capture_stream(self, work: Callable[[], Tensor]) -> Tensor:
+        """work() on the capture stream (so its per-stream state -- cuBLAS workspaces, cuDNN
+        plans -- exists before a capture there), ordered after and before the caller's stream."""
+        current = torch.cuda.current_stream(self.capture_stream.device)
+        self.capture_stream.wait_stream(current)
+        with torch.cuda.stream(self.capture_stream):
+            out = work()
+        current.wait_stream(self.capture_stream)
+        out.record_stream(current)  # its memory is not reused while the caller's stream reads it
+        return out
 
     def _capture(self, key: tuple, codes: Tensor, forward: Callable[[Tensor], Tensor]) -> tuple:
         began = time.perf_counter()
