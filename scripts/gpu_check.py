@@ -23,7 +23,7 @@ Steps, in order (on CUDA; --quick runs each at tiny sizes on the CPU, and skips 
   fp8           the FP8 options at 256 rows (K/V; S2-Pro's W8A8 products) and their greedy A/B
   start         cold and warm start (load, warm-up with compiles and captures, first step): the
                 fused kernels and the inductor-compiled regions, each in fresh processes
-  codec         the real-size codec's decode at 1 and 16 rows, audio seconds per second
+  codec         the real-size codec's decode (fused and eager, graphed and not) at 1/16/64 rows: audio s/s
   keys          the decode step against the key count (512 ... 3072), 32 rows, both shapes
   invariance    bf16 rows alone vs in a batch: cuBLAS linears at 1..256 rows, and whole engine rows
   tests         the engine tests with the model on the device (CHORUS_TEST_DEVICE)
@@ -150,12 +150,14 @@ def step_decode_s2(sink: Sink, device: str, quick: bool) -> None:
 
 
 def step_codec(sink: Sink, device: str, quick: bool) -> None:
-    from actors.codec.bench import run_bench
+    """The real-size codec's decode in bf16, fused (Triton) and eager, graphed and not, at 1, 16
+    and 64 rows of 10 s; accuracy against float32 (actors/codec/gpu_bench.py; its own command,
+    `python3 -m actors.codec gpu-bench`, measures the whole grid)."""
+    from actors.codec.gpu_bench import GpuBenchOptions, run_gpu_bench
 
-    dtypes = "float32" if quick else "bfloat16,float32"
-    size, seconds, batch = ("tiny", 1.0, 4) if quick else ("real", 10.0, 16)
-    sink.put("bench", run_bench(size=size, seconds=seconds, repeats=3, big_batch=batch, big_batch_repeats=3,
-                                dtype=dtypes, device=device, log=lambda _: None))  # fmt: skip
+    options = GpuBenchOptions.quick() if quick else GpuBenchOptions(rows=(1, 16, 64), seconds=(10.0,), budget_s=75,
+                                                                    overlap=False, device=device)  # fmt: skip
+    run_gpu_bench(options, log=lambda _: None, on_put=sink.put)
 
 
 def step_keys(sink: Sink, device: str, quick: bool) -> None:

@@ -3,7 +3,9 @@
     python -m actors.codec encode --checkpoint codec.pth IN.wav OUT.npy
     python -m actors.codec decode --checkpoint codec.pth IN.npy OUT.flac|OUT.wav
     python -m actors.codec make-tiny --out DIR [--seed N]
+    python -m actors.codec make-random --size real --out DIR [--device cuda] [--seed N]
     python -m actors.codec bench --size tiny|real [--seconds 5] [--json OUT]
+    python -m actors.codec gpu-bench [--out DIR] [--backends triton,eager] | --quick
 
 encode/decode read and write audio through actors.audio (soundfile + soxr);
 it is imported only by those two commands, so the codec library itself keeps
@@ -87,6 +89,18 @@ def _make_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_random(args: argparse.Namespace) -> int:
+    import time
+
+    from .bench import bench_config
+    from .tiny import write_random_codec
+
+    began = time.perf_counter()
+    path = write_random_codec(args.out, bench_config(args.size), seed=args.seed, device=args.device)
+    print(f"{path} ({args.size}, random weights drawn on {args.device}, {time.perf_counter() - began:.1f} s)")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .bench import format_table, run_bench
 
@@ -104,6 +118,59 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         write_atomically(args.json, json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def _gpu_bench(args: argparse.Namespace) -> int:
+    from .gpu_bench import GpuBenchOptions, run_gpu_bench
+
+    if args.quick:
+        options = GpuBenchOptions.quick(out=args.out)
+    else:
+        options = GpuBenchOptions(
+            device=args.device,
+            size=args.size,
+            dtype=args.dtype,
+            rows=tuple(int(r) for r in args.rows.split(",")),
+            seconds=tuple(float(s) for s in args.seconds.split(",")),
+            backends=tuple(args.backends.split(",")),
+            graphs=tuple(g == "on" for g in args.graphs.split(",")),
+            budget_s=args.budget_s,
+            overlap=not args.no_overlap,
+            out=args.out,
+        )
+    run_gpu_bench(options)
+    if args.out:
+        print(args.out / "codec_gpu_bench.json")
+    return 0
+
+
+def _add_make_random(commands) -> None:
+    random = commands.add_parser("make-random", help="write a random codec of the real (or tiny) size")
+    random.add_argument("--out", required=True, type=Path)
+    random.add_argument("--size", choices=["tiny", "real"], default="real")
+    random.add_argument("--seed", type=int, default=0)
+    random.add_argument(
+        "--device", default="cpu", help="where the weights are drawn: cpu | cuda (seconds, not minutes)"
+    )
+    random.set_defaults(func=_make_random)
+
+
+def _add_gpu_bench(commands) -> None:
+    from .device import BACKENDS
+
+    gpu = commands.add_parser("gpu-bench", help="GPU decode: backends x graphs x rows x seconds, JSON as it goes")
+    gpu.add_argument("--quick", action="store_true", help="CPU, tiny codec, Triton's interpreter (what CI runs)")
+    gpu.add_argument("--device", default="cuda")
+    gpu.add_argument("--size", choices=["tiny", "real"], default="real")
+    gpu.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    gpu.add_argument("--rows", default="1,4,16,64", help="comma list")
+    gpu.add_argument("--seconds", default="2,10", help="comma list: audio seconds per row")
+    gpu.add_argument("--backends", default="triton,eager", help=f"comma list of {', '.join(BACKENDS[1:])}")
+    gpu.add_argument("--graphs", default="on,off", help="on, off or both (CUDA graphs per decode shape)")
+    gpu.add_argument("--budget-s", type=float, default=150.0, help="figures past this are skipped, not cut")
+    gpu.add_argument("--no-overlap", action="store_true", help="skip the codec-beside-engine figure")
+    gpu.add_argument("--out", type=Path, default=None, help="folder for codec_gpu_bench.json")
+    gpu.set_defaults(func=_gpu_bench)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--codebook-size", type=int, default=128)
     tiny.set_defaults(func=_make_tiny)
 
+    _add_make_random(commands)
+
     bench = commands.add_parser("bench", help="decode/encode throughput on random weights")
     bench.add_argument("--size", choices=["tiny", "real"], default="tiny")
     bench.add_argument("--seconds", type=float, default=5.0)
@@ -146,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     bench.add_argument("--json", type=Path, default=None)
     bench.set_defaults(func=_bench)
+    _add_gpu_bench(commands)
 
     args = parser.parse_args(argv)
     from .config import CodecConfigError

@@ -73,6 +73,12 @@ class CausalConv1d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         length = x.shape[-1]
+        if x.device.type != "cpu" and self.stride == 1 and self.left_padding:
+            # on a GPU, no padded copy: the conv pads both sides itself and the outputs the
+            # right padding made are dropped (a view; the next op -- a Snake -- reads it as is)
+            conv = self.conv
+            y = F.conv1d(x, conv.weight, conv.bias, 1, self.left_padding, conv.dilation, conv.groups)
+            return y[..., :length]
         frames = -(-length // self.stride)
         right_padding = frames * self.stride - length
         if self.left_padding or right_padding:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Optional, Union
@@ -12,14 +13,16 @@ from torch import nn
 
 from . import kernels
 from .config import CodecConfig
+from .device import DeviceDecode
 from .layers import Decoder, Encoder, ResidualUnit
 from .quantizer import DownsampleResidualVectorQuantize
 
-# decode_batch / encode_batch group rows so that one forward pass holds at most
+# On CPU decode_batch / encode_batch group rows so that one forward pass holds at most
 # this many (padded) audio samples. The decoder keeps its last two stage
 # outputs alive (decoder_dim/16 channels at audio rate plus twice that at half
 # rate: ~1.6 GB at 2**21 samples for the real codec); CPU throughput does not
-# improve with more rows, so larger groups would only cost memory.
+# improve with more rows, so larger groups would only cost memory. On a GPU the
+# cap comes from the device's memory instead (device.py: DeviceDecode.max_batch_samples).
 DEFAULT_MAX_BATCH_SAMPLES = 2**21
 DEFAULT_MAX_BATCH_ROWS = 16
 # On CPU a group also pads at most this share over its rows' own samples. A CPU decode costs
@@ -45,6 +48,9 @@ class Codec(nn.Module):
         self.encoder = Encoder(config)
         self.quantizer = DownsampleResidualVectorQuantize(config)
         self.decoder = Decoder(config)
+        self._device_decode: Optional[DeviceDecode] = None
+        self._stream = None
+        self._code_limits: dict[str, torch.Tensor] = {}
 
     # ---- sizes ----------------------------------------------------------
     @property
@@ -84,6 +90,45 @@ class Codec(nn.Module):
         for module in narrow:
             module.native = True
         return len(narrow)
+
+    # ---- the decode on a device (device.py) ------------------------------
+    def configure_decode(
+        self, backend: str = "auto", graphs: Optional[bool] = None, memory_budget: Optional[int] = None
+    ) -> DeviceDecode:
+        """Choose how `decode` runs on this codec's device (call after moving the codec):
+        backend auto | triton | triton-prologue | eager | inductor, CUDA graphs per decode
+        shape (default on CUDA), and the bytes a decode call may hold (default: a share of
+        the device's free memory). A CUDA codec gets the defaults at its first decode; on CPU
+        the layers of layers.py run unless this is called (the tests run the Triton path
+        there under TRITON_INTERPRET=1)."""
+        self._device_decode = DeviceDecode(self, backend, graphs, memory_budget)
+        return self._device_decode
+
+    @property
+    def device_decode(self) -> Optional[DeviceDecode]:
+        """The device decode in use: configured, or the defaults on a CUDA codec; None on CPU."""
+        if self._device_decode is None and self.device.type == "cuda":
+            self.configure_decode()
+        return self._device_decode
+
+    @property
+    def stream(self):
+        """The CUDA stream decode_batch runs on (None on CPU): its own, made on first use, so
+        a decode overlaps the engine's steps on the default stream; the actor may set another."""
+        if self._stream is None and self.device.type == "cuda":
+            self._stream = torch.cuda.Stream(device=self.device)
+        return self._stream
+
+    @stream.setter
+    def stream(self, value) -> None:
+        self._stream = value
+
+    def max_batch_samples(self) -> int:
+        """Padded samples one decode_batch call may hold here: the CPU's cache-sized cap, or on
+        a GPU what its memory budget allows (device.py)."""
+        if self.device.type == "cpu" or self.device_decode is None:
+            return DEFAULT_MAX_BATCH_SAMPLES
+        return self.device_decode.max_batch_samples()
 
     # ---- tensor API (upstream semantics) --------------------------------
     @torch.inference_mode()
@@ -128,13 +173,22 @@ class Codec(nn.Module):
             raise ValueError(f"decode expects codes [B, {self.num_codebooks}, F], got {tuple(codes.shape)}")
         if codes.dtype.is_floating_point or codes.dtype == torch.bool:
             raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
-        limits = torch.tensor([size - 1 for size in self.codebook_sizes], dtype=torch.long, device=self.device).view(
-            1, -1, 1
-        )
-        safe = torch.minimum(codes.to(device=self.device, dtype=torch.long).clamp(min=0), limits)
+        safe = torch.minimum(codes.to(device=self.device, dtype=torch.long).clamp(min=0), self._limits())
         if safe.shape[-1] == 0:
             return torch.zeros(codes.shape[0], 1, 0, dtype=self.dtype, device=self.device)
+        if self.device_decode is not None:
+            return self.device_decode.run(safe)
         return self.decoder(self.quantizer.decode(safe))
+
+    def _limits(self) -> torch.Tensor:
+        """[1, C, 1] largest code per codebook, made once per device (no host copy per call)."""
+        key = str(self.device)
+        if key not in self._code_limits:
+            sizes = torch.tensor([size - 1 for size in self.codebook_sizes], dtype=torch.long)
+            self._code_limits[key] = sizes.view(1, -1, 1).to(self.device)
+            if self.device.type == "cuda":  # complete before a decode on another stream reads it
+                torch.cuda.synchronize(self.device)
+        return self._code_limits[key]
 
     # ---- numpy batch API -------------------------------------------------
     def _max_padding(self, asked: Union[float, None, str]) -> Optional[float]:
@@ -186,13 +240,16 @@ class Codec(nn.Module):
         codes: Sequence[np.ndarray],
         *,
         max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
-        max_batch_samples: int = DEFAULT_MAX_BATCH_SAMPLES,
+        max_batch_samples: Optional[int] = None,
         max_padding: Union[float, None, str] = DEVICE_PADDING,
     ) -> list[np.ndarray]:
         """Codes [C, F_i] -> float32 waves of F_i * frame_length samples.
 
         Rows are grouped by length and right-padded with code 0; every layer
-        is causal, so the padding never reaches a row's own samples.
+        is causal, so the padding never reaches a row's own samples. A group
+        holds at most max_batch_rows rows and max_batch_samples padded samples
+        (None: `max_batch_samples()`, the CPU's cap or the GPU's memory's). On
+        CUDA the calls run on `stream`, which only this call waits for.
         """
         arrays = []
         for index, row_codes in enumerate(codes):
@@ -202,10 +259,19 @@ class Codec(nn.Module):
             if not np.issubdtype(array.dtype, np.integer):
                 raise ValueError(f"codes {index} must be integers, got {array.dtype}")
             arrays.append(array.astype(np.int64, copy=False))
+        if max_batch_samples is None:
+            max_batch_samples = self.max_batch_samples()
+        stream = self.stream
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            return self._decode_groups(arrays, max_batch_rows, max_batch_samples, self._max_padding(max_padding))
+
+    def _decode_groups(
+        self, arrays: list[np.ndarray], max_rows: int, max_samples: int, max_padding: Optional[float]
+    ) -> list[np.ndarray]:
         frames = [array.shape[1] for array in arrays]
         results: list[Optional[np.ndarray]] = [None] * len(arrays)
         samples = [f * self.frame_length for f in frames]
-        for group in _length_groups(samples, max_batch_rows, max_batch_samples, 1, self._max_padding(max_padding)):
+        for group in _length_groups(samples, max_rows, max_samples, 1, max_padding):
             longest = max(frames[i] for i in group)
             if longest == 0:
                 for i in group:

@@ -1,5 +1,7 @@
 """Deterministic random codecs: a tiny demo/test checkpoint, and real-size
-random weights for benchmarks.
+random weights for benchmarks and GPU jobs (`write_random_codec`, `python -m
+actors.codec make-random --size real --device cuda`: drawn on the device, ~9 s
+of CPU time on one core saved for the real codec's 391 M values).
 
 Checkpoints are written in the upstream layout (flat state dict, encoder and
 decoder convs as `parametrizations.weight.original0/1`, quantizer projections
@@ -48,13 +50,16 @@ SNAKE_ALPHA_RANGE = (0.5, 1.5)
 BIAS_STD = 0.02
 
 
-def random_state_dict(config: CodecConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random float32 weights for `config` in upstream checkpoint layout.
+def random_state_dict(
+    config: CodecConfig, seed: int = 0, device: Union[str, torch.device] = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Random float32 weights for `config` in upstream checkpoint layout, on `device`.
 
-    Same config and seed give bit-identical tensors on any machine: values
-    come from one seeded CPU generator drawn in a fixed key order.
+    Same config, seed and kind of device give bit-identical tensors on any
+    machine: values come from one seeded generator of that device, drawn in a
+    fixed key order (a CUDA generator draws other values than the CPU's).
     """
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
     with torch.device("meta"):
         codec = Codec(config)
     gains = _weight_gains(codec)
@@ -88,9 +93,9 @@ def random_codec(
     device: Union[str, torch.device] = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> Codec:
-    """A Codec with random weights built in memory (no file)."""
+    """A Codec with random weights built in memory (no file), drawn on `device`."""
     return codec_from_state_dict(
-        random_state_dict(config, seed),
+        random_state_dict(config, seed, device),
         config,
         device=device,
         dtype=dtype,
@@ -106,13 +111,22 @@ def make_tiny(
 ) -> Path:
     """Write a tiny random codec (codec.pth + config.json) to out_dir and
     return the checkpoint path. Same arguments give byte-identical files."""
+    return write_random_codec(out_dir, CodecConfig.tiny(semantic_codebook_size, codebook_size), seed)
+
+
+def write_random_codec(
+    out_dir: Union[str, Path], config: CodecConfig, seed: int = 0, device: Union[str, torch.device] = "cpu"
+) -> Path:
+    """Write random weights for `config` (drawn on `device`) as codec.pth + config.json in
+    out_dir, the layout load_codec reads; return the checkpoint path. The real codec's file is
+    1.57 GB (float32, as upstream ships it)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = CodecConfig.tiny(semantic_codebook_size, codebook_size)
     checkpoint = out_dir / CHECKPOINT_FILE_NAME
+    state = {key: value.cpu() for key, value in random_state_dict(config, seed, device).items()}
     # torch.save names its zip members after the file stem, so writing to a
     # temporary name and renaming would change the bytes; write in place.
-    torch.save(random_state_dict(config, seed), checkpoint)
+    torch.save(state, checkpoint)
     (out_dir / CONFIG_FILE_NAME).write_text(json.dumps(hydra_tree.to_tree(config), indent=2) + "\n")
     return checkpoint
 
@@ -144,20 +158,24 @@ def _final_conv_name(codec: Codec) -> str:
 def _weight_norm_pair(shape: tuple, gain: float, generator: torch.Generator):
     # v deliberately far from unit norm, so a loader that skips g / ||v||
     # produces visibly wrong output.
-    v = torch.randn(shape, generator=generator) * 3.0
-    g = gain * (0.8 + 0.4 * torch.rand((shape[0],) + (1,) * (len(shape) - 1), generator=generator))
+    v = _normal(shape, generator) * 3.0
+    g = gain * (0.8 + 0.4 * _uniform(((shape[0],) + (1,) * (len(shape) - 1)), (0.0, 1.0), generator))
     return g, v
 
 
 def _rows_with_norm(shape: tuple, gain: float, generator: torch.Generator) -> torch.Tensor:
-    weight = torch.randn(shape, generator=generator)
+    weight = _normal(shape, generator)
     fan_in = math.prod(shape[1:])
     return weight * (gain / math.sqrt(fan_in))
 
 
 def _uniform(shape: tuple, bounds: tuple, generator: torch.Generator) -> torch.Tensor:
     low, high = bounds
-    return low + (high - low) * torch.rand(shape, generator=generator)
+    return low + (high - low) * torch.rand(shape, generator=generator, device=generator.device)
+
+
+def _normal(shape: tuple, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=generator, device=generator.device)
 
 
 def _random_parameter(
@@ -176,12 +194,12 @@ def _random_parameter(
         return _uniform(shape, CONVNEXT_GAMMA_RANGE, generator)
     if isinstance(module, (RMSNorm, nn.LayerNorm)):
         if param_name == "weight":
-            return 1.0 + 0.1 * torch.randn(shape, generator=generator)
-        return BIAS_STD * torch.randn(shape, generator=generator)
+            return 1.0 + 0.1 * _normal(shape, generator)
+        return BIAS_STD * _normal(shape, generator)
     if isinstance(module, nn.Embedding):
-        return torch.randn(shape, generator=generator)
+        return _normal(shape, generator)
     if param_name == "bias":
-        return BIAS_STD * torch.randn(shape, generator=generator)
+        return BIAS_STD * _normal(shape, generator)
     if isinstance(module, nn.Linear):
         return _rows_with_norm(shape, gains.get(module_name, 1.0), generator)
     raise TypeError(f"no random init rule for {module_name}.{param_name} ({type(module).__name__})")

@@ -48,6 +48,11 @@ class _RopeTables:
                 self._tables[key] = table
         return table[:length]
 
+    def held(self) -> list[torch.Tensor]:
+        """The tables as they are now (a CUDA graph that read them keeps them alive)."""
+        with self._lock:
+            return list(self._tables.values())
+
 
 ROPE_TABLES = _RopeTables()
 

@@ -565,6 +565,32 @@ def test_random_codec_weights_depend_only_on_the_seed():
         torch.testing.assert_close(value, b.state_dict()[key], rtol=0, atol=0)
 
 
+def test_make_random_writes_what_the_loader_reads_and_random_codec_builds(tmp_path):
+    _cli("make-random", "--size", "tiny", "--out", str(tmp_path / "r"), "--seed", "4")
+    loaded = load_codec(tmp_path / "r")
+    built = random_codec(CodecConfig.tiny(128, 128), seed=4)
+    codes = torch.from_numpy(random_codes(loaded.codebook_sizes, 5, seed=2, batch=2))
+    assert torch.equal(loaded.decode(codes), built.decode(codes)), "the file holds the seed's weights"
+    assert float(loaded.decode(codes).std()) > 0.03
+
+
+@pytest.mark.slow  # 1.57 GB written and read back, ~1 min on 2 cores
+def test_the_real_size_random_codec_has_upstreams_tensors_and_loads(tmp_path):
+    from actors.codec.tiny import write_random_codec
+
+    path = write_random_codec(tmp_path, CodecConfig.real(), seed=0)
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    # the real codec.pth's count (upstream's modded_dac_vq.yaml): 535 tensors, 391,430,530 values
+    assert len(state) == 535 and sum(v.numel() for v in state.values()) == 391_430_530
+    assert sum(k.endswith(".parametrizations.weight.original1") for k in state) == 60
+    assert sum(k.endswith(".weight_v") for k in state) == 20
+    del state
+    codec = load_codec(tmp_path, dtype="bfloat16")
+    assert codec.config == CodecConfig.real()
+    (wave,) = codec.decode_batch([random_codes(codec.codebook_sizes, 2, seed=1)])
+    assert wave.shape == (2 * 2048,) and 0.01 < float(wave.std()) < 0.5
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     result = subprocess.run(
         [sys.executable, "-m", "actors.codec", *args],
