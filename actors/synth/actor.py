@@ -88,6 +88,7 @@ class SynthActor:
         self.preparer = Preparer(settings, base_sampling, self.references, self.planner)
         self._codec_runner = loaded.codec_runner
         self.gate = self._quality_gate(settings)
+        self.memory_plan = loaded.memory_plan  # on a GPU (actors/synth/memory_plan.py); None on CPU
         self.finisher = Finisher(
             settings,
             loaded.codec_runner,
@@ -97,6 +98,7 @@ class SynthActor:
             self.gate,
             lambda job: self.feeder.submit(job),  # a row the gate sends back for another round
             loaded.codec_stream,
+            loaded.listen_pool,
         )
         self.feeder = EngineFeeder(
             self.engine, settings, self.clock, self.recorder, self.writer.actor, self.finisher.intake.put, self.gate
@@ -125,7 +127,7 @@ class SynthActor:
         quality, device = settings.quality, str(self.lm.device)
         asr = load_asr(quality, device)
         speaker = load_speaker_check(quality, device, self._reference_wave)
-        mos = load_mos(quality, settings.run.threads)
+        mos = load_mos(quality, settings.run.threads, device)
         return QualityGate(settings, self.codec.frame_length, self.codec.sample_rate, asr, speaker, mos)
 
     def _reference_wave(self, ref: RefSpec) -> tuple[np.ndarray, int]:

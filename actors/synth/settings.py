@@ -135,6 +135,13 @@ class EngineSettings(EngineConfig):
     # CPU: decode in a child process holding its own copy of the codec, so the codec does not
     # share the engine loop's GIL (CUDA: the codec has a stream of its own; this is ignored)
     codec_process: bool = False
+    # processes measuring decoded rows and encoding their FLAC beside the actor
+    # (actors/synth/listen_pool.py) when the codec decodes in the actor's process, so that work
+    # (~0.006 CPU-s per second of audio) never runs in the engine's process. null = on a GPU
+    # enough for 2,500 s of audio per second within the node's CPUs per GPU less two (the
+    # engine's and the finisher's threads), at most 32; on a CPU 0 (engine.codec_process's
+    # child listens). 0 = in the finisher's own thread
+    listen_processes: Optional[int] = field(default=None, metadata=at_least(0, or_null=True))
     # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
     reference_cache: int = field(default=256, metadata=at_least(0))
     # Ray Data blocks one actor holds at once: its engine loop takes rows from all of them, so
