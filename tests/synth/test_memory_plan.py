@@ -80,7 +80,11 @@ def test_a_plan_that_cannot_fit_names_its_parts():
     with pytest.raises(ConfigError) as e:
         small.check()
     message = str(e.value)
-    assert f"weights {small.parts['weights'] / GiB:.2f}," in message and "engine.max_tokens" in message and "memory_fraction=0.85" in message
+    assert (
+        f"weights {small.parts['weights'] / GiB:.2f}," in message
+        and "engine.max_tokens" in message
+        and "memory_fraction=0.85" in message
+    )
     # without memory_fraction every one of max_rows slots must fit the whole device
     fixed = replace(gpu_plan("s1-mini", total=80 * GiB), fraction=None)
     assert fixed.slots < fixed.max_rows

@@ -53,5 +53,7 @@ def test_a_run_passes_the_drivers_cache_on(tmp_path, monkeypatch):
     monkeypatch.delenv("CHORUS_CACHE")
     assert actor_arguments(compose_typed([]), str(tmp_path), run_id="cache")["settings"].model.cache_dir is None
     configured = compose_typed([f"model.cache_dir={tmp_path / 'set'}"])
-    assert actor_arguments(configured, str(tmp_path), run_id="cache")["settings"].model.cache_dir == str(tmp_path / "set")
+    assert actor_arguments(configured, str(tmp_path), run_id="cache")["settings"].model.cache_dir == str(
+        tmp_path / "set"
+    )
     assert ModelSettings().cache_dir is None
