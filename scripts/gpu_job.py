@@ -114,7 +114,9 @@ def run_step(name: str, args, timeout: float, log) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--run-step", name, "--json", str(figures)]
     command += ["--device", args.device, "--work", args.work, "--rows", str(args.rows)]
     command += ["--codec-writer", args.codec_writer] + (["--quick"] if args.quick else [])
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    # the repository first, then what the .sh put on the path (the carried wheels' folder)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env["PYTHONUNBUFFERED"] = "1"
     status, code = run_killable(command, timeout, log, env)
     result = json.loads(figures.read_text()) if figures.is_file() else None
     if status == "ok" and isinstance(result, dict) and result.get("ok") is False:
