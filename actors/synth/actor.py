@@ -87,8 +87,12 @@ class SynthActor:
         self.planner = ChainPlanner(settings, loaded.builder, positions, frozenset(self.lm.tokenizer.special))
         self.preparer = Preparer(settings, base_sampling, self.references, self.planner)
         self._codec_runner = loaded.codec_runner
-        self.gate = self._quality_gate(settings)
         self.memory_plan = loaded.memory_plan  # on a GPU (actors/synth/memory_plan.py); None on CPU
+        before = self._device_allocated()
+        self.gate = self._quality_gate(settings)
+        if self.memory_plan is not None:  # what the check models took on the device
+            self.memory_plan = self.memory_plan.measured(checks=self._device_allocated() - before)
+            log.info("memory measured on %s: %s", self.lm.device, self.memory_plan.describe()["measured"])
         self.finisher = Finisher(
             settings,
             loaded.codec_runner,
@@ -129,6 +133,14 @@ class SynthActor:
         speaker = load_speaker_check(quality, device, self._reference_wave)
         mos = load_mos(quality, settings.run.threads, device)
         return QualityGate(settings, self.codec.frame_length, self.codec.sample_rate, asr, speaker, mos)
+
+    def _device_allocated(self) -> int:
+        """Bytes torch holds allocated on the actor's GPU (0 on a CPU)."""
+        if self.lm.device.type != "cuda":
+            return 0
+        import torch
+
+        return torch.cuda.memory_allocated(self.lm.device)
 
     def _reference_wave(self, ref: RefSpec) -> tuple[np.ndarray, int]:
         """A reference's audio for the speaker check: its clip read as the run reads it, or,

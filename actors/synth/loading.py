@@ -103,8 +103,7 @@ def load(settings: ActorSettings, codec_call_samples: Optional[int] = None) -> L
     _log_warm_up(engine, engine.warm_up(sampling))
     if plan is not None:
         kv = engine.kv_bytes()["total"]
-        plan = plan.measured(engine.config.max_rows, weights=_bytes(lm.model), codec=_bytes(codec), kv=kv)
-        log.info("memory measured on %s: %s", device, plan.describe()["measured"])
+        plan = plan.measured(slots=engine.config.max_rows, weights=_bytes(lm.model), codec=_bytes(codec), kv=kv)
     return Loaded(
         lm, codec, codec_runner, engine, PromptBuilder.for_model(lm), stream, sampling, checkpoint, codec_path, plan,
         _listen_pool(settings, codec_runner, device),

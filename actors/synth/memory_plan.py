@@ -101,9 +101,9 @@ class MemoryPlan:
         later = sum(v for k, v in self.parts.items() if k not in LOADED_BEFORE_ENGINE)
         return self.fraction - later / self.total
 
-    def measured(self, slots: int, **parts: int) -> MemoryPlan:
-        """The plan with what loading measured: the engine's `slots` and the parts' bytes."""
-        return replace(self, measured_parts={"slots": slots, **parts})
+    def measured(self, **figures: int) -> MemoryPlan:
+        """The plan with what loading measured added: the engine's `slots`, the parts' bytes."""
+        return replace(self, measured_parts={**self.measured_parts, **figures})
 
     def line(self, slots: Optional[int] = None) -> str:
         slots = self.slots if slots is None else slots

@@ -141,3 +141,32 @@ def test_the_check_models_sizes_from_their_configs(tmp_path):
     both = replace(quality, asr="whisper", asr_model=str(whisper), asr_batch_rows=3, speaker="wavlm",
                    speaker_model=str(wavlm))  # fmt: skip
     assert M.check_model_bytes(both, 2.0) == M.whisper_bytes(whisper, 3) + M.wavlm_bytes(wavlm, 2.0)
+
+
+def test_the_plan_of_real_files_before_anything_loads(monkeypatch, tmp_path):
+    # no GPU here: the device's free and total memory are handed in; the parts come from the
+    # demo's checkpoint and codec files as device_plan reads them on a GPU
+    import torch
+
+    from actors.engine.architecture import load_config
+    from actors.synth.demo_models import demo_assets
+
+    checkpoint, codec = demo_assets(tmp_path)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * GiB, 80 * GiB))
+    settings = ActorSettings(engine=engine_settings("gpu"))
+    bf16 = (torch.bfloat16, torch.bfloat16)
+    plan = M.device_plan(settings, checkpoint, codec, torch.device("cuda"), bf16, None)
+    mc = load_config(checkpoint)
+    assert plan.parts["weights"] == mc.parameter_count * 2
+    assert plan.parts["codec"] == (codec / "codec.pth").stat().st_size // 4 * 2
+    assert plan.parts["checks"] == 0 and plan.in_use == 10 * GiB and plan.total == 80 * GiB
+    assert plan.slot_bytes == slot_bytes(mc, settings.engine.engine_config(), 2) and plan.slots == 256
+    calls = M.codec_call_samples(settings, 512)  # the demo codec's 512-sample frames
+    assert plan.parts["codec_batches"] == 2 * M.codec_batch_bytes(calls, 2)
+    smaller = M.device_plan(settings, checkpoint, codec, torch.device("cuda"), bf16, 1000)
+    assert smaller.parts["codec_batches"] == 2 * M.codec_batch_bytes(1000, 2)  # a cap the codec states
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (GiB, 2 * GiB))
+    with pytest.raises(ConfigError, match="workspace 2.00"):  # refused before any weights load
+        M.device_plan(settings, checkpoint, codec, torch.device("cuda"), bf16, None)
+    measured = plan.measured(slots=200, weights=GiB).measured(checks=GiB // 2)
+    assert measured.describe()["measured"] == {"slots": 200, "weights": 1.0, "checks": 0.5}
