@@ -88,11 +88,7 @@ class SynthActor:
         self.preparer = Preparer(settings, base_sampling, self.references, self.planner)
         self._codec_runner = loaded.codec_runner
         self.memory_plan = loaded.memory_plan  # on a GPU (actors/synth/memory_plan.py); None on CPU
-        before = self._device_allocated()
         self.gate = self._quality_gate(settings)
-        if self.memory_plan is not None:  # what the check models took on the device
-            self.memory_plan = self.memory_plan.measured(checks=self._device_allocated() - before)
-            log.info("memory measured on %s: %s", self.lm.device, self.memory_plan.describe()["measured"])
         self.finisher = Finisher(
             settings,
             loaded.codec_runner,
@@ -127,11 +123,15 @@ class SynthActor:
 
     def _quality_gate(self, settings: ActorSettings) -> QualityGate:
         """The gate with the optional checks quality.asr / .speaker / .mos name (each None,
-        nothing of it imported, when unset)."""
+        nothing of it imported, when unset); on a GPU what they took there goes into the plan."""
         quality, device = settings.quality, str(self.lm.device)
+        before = self._device_allocated()
         asr = load_asr(quality, device)
         speaker = load_speaker_check(quality, device, self._reference_wave)
         mos = load_mos(quality, settings.run.threads, device)
+        if self.memory_plan is not None:  # what the check models took on the device
+            self.memory_plan = self.memory_plan.measured(checks=self._device_allocated() - before)
+            log.info("memory measured on %s: %s", device, self.memory_plan.describe()["measured"])
         return QualityGate(settings, self.codec.frame_length, self.codec.sample_rate, asr, speaker, mos)
 
     def _device_allocated(self) -> int:

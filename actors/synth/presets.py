@@ -18,7 +18,7 @@ from actors.synth.settings import EngineSettings
 # 128). The slots are sized from the memory left after the weights, the codec and its decode
 # batches, the check models and a workspace (actors/synth/memory_plan.py): 2 x layers x
 # max_tokens x kv heads x head_dim x 2 bytes a slot (S1-mini ~350 MB, S2-Pro ~450 MB at 3,072
-# positions), so S1-mini gets 256 slots and S2-Pro about 240 on an H200.
+# positions), so S1-mini gets 256 slots and S2-Pro about 230 on an H200 (tests/synth/test_memory_plan.py).
 GPU_ENGINE: dict[str, Any] = {
     "max_rows": 256,
     "memory_fraction": 0.85,
