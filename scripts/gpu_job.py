@@ -42,7 +42,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from gpu_check import Sink, write_report  # noqa: E402  (the GPU check's step runner, shared)
+from gpu_check import Sink, run_steps  # noqa: E402  (the GPU check's step runner, shared)
 from gpu_check import _run as run_killable  # noqa: E402
 
 MODELS = ("s1-mini", "s2-pro")
@@ -154,31 +154,13 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(REPO))
         STEPS[args.run_step](Sink(Path(args.json)), args)
         return 0
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    args.work = str(out)  # the steps' files (rows, checkpoints, parts) under the output folder
-    deadline = time.monotonic() + args.deadline_s
-    report = {"device": args.device, "quick": args.quick, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    report["steps"], failed = {}, []
-    with open(out / "gpu_job.log", "a") as log:
-        for name, cap in plan(args):
-            left = deadline - time.monotonic() - 3
-            if left < 10:
-                report["steps"][name] = {"status": "skipped", "reason": "the run's deadline came first"}
-                failed.append(name)
-                continue
-            print(f"== {name} (up to {min(cap, left):.0f} s)", file=log, flush=True)
-            began = time.monotonic()
-            entry = run_step(name, args, min(cap, left), log)
-            entry["seconds"] = round(time.monotonic() - began, 1)
-            report["steps"][name] = entry
-            write_report(out / "gpu_job.json", report)
-            print(f"gpu_job: {name:<8} {entry['status']:<12} {entry['seconds']:>6.1f} s{summary(entry)}", flush=True)
-            if entry["status"] != "ok":
-                failed.append(name)
-    write_report(out / "gpu_job.json", report)
-    print(f"gpu_job: wrote {out / 'gpu_job.json'}; " + (f"failed: {', '.join(failed)}" if failed else "all ok"))
-    return 1 if failed else 0
+    args.work = args.out  # the steps' files (rows, checkpoints, parts) under the output folder
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+
+    def run_one(name: str, timeout: float, log) -> dict:
+        return run_step(name, args, timeout, log)
+
+    return run_steps("gpu_job", plan(args), run_one, args, Path(args.out), headline=summary)
 
 
 def summary(entry: dict) -> str:
