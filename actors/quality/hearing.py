@@ -1,8 +1,9 @@
 """The work on a finished row's audio, done where the audio is: its codes decoded, the checks on
 the decoded wave measured, the wave encoded as FLAC. On a CPU node that is the codec's child
 process (actors/synth/codec_process.py), so none of it runs in the engine loop's process
-(neither its CPU time nor its hold on the GIL); on a GPU, or with engine.codec_process off, the
-finisher thread calls `hear` itself. Either way the same function makes the same bytes.
+(neither its CPU time nor its hold on the GIL); on a GPU the finisher decodes (`decoded`) and the
+listen pool's processes `listen` (actors/synth/listen_pool.py); with engine.codec_process off and
+no pool, the finisher thread does both. Either way the same functions make the same bytes.
 
 What comes back per row is small (`Heard`: the FLAC bytes, the metrics, timings); the wave only
 when the actor needs it for checks on models it holds (ASR, speaker, MOS). No torch here: the
