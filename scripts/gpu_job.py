@@ -3,7 +3,7 @@
 codec, the checks, FLAC and Parquet parts out, and the figures that say whether the codec and the
 host keep up with the engine.
 
-    bash scripts/gpu_job.sh [--out DIR] [--deadline-s 420] [--models s1-mini,s2-pro] [--rows 1536]
+    bash scripts/gpu_job.sh [--out DIR] [--work DIR] [--deadline-s 420] [--models s1-mini,s2-pro] [--rows 1536]
     bash scripts/gpu_job.sh --device cpu --quick        # CI: tiny models, the same path on the CPU
 
 It runs on the lent GPU image as it is (python3 with torch 2.11 + CUDA, numpy, pyarrow,
@@ -36,7 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -142,26 +144,33 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--quick", action="store_true", help="tiny models and rows: a check the path still runs")
-    parser.add_argument("--out", default=str(REPO / "artifacts" / "gpu_job"), help="folder for the JSON, log, parts")
+    parser.add_argument("--out", default=str(REPO / "artifacts" / "gpu_job"), help="folder for the JSON and the log")
     parser.add_argument("--deadline-s", type=float, default=420.0, help="the whole run's time limit")
     parser.add_argument("--models", default=",".join(MODELS), help="comma list of s1-mini, s2-pro")
     parser.add_argument("--rows", type=int, default=0, help="input rows (0: 1536, 16 with --quick)")
     parser.add_argument("--codec-writer", default="", help="MODULE:FUNCTION writing the real-size codec")
     parser.add_argument("--run-step", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
-    parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help="folder for the rows, checkpoints and parts (default: a temporary one)")
     args = parser.parse_args(argv)
     if args.run_step:  # a child: one step
         sys.path.insert(0, str(REPO))
         STEPS[args.run_step](Sink(Path(args.json)), args)
         return 0
-    args.work = args.out  # the steps' files (rows, checkpoints, parts) under the output folder
-    Path(args.out).mkdir(parents=True, exist_ok=True)
+    # the steps' big files (checkpoints of GBs, parts) apart from the JSON and log: a lent
+    # machine sends back only a few small files
+    temporary = not args.work
+    args.work = args.work or tempfile.mkdtemp(prefix="chorus-gpu-job-")
+    Path(args.work).mkdir(parents=True, exist_ok=True)
 
     def run_one(name: str, timeout: float, log) -> dict:
         return run_step(name, args, timeout, log)
 
-    return run_steps("gpu_job", plan(args), run_one, args, Path(args.out), headline=summary)
+    try:
+        return run_steps("gpu_job", plan(args), run_one, args, Path(args.out), headline=summary)
+    finally:
+        if temporary:
+            shutil.rmtree(args.work, ignore_errors=True)
 
 
 def summary(entry: dict) -> str:

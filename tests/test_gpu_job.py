@@ -38,9 +38,9 @@ def run_job(tmp_path, *args: str, timeout: float = 600) -> tuple[subprocess.Comp
     blocker.mkdir(exist_ok=True)
     (blocker / "sitecustomize.py").write_text(ABSENT)
     env = dict(os.environ, PYTHONPATH=str(blocker), CHORUS_PYTHON=sys.executable)
-    out = tmp_path / "out"
+    out, work = tmp_path / "out", tmp_path / "work"
     proc = subprocess.run(
-        ["bash", str(SCRIPT), "--out", str(out), *args], cwd=REPO, env=env, capture_output=True, text=True,
+        ["bash", str(SCRIPT), "--out", str(out), "--work", str(work), *args], cwd=REPO, env=env, capture_output=True, text=True,
         timeout=timeout,
     )  # fmt: skip
     report = json.loads((out / "gpu_job.json").read_text()) if (out / "gpu_job.json").is_file() else {}
@@ -65,7 +65,7 @@ def test_the_quick_mode_writes_flac_rows_that_read_back_without_ray_or_hydra(tmp
     assert result["memory_plan"] is None and run["gpu_busy"] is None  # a CPU run: no device to plan
     assert result["read_back"] == {"parts": 2, "rows": 12, "flac_read": 12, "problems": [], "ok": True}
     # the parts, read here: the output schema, and FLAC of each row's stated length
-    parts = sorted((tmp_path / "out" / "parts-s1-mini").glob("part-*.parquet"))
+    parts = sorted((tmp_path / "work" / "parts-s1-mini").glob("part-*.parquet"))
     assert len(parts) == 2
     for part in parts:
         table = pq.read_table(part)
@@ -75,6 +75,7 @@ def test_the_quick_mode_writes_flac_rows_that_read_back_without_ray_or_hydra(tmp
             assert rate == row[S.SAMPLE_RATE] == 44100 and len(wave) == row[S.N_FRAMES] * 2048 > 0
             assert row[S.DEVICE] == "cpu" and row[S.MODEL] == "random-s1-mini" and row[S.LOUDNESS_LUFS] is not None
     assert "ImportError" not in (tmp_path / "out" / "gpu_job.log").read_text()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_job.json", "gpu_job.log"]
 
 
 def test_a_run_past_its_deadline_records_its_steps_as_skipped(tmp_path):
