@@ -191,13 +191,15 @@ def codec_call_samples(settings: ActorSettings, frame_length: int, max_batch_sam
 
 
 def check_model_bytes(quality: QualitySettings, clip_seconds: float) -> int:
-    """The check models the actor loads onto the GPU (ASR, speaker; DNSMOS runs through
-    onnxruntime on the CPU) with their activations."""
+    """The check models the actor may load onto the GPU with their activations: ASR, speaker
+    (float16), and DNSMOS's float32 file (on the GPU where onnxruntime has CUDA; a few MB)."""
     total = 0
     if quality.asr is not None:
         total += whisper_bytes(Path(quality.asr_model), quality.asr_batch_rows)
     if quality.speaker is not None:
         total += wavlm_bytes(Path(quality.speaker_model), clip_seconds)
+    if quality.mos is not None:
+        total += 4 * stored_parameters(Path(quality.mos_model))
     return total
 
 

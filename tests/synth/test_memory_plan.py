@@ -141,6 +141,10 @@ def test_the_check_models_sizes_from_their_configs(tmp_path):
     both = replace(quality, asr="whisper", asr_model=str(whisper), asr_batch_rows=3, speaker="wavlm",
                    speaker_model=str(wavlm))  # fmt: skip
     assert M.check_model_bytes(both, 2.0) == M.whisper_bytes(whisper, 3) + M.wavlm_bytes(wavlm, 2.0)
+    onnx = tmp_path / "sig_bak_ovr.onnx"
+    onnx.write_bytes(b"\0" * 4000)
+    every = replace(both, mos="dnsmos", mos_model=str(onnx))
+    assert M.check_model_bytes(every, 2.0) == M.check_model_bytes(both, 2.0) + 4000
 
 
 def test_the_plan_of_real_files_before_anything_loads(monkeypatch, tmp_path):
