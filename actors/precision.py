@@ -97,3 +97,9 @@ def choose_dtype(
         return DtypeChoice(DTYPES[dtype], "requested")
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)} or 'auto'") from None
+
+
+def check_model_dtype(device: str | torch.device) -> torch.dtype:
+    """The dtype the quality checks' models (ASR, speaker) run in: float16 on CUDA (the tensor
+    cores' rate, half the memory; what comes out is read in float32), float32 elsewhere."""
+    return torch.float16 if torch.device(device).type == "cuda" else torch.float32

@@ -6,6 +6,9 @@ The actor calls `ActorMetrics.record_block(table)` once per finished block with 
 table it returns; every figure comes from that table (its status, frames, audio seconds and
 the block's `batch` struct, which carries its share of the engine's steps), so the metrics
 and the output rows never disagree.
+
+Where Ray is not installed (the lent GPU image runs the actor without it: scripts/gpu_job.py)
+the figures are still computed and returned, and nothing is exported.
 """
 
 from __future__ import annotations
@@ -66,22 +69,41 @@ def block_figures(table: pa.Table) -> dict:
     }
 
 
+def _ray_metrics():
+    """`ray.util.metrics`, or None where Ray is not installed."""
+    try:
+        from ray.util import metrics
+    except ImportError:
+        return None
+    return metrics
+
+
 class ActorMetrics:
     """One actor's metrics, tagged with its name. Create it in the actor process (Ray's
-    metrics record in the process that makes them); ray is imported only here."""
+    metrics record in the process that makes them); ray is imported only here, and where it
+    cannot be, `exporting` is False and `record_block` only returns the figures."""
 
     def __init__(self, actor: str):
-        from ray.util import metrics
-
-        kinds = {"counter": metrics.Counter, "gauge": metrics.Gauge}
+        metrics = _ray_metrics()
         self.actor = actor
-        self._metrics = {m.name: kinds[m.kind](m.name, description=m.description, tag_keys=m.tag_keys) for m in METRICS}
+        self._metrics = {}
+        if metrics is not None:
+            kinds = {"counter": metrics.Counter, "gauge": metrics.Gauge}
+            self._metrics = {
+                m.name: kinds[m.kind](m.name, description=m.description, tag_keys=m.tag_keys) for m in METRICS
+            }
         for metric in self._metrics.values():
             metric.set_default_tags({"actor": actor})
+
+    @property
+    def exporting(self) -> bool:
+        return bool(self._metrics)
 
     def record_block(self, table: pa.Table) -> dict:
         """Add one finished block (the output table the actor returns); returns its figures."""
         figures = block_figures(table)
+        if not self.exporting:
+            return figures
         rows = self._metrics[ROWS.name]
         for status in (S.STATUS_OK, S.STATUS_REJECTED, S.STATUS_ERROR):
             if figures[status]:

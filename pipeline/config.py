@@ -30,6 +30,7 @@ from actors.demo import cache_root
 from actors.errors import ConfigError
 from actors.quality.settings import FLAGS
 from actors.synth.job_settings import RayConnection
+from actors.synth.presets import PRESET_GROUPS
 from actors.synth.settings import RunGroups
 
 from .location import is_local, local_path
@@ -301,7 +302,11 @@ def register() -> None:
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
-    ConfigStore.instance().store(name="chorus_schema", node=ChorusConfig)
+    store = ConfigStore.instance()
+    store.store(name="chorus_schema", node=ChorusConfig)
+    for group, presets in PRESET_GROUPS.items():  # what conf/<group>/*.yaml may select
+        for name, values in presets.items():
+            store.store(group=group, name=name, node=values)
 
 
 register()

@@ -312,15 +312,27 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(REPO))
         STEPS[args.run_step](Sink(Path(args.json)), args.device, args.quick)
         return 0
-    out = Path(args.out)
+    work = Path(tempfile.mkdtemp(prefix="chorus-gpu-check-"))  # the steps' files (the JSON holds them all)
+    steps = plan(args.device, args.quick, [s for s in args.only.split(",") if s])
+
+    def run_one(name: str, timeout: float, log) -> dict:
+        return run_step(name, args.device, args.quick, timeout, work, log)
+
+    return run_steps("gpu_check", steps, run_one, args, Path(args.out))
+
+
+def run_steps(label: str, steps, run_one, args, out: Path, headline=lambda entry: "") -> int:
+    """Each (step, cap) in turn, `run_one(name, timeout, log)` within the run's deadline (a step
+    the deadline leaves no time for is recorded as skipped); OUT/<label>.json rewritten after
+    each step, OUT/<label>.log their output. Exit status 1 when a step did not finish ok. (The
+    GPU job, scripts/gpu_job.py, runs its steps with it too.)"""
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
     report = {"device": args.device, "quick": args.quick, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     report["steps"] = {}
     failed = []
-    work = Path(tempfile.mkdtemp(prefix="chorus-gpu-check-"))  # the steps' files (the JSON holds them all)
-    with open(out / "gpu_check.log", "a") as log:
-        for name, cap in plan(args.device, args.quick, [s for s in args.only.split(",") if s]):
+    with open(out / f"{label}.log", "a") as log:
+        for name, cap in steps:
             left = deadline - time.monotonic() - 3
             if left < 10:
                 report["steps"][name] = {"status": "skipped", "reason": "the run's deadline came first"}
@@ -328,15 +340,15 @@ def main(argv=None) -> int:
                 continue
             print(f"== {name} (up to {min(cap, left):.0f} s)", file=log, flush=True)
             began = time.monotonic()
-            entry = run_step(name, args.device, args.quick, min(cap, left), work, log)
+            entry = run_one(name, min(cap, left), log)
             entry["seconds"] = round(time.monotonic() - began, 1)
             report["steps"][name] = entry
-            write_report(out / "gpu_check.json", report)
-            print(f"gpu_check: {name:<12} {entry['status']:<12} {entry['seconds']:>6.1f} s", flush=True)
+            write_report(out / f"{label}.json", report)
+            print(f"{label}: {name:<12} {entry['status']:<12} {entry['seconds']:>6.1f} s{headline(entry)}", flush=True)
             if entry["status"] != "ok":
                 failed.append(name)
-    write_report(out / "gpu_check.json", report)
-    print(f"gpu_check: wrote {out / 'gpu_check.json'}; " + (f"failed: {', '.join(failed)}" if failed else "all ok"))
+    write_report(out / f"{label}.json", report)
+    print(f"{label}: wrote {out / f'{label}.json'}; " + (f"failed: {', '.join(failed)}" if failed else "all ok"))
     return 1 if failed else 0
 
 

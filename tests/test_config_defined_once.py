@@ -14,8 +14,9 @@ from omegaconf import OmegaConf
 
 from actors.engine.types import SamplingParams
 from actors.synth.job_settings import InputColumns
+from actors.synth.presets import GPU_ENGINE, PRESET_GROUPS, engine_settings
 from actors.synth.settings import ActorSettings, RunContext, SamplingSettings
-from pipeline.config import CONF_DIR, ChorusConfig, ExportConfig, compose, typed
+from pipeline.config import CONF_DIR, ChorusConfig, ExportConfig, compose, compose_typed, typed
 from pipeline.run.actor_settings import ACTOR_GROUPS, actor_arguments
 
 # keys spelled alike in two groups that are two settings, not one copied: each line says why
@@ -108,11 +109,23 @@ def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
+def stated_in(path: Path) -> dict[str, object]:
+    """What a group's YAML file states: its own keys over the presets it selects (an entry
+    `/presets/<group>/<name>@_here_` of its defaults list: actors/synth/presets.py)."""
+    tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    stated = {}
+    for entry in tree.pop("defaults", []):
+        if entry != "_self_":
+            group, _, name = entry.removeprefix("/").removesuffix("@_here_").rpartition("/")
+            stated |= PRESET_GROUPS[group][name]
+    return leaves(stated | tree)
+
+
 @pytest.mark.parametrize("path", yaml_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_no_yaml_value_restates_its_default(path):
     group = path.parent.name
     defaults = leaves(OmegaConf.to_container(OmegaConf.structured(ChorusConfig)[group], resolve=False))
-    stated = leaves(OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {})
+    stated = stated_in(path)
     unknown = set(stated) - set(defaults)
     assert not unknown, f"{path.name}: keys the schema lacks: {unknown}"
     # 8 restates 8.0; true never restates 1 (nor 1 true)
@@ -122,3 +135,11 @@ def test_no_yaml_value_restates_its_default(path):
         if value == defaults[key] and isinstance(value, bool) == isinstance(defaults[key], bool)
     }
     assert restated == {}, f"{group}/{path.name} restates the default of {restated}: remove it (the dataclass holds it)"
+
+
+def test_a_preset_is_the_same_with_hydra_and_without():
+    # engine=gpu (conf/engine/gpu.yaml selecting the preset) and the preset built in Python
+    # (scripts/gpu_job.py, no Hydra) are one engine group
+    assert stated_in(CONF_DIR / "engine" / "gpu.yaml") == GPU_ENGINE
+    assert compose_typed(["engine=gpu"]).engine == engine_settings("gpu")
+    assert compose_typed(["engine=gpu", "engine.max_rows=7"]).engine == engine_settings("gpu", max_rows=7)

@@ -68,12 +68,12 @@ class WhisperASR:
         import torch
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
+        from actors.precision import check_model_dtype
+
         self._torch = torch
         self.processor = WhisperProcessor.from_pretrained(model_dir, local_files_only=True)
         self.model = WhisperForConditionalGeneration.from_pretrained(model_dir, local_files_only=True)
-        # half precision on a GPU (its tensor cores' rate; what comes out is read in float32),
-        # float32 elsewhere
-        self.model.to(device, torch.float16 if torch.device(device).type == "cuda" else torch.float32).eval()
+        self.model.to(device, check_model_dtype(device)).eval()  # float16 on a GPU
         self.device, self.batch_rows = device, batch_rows
         self.language = _language_code(language) if language else None
         lang_to_id = getattr(self.model.generation_config, "lang_to_id", None) or {}

@@ -1,8 +1,9 @@
 """The work on a finished row's audio, done where the audio is: its codes decoded, the checks on
 the decoded wave measured, the wave encoded as FLAC. On a CPU node that is the codec's child
 process (actors/synth/codec_process.py), so none of it runs in the engine loop's process
-(neither its CPU time nor its hold on the GIL); on a GPU, or with engine.codec_process off, the
-finisher thread calls `hear` itself. Either way the same function makes the same bytes.
+(neither its CPU time nor its hold on the GIL); on a GPU the finisher decodes (`decoded`) and the
+listen pool's processes `listen` (actors/synth/listen_pool.py); with engine.codec_process off and
+no pool, the finisher thread does both. Either way the same functions make the same bytes.
 
 What comes back per row is small (`Heard`: the FLAC bytes, the metrics, timings); the wave only
 when the actor needs it for checks on models it holds (ASR, speaker, MOS). No torch here: the
@@ -14,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
@@ -70,18 +71,15 @@ def hear(
     max_batch_rows: int,
     frame_bucket: int = 1,
 ) -> list[Heard]:
-    """Decode `tasks`' codes (`max_batch_rows` per decode call, each row padded to a multiple of
-    `frame_bucket` frames and cut back; a call that raises is run again a row at a time, so a
-    row whose codes break it fails alone, retryable) and listen to each decoded row."""
-    out: list[Heard] = []
-    step = max(1, max_batch_rows)
-
-    def decode(codes: list) -> list:
-        waves = decode_batch([padded(c, frame_bucket) for c in codes], max_batch_rows=len(codes))
-        return [wave[: c.shape[-1] * frame_length] for c, wave in zip(codes, waves)]
-
-    for start in range(0, len(tasks), step):
-        out.extend(_hear_group(decode, list(tasks[start : start + step]), quality, sample_rate, frame_length))
+    """Decode `tasks`' codes (`decoded`) and listen to each decoded row, here."""
+    out = []
+    for task, (wave, decode_ms) in zip(tasks, decoded(decode_batch, tasks, frame_length, max_batch_rows, frame_bucket)):
+        if isinstance(wave, Heard):  # its decode failed
+            out.append(wave)
+            continue
+        heard = listen(task, wave, quality, sample_rate, frame_length)
+        heard.decode_ms = decode_ms
+        out.append(heard)
     return out
 
 
@@ -94,6 +92,42 @@ def hear_with(
     return hear(codec.decode_batch, tasks, quality, sample_rate, frame_length, max_batch_rows, frame_bucket)
 
 
+def decoded(
+    decode_batch: Callable[..., list],
+    tasks: Sequence[HearTask],
+    frame_length: int,
+    max_batch_rows: int,
+    frame_bucket: int = 1,
+) -> list[tuple[Union[np.ndarray, Heard], float]]:
+    """Each task's wave (or, where its decode failed, a Heard saying why) and its share of its
+    decode call's milliseconds (by frames): `max_batch_rows` rows per decode call, each padded to
+    a multiple of `frame_bucket` frames and cut back; a call that raises is run again a row at a
+    time, so a row whose codes break it fails alone, retryable. Where the rows are listened to is
+    the caller's choice (`hear`: here; the finisher: on its listen pool)."""
+    out: list[tuple[Union[np.ndarray, Heard], float]] = []
+    step = max(1, max_batch_rows)
+
+    def decode(codes: list) -> list:
+        waves = decode_batch([padded(c, frame_bucket) for c in codes], max_batch_rows=len(codes))
+        return [wave[: c.shape[-1] * frame_length] for c, wave in zip(codes, waves)]
+
+    for start in range(0, len(tasks), step):
+        group = list(tasks[start : start + step])
+        began = time.perf_counter()
+        waves = each_alone(
+            group,
+            lambda batch: decode([t.codes for t in batch]),
+            lambda task, e: Heard(failure=f"codec decode: {e!r}", retryable=True),
+        )
+        elapsed_ms = (time.perf_counter() - began) * 1000.0
+        frames = sum(t.codes.shape[-1] for t in group) or 1
+        out.extend(
+            (wave, 0.0 if isinstance(wave, Heard) else elapsed_ms * t.codes.shape[-1] / frames)
+            for t, wave in zip(group, waves)
+        )
+    return out
+
+
 def padded(codes: np.ndarray, bucket: int) -> np.ndarray:
     """`codes` [C, frames] with code-0 frames appended up to a multiple of `bucket` frames."""
     frames = codes.shape[-1]
@@ -101,32 +135,6 @@ def padded(codes: np.ndarray, bucket: int) -> np.ndarray:
     if extra == 0:
         return codes
     return np.concatenate([codes, np.zeros((codes.shape[0], extra), dtype=codes.dtype)], axis=1)
-
-
-def _hear_group(
-    decode: Callable[[list], list],
-    group: list[HearTask],
-    quality: QualitySettings,
-    sample_rate: int,
-    frame_length: int,
-) -> list[Heard]:
-    began = time.perf_counter()
-    waves = each_alone(
-        group,
-        lambda batch: decode([t.codes for t in batch]),
-        lambda task, e: Heard(failure=f"codec decode: {e!r}", retryable=True),
-    )
-    elapsed_ms = (time.perf_counter() - began) * 1000.0
-    frames = sum(t.codes.shape[-1] for t in group) or 1
-    out = []
-    for task, wave in zip(group, waves):
-        if isinstance(wave, Heard):  # its decode failed
-            out.append(wave)
-            continue
-        heard = listen(task, wave, quality, sample_rate, frame_length)
-        heard.decode_ms = elapsed_ms * task.codes.shape[-1] / frames
-        out.append(heard)
-    return out
 
 
 def listen(task: HearTask, wave: np.ndarray, quality: QualitySettings, sample_rate: int, frame_length: int) -> Heard:

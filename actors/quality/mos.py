@@ -108,14 +108,15 @@ def window_starts(num_samples: int) -> list[int]:
 
 
 class DNSMOS:
-    """DNSMOS P.835 from a local sig_bak_ovr.onnx, on CPU; windows of all clips in one call go
-    through the session batch_windows at a time."""
+    """DNSMOS P.835 from a local sig_bak_ovr.onnx, on the CPU (or on a CUDA `device` where
+    onnxruntime has CUDA); windows of all clips in one call go through the session
+    batch_windows at a time."""
 
-    def __init__(self, model_path: str, threads: Optional[int] = None, batch_windows: int = 16):
+    def __init__(self, model_path: str, threads: Optional[int] = None, batch_windows: int = 16, device: str = "cpu"):
         if batch_windows < 1:
             raise ValueError(f"batch_windows must be >= 1, got {batch_windows}")
         self.model_path, self.batch_windows = str(model_path), batch_windows
-        self.session = _open_session(self.model_path, threads)
+        self.session = _open_session(self.model_path, threads, device)
         self.output_name = self.session.get_outputs()[0].name
         if self.session.get_inputs()[0].shape[0] == 1:
             # an export with the batch fixed at 1 (the published file's is dynamic, N)
@@ -155,8 +156,16 @@ def _chunks(items: list, size: int) -> Iterator[list]:
         yield items[start : start + size]
 
 
-def _open_session(model_path: str, threads: Optional[int]):
-    """An onnxruntime CPU session on the file, checked to have DNSMOS's input and output."""
+def session_providers(device: str, available: Sequence[str]) -> list[str]:
+    """onnxruntime's providers for a model on `device`: CUDA's first on a CUDA device where
+    onnxruntime has it (onnxruntime-gpu), the CPU's always."""
+    cuda = str(device).startswith("cuda") and "CUDAExecutionProvider" in available
+    return ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
+
+
+def _open_session(model_path: str, threads: Optional[int], device: str = "cpu"):
+    """An onnxruntime session on the file (session_providers), checked to have DNSMOS's input
+    and output."""
     where = f"get sig_bak_ovr.onnx beforehand from {MODEL_SOURCE}"
     if not Path(model_path).is_file():
         raise ConfigError(f"quality.mos_model: {model_path} is not a file; {where}")
@@ -166,7 +175,8 @@ def _open_session(model_path: str, threads: Optional[int]):
     if threads is not None:
         options.intra_op_num_threads = int(threads)
     try:
-        session = onnxruntime.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+        providers = session_providers(device, onnxruntime.get_available_providers())
+        session = onnxruntime.InferenceSession(model_path, options, providers=providers)
     except Exception as error:  # onnxruntime raises its own pybind classes for unreadable models
         raise ConfigError(f"quality.mos_model: {model_path} is not a loadable ONNX model ({error}); {where}") from error
     problem = _signature_problem(session)

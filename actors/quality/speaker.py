@@ -63,6 +63,8 @@ class SpeakerEmbedder:
         import torch
         from transformers import AutoFeatureExtractor, WavLMForXVector
 
+        from actors.precision import check_model_dtype
+
         self._torch = torch
         try:
             self.feature_extractor = AutoFeatureExtractor.from_pretrained(model_dir, local_files_only=True)
@@ -72,9 +74,7 @@ class SpeakerEmbedder:
                 f"quality.speaker_model: {model_dir} holds a WavLM x-vector config.json but cannot be "
                 f"loaded ({e}); download the whole model beforehand (e.g. `{DOWNLOAD_HINT}`)"
             ) from None
-        # half precision on a GPU (its tensor cores' rate; what comes out is read in float32),
-        # float32 elsewhere
-        self.model.to(device, torch.float16 if torch.device(device).type == "cuda" else torch.float32).eval()
+        self.model.to(device, check_model_dtype(device)).eval()  # float16 on a GPU
         self.device = device
         self.sample_rate = int(self.feature_extractor.sampling_rate)
         self.dim = int(self.model.config.xvector_output_dim)

@@ -1,24 +1,36 @@
 """The synthesis actor: one loaded model serving Arrow batches of rows (actor.py wires the
 parts; docs/architecture.md §2 draws them). Importing the package stays light: torch, the
-engine and the codec load inside SynthActor's constructor.
+engine and the codec load inside SynthActor's constructor, and the names below load lazily,
+so the actor's helper processes (`python -m actors.synth.listen_pool`, the codec's child)
+import only what they serve, not the actor.
 
 The top layer of actors/ (its __init__ draws them): it may import quality/, the engine, the
 codec and the leaves; none of them imports it."""
 
-from actors.synth.actor import SynthActor, SynthStage
-from actors.synth.output import output_table_per_row
-from actors.synth.recorder import Recorder, Trace
-from actors.synth.rows import SEED_MASK, WORD_JOINER, RowError, escape_special_tokens, row_seed
+from __future__ import annotations
 
-__all__ = [
-    "SEED_MASK",
-    "WORD_JOINER",
-    "Recorder",
-    "RowError",
-    "SynthActor",
-    "SynthStage",
-    "Trace",
-    "escape_special_tokens",
-    "output_table_per_row",
-    "row_seed",
-]
+import importlib
+
+_EXPORTS = {
+    "SynthActor": "actor",
+    "SynthStage": "actor",
+    "output_table_per_row": "output",
+    "Recorder": "recorder",
+    "Trace": "recorder",
+    "SEED_MASK": "rows",
+    "WORD_JOINER": "rows",
+    "RowError": "rows",
+    "escape_special_tokens": "rows",
+    "row_seed": "rows",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'actors.synth' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

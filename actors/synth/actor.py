@@ -87,6 +87,7 @@ class SynthActor:
         self.planner = ChainPlanner(settings, loaded.builder, positions, frozenset(self.lm.tokenizer.special))
         self.preparer = Preparer(settings, base_sampling, self.references, self.planner)
         self._codec_runner = loaded.codec_runner
+        self.memory_plan = loaded.memory_plan  # on a GPU (actors/synth/memory_plan.py); None on CPU
         self.gate = self._quality_gate(settings)
         self.finisher = Finisher(
             settings,
@@ -97,6 +98,7 @@ class SynthActor:
             self.gate,
             lambda job: self.feeder.submit(job),  # a row the gate sends back for another round
             loaded.codec_stream,
+            loaded.listen_pool,
         )
         self.feeder = EngineFeeder(
             self.engine, settings, self.clock, self.recorder, self.writer.actor, self.finisher.intake.put, self.gate
@@ -121,12 +123,24 @@ class SynthActor:
 
     def _quality_gate(self, settings: ActorSettings) -> QualityGate:
         """The gate with the optional checks quality.asr / .speaker / .mos name (each None,
-        nothing of it imported, when unset)."""
+        nothing of it imported, when unset); on a GPU what they took there goes into the plan."""
         quality, device = settings.quality, str(self.lm.device)
+        before = self._device_allocated()
         asr = load_asr(quality, device)
         speaker = load_speaker_check(quality, device, self._reference_wave)
-        mos = load_mos(quality, settings.run.threads)
+        mos = load_mos(quality, settings.run.threads, device)
+        if self.memory_plan is not None:  # what the check models took on the device
+            self.memory_plan = self.memory_plan.measured(checks=self._device_allocated() - before)
+            log.info("memory measured on %s: %s", device, self.memory_plan.describe()["measured"])
         return QualityGate(settings, self.codec.frame_length, self.codec.sample_rate, asr, speaker, mos)
+
+    def _device_allocated(self) -> int:
+        """Bytes torch holds allocated on the actor's GPU (0 on a CPU)."""
+        if self.lm.device.type != "cuda":
+            return 0
+        import torch
+
+        return torch.cuda.memory_allocated(self.lm.device)
 
     def _reference_wave(self, ref: RefSpec) -> tuple[np.ndarray, int]:
         """A reference's audio for the speaker check: its clip read as the run reads it, or,

@@ -1,26 +1,29 @@
-"""The finisher, one thread per actor: rows the engine feeder is done with are heard in codec
-batches of similar length (actors/quality/hearing.py: decoded, measured, encoded to FLAC; in the
-codec's child process on CPU, so none of that work runs in the engine loop's process) and turned
-into output rows; a block's call returns when its last row is here. On CUDA its codec work runs
-on a stream of its own, so it overlaps the engine's kernels instead of queueing behind them.
+"""The finisher, two threads per actor: rows the engine feeder is done with are heard in codec
+batches of similar length (actors/quality/hearing.py: decoded, measured, encoded to FLAC) and
+turned into output rows; a block's call returns when its last row is here.
 
-Each heard batch goes through the quality gate (actors/quality/gate.py: loudness, silence,
-clipping, speech rate from the measurements; ASR, speaker similarity and MOS when set) before
-its output rows are built; a row whose audio fails a check quality.reject lists goes back to the
-engine feeder for another round instead (the gate says from where), and a row the gate kept without frames has nothing to
-decode and is written as `rejected`.
+The first thread decodes: in the codec's child process on CPU (which also measures and encodes
+there, so none of that work runs in the engine loop's process), or here, on the codec's CUDA
+stream on a GPU, so its kernels overlap the engine's instead of queueing behind them. Rows
+decoded here are measured and FLAC-encoded on the listen pool (listen_pool.py: processes beside
+the actor) when there is one, else at once in this thread. The second thread takes each batch
+when it is heard and runs the quality gate (actors/quality/gate.py: loudness, silence,
+clipping, speech rate from the measurements; ASR, speaker similarity and MOS when set, on the
+codec's stream too) before its output rows are built; so the decode of the next batch never
+waits for a batch's listening or its checks. A row whose audio fails a check quality.reject
+lists goes back to the engine feeder for another round instead (the gate says from where), and
+a row the gate kept without frames has nothing to decode and is written as `rejected`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 from actors import schema as S
 from actors.quality import hearing
@@ -31,6 +34,21 @@ from actors.synth.output import RowWriter
 from actors.synth.settings import ActorSettings
 
 log = logging.getLogger(__name__)
+
+
+# heard batches waiting for the gate: enough that a slow check never stalls the decode at once,
+# few enough that their waves stay a small part of the actor's memory
+HEARD_BATCHES = 4
+
+
+class Listening:
+    """A decoded batch's rows being listened to on the pool: `collect` waits for them."""
+
+    def __init__(self, jobs: list[RowJob], futures: list, take: Callable[[list[RowJob], list], None]):
+        self._jobs, self._futures, self._take = jobs, futures, take
+
+    def collect(self) -> None:
+        self._take(self._jobs, [f if isinstance(f, hearing.Heard) else f.result() for f in self._futures])
 
 
 class Finisher:
@@ -44,42 +62,66 @@ class Finisher:
         gate: QualityGate,
         send_back: Callable[[RowJob], None],
         stream: Any = None,
+        pool: Any = None,
     ):
         self.settings, self.codec_runner, self.clock, self.writer = settings, codec_runner, clock, writer
         self.gate = gate
         self._send_back = send_back  # the engine feeder's submit: a row the gate regenerates
         self._engine_holding = engine_holding  # rows still in the engine feeder: more may come soon
         self._stream = stream
+        self.pool = pool  # a ListenPool (listen_pool.py), or None: rows decoded here are listened to here
         self.intake: queue.Queue = queue.Queue()
+        self._heard: queue.Queue = queue.Queue(maxsize=HEARD_BATCHES)
 
     def start(self, prepare_thread: Callable[[], None]) -> None:
-        """The finisher's thread, which calls `prepare_thread` first (actors/synth/priority.py)."""
-        threading.Thread(target=self._serve, args=(prepare_thread,), name="chorus-finisher", daemon=True).start()
+        """The finisher's threads, which call `prepare_thread` first (actors/synth/priority.py)."""
+        for target, name in ((self._decode, "chorus-finisher"), (self._judge, "chorus-finisher-gate")):
+            threading.Thread(target=target, args=(prepare_thread,), name=name, daemon=True).start()
 
-    def _serve(self, prepare_thread: Callable[[], None]) -> None:
+    def _on_stream(self, prepare_thread: Callable[[], None]) -> None:
         prepare_thread()
         if self._stream is not None:
             import torch
 
             torch.cuda.set_stream(self._stream)  # this thread's current stream from now on
+
+    def _decode(self, prepare_thread: Callable[[], None]) -> None:
+        self._on_stream(prepare_thread)
         while True:
             jobs = self._next_batch()
-            again: list[RowJob] = []
+            listening = None
             try:
                 # similar lengths decode together: a batch pads to its longest row
                 with self.clock.busy():
-                    self.hear(sorted((j for j in jobs if j.ok and j.result.frames), key=lambda j: j.result.frames))
-                again = self._checked(jobs)
+                    listening = self.hear(
+                        sorted((j for j in jobs if j.ok and j.result.frames), key=lambda j: j.result.frames)
+                    )
             except Exception as e:  # a bug or a device failure: the rows still come back, as errors
-                log.error("decode failed in %s:\n%s", self.writer.actor, traceback.format_exc())
-                for job in jobs:
-                    if job.heard is None:
-                        job.fail(f"internal error in actor {self.writer.actor}: {e!r}", retryable=True)
+                self._failed(jobs, e)
+            self._heard.put((jobs, listening))
+
+    def _judge(self, prepare_thread: Callable[[], None]) -> None:
+        self._on_stream(prepare_thread)
+        while True:
+            jobs, listening = self._heard.get()
+            again: list[RowJob] = []
+            try:
+                if listening is not None:
+                    listening.collect()
+                again = self._checked(jobs)
+            except Exception as e:
+                self._failed(jobs, e)
             for job in jobs:
                 if any(job is back for back in again):
                     self._send_back(job)  # waits while the engine's queue is full
                 else:
                     self._finish(job)
+
+    def _failed(self, jobs: list[RowJob], e: Exception) -> None:
+        log.error("hearing failed in %s:\n%s", self.writer.actor, traceback.format_exc())
+        for job in jobs:
+            if job.heard is None:
+                job.fail(f"internal error in actor {self.writer.actor}: {e!r}", retryable=True)
 
     def _checked(self, jobs: list[RowJob]) -> list[RowJob]:
         """The gate on the heard rows (those it sends back are returned); the CPU time of what
@@ -141,20 +183,37 @@ class Finisher:
             channels=len(job.spec.voices) if per_speaker else 1,
         )
 
-    def hear(self, jobs: list[RowJob]) -> None:
-        """The rows decoded, measured and FLAC-encoded, codec_batch_rows per decode call: by the
-        codec's child process when there is one, else here. A row whose codes break a batch
-        fails alone (retryable), after its batch is decoded row by row."""
+    def hear(self, jobs: list[RowJob]) -> Optional[Listening]:
+        """The rows decoded, measured and FLAC-encoded, codec_batch_rows per decode call: all of
+        it by the codec's child process when there is one; else decoded here and listened to on
+        the pool (returned: `collect` it) or here. A row whose codes break a batch fails alone
+        (retryable), after its batch is decoded row by row."""
         settings = self.settings
         tasks = [self._task(job) for job in jobs]
         runner, engine = self.codec_runner, settings.engine
-        # the codec's child process hears in the child (actors/synth/codec_process.py); a codec in
-        # this process, here
-        hear = runner.hear if hasattr(runner, "hear") else functools.partial(hearing.hear_with, runner)
-        heard = hear(
-            tasks, settings.quality, max_batch_rows=engine.codec_batch_rows, frame_bucket=engine.codec_frame_bucket
-        )
-        for job, row in zip(jobs, heard):
+        batching = {"max_batch_rows": engine.codec_batch_rows, "frame_bucket": engine.codec_frame_bucket}
+        if hasattr(runner, "hear"):  # the codec's child process (actors/synth/codec_process.py)
+            self._take(jobs, runner.hear(tasks, settings.quality, **batching))
+            return None
+        rate, frame = runner.sample_rate, runner.frame_length
+        waves = hearing.decoded(runner.decode_batch, tasks, frame, **batching)
+        if self.pool is None:
+            listened = [
+                w if isinstance(w, hearing.Heard) else hearing.listen(t, w, settings.quality, rate, frame)
+                for t, (w, _) in zip(tasks, waves)
+            ]
+            self._take(jobs, listened, [ms for _, ms in waves])
+            return None
+        futures = [w if isinstance(w, hearing.Heard) else self.pool.submit(t, w) for t, (w, _) in zip(tasks, waves)]
+        decode_ms = [ms for _, ms in waves]
+        return Listening(jobs, futures, lambda jobs, heard: self._take(jobs, heard, decode_ms))
+
+    @staticmethod
+    def _take(jobs: list[RowJob], heard: list, decode_ms: Optional[list[float]] = None) -> None:
+        """Each row's Heard (its decode's share `decode_ms`, when it was decoded here) onto it."""
+        for index, (job, row) in enumerate(zip(jobs, heard)):
+            if decode_ms is not None and row.failure is None:
+                row.decode_ms = decode_ms[index]
             job.decode_ms = row.decode_ms
             job.codec_ms += row.decode_ms
             job.checks_ms += row.checks_ms

@@ -68,12 +68,13 @@ def load_speaker_check(
     return SpeakerCheck(open_embedder(settings.speaker, settings.speaker_model, device=device), load_reference)
 
 
-def load_mos(settings: QualitySettings, threads: Optional[int]) -> Any:
-    """quality.mos's predictor (None when it is null: nothing imported). DNSMOS runs on the CPU
-    through onnxruntime whatever the actor's device (a small convolutional model)."""
+def load_mos(settings: QualitySettings, threads: Optional[int], device: str = "cpu") -> Any:
+    """quality.mos's predictor (None when it is null: nothing imported). DNSMOS runs through
+    onnxruntime: on a GPU actor's device where onnxruntime has CUDA (onnxruntime-gpu), else on
+    the CPU (a small convolutional model, float32 as the published file is)."""
     if settings.mos is None:
         return None
     settings.validate()
     from actors.quality.mos import DNSMOS
 
-    return DNSMOS(settings.mos_model, threads=threads)
+    return DNSMOS(settings.mos_model, threads=threads, device=device)

@@ -4,9 +4,10 @@ job_settings.py (data, output, cluster) or in the engine's and the quality check
 settings. The driver's Hydra schema (pipeline/config.py) nests these same classes, and
 `OmegaConf.to_object` hands the actor these objects, not dicts (docs/architecture.md §3).
 
-Free of torch, Hydra and OmegaConf: the driver and the actor both import it. A required field
-is the string "???", which OmegaConf reads as a missing value; `${...}` defaults are OmegaConf
-interpolations, resolved before an actor sees them.
+Free of torch, Hydra and OmegaConf: the driver and the actor both import it, and a caller
+without Hydra builds them as plain dataclasses (scripts/gpu_job.py), so no default here is an
+OmegaConf interpolation. A required field is the string "???", which OmegaConf reads as a
+missing value.
 
 Range checks a schema cannot express are each dataclass's `validate()`, raising ConfigError
 with a message that names the key; the driver runs them all before Ray starts, and the actor
@@ -85,9 +86,9 @@ class ModelSettings:
     # the family of the built-in demo checkpoint (model.checkpoint null): s1 (model=demo) or s2
     # (model=demo_s2), each a tiny random model of that family's on-disk format
     demo_family: str = field(default="s1", metadata=one_of(*DEMO_FAMILIES))
-    # where the demo checkpoint is built on each actor's node (null = ~/.cache/chorus there);
-    # the driver's $CHORUS_CACHE, when set, is passed on
-    cache_dir: Optional[str] = "${oc.env:CHORUS_CACHE,null}"
+    # where the demo checkpoint is built on each actor's node (null = that node's $CHORUS_CACHE,
+    # else ~/.cache/chorus: actors/demo.py); a run passes the driver's $CHORUS_CACHE on when set
+    cache_dir: Optional[str] = None
 
     def validate(self) -> None:
         check_bounds(self, "model")
@@ -134,6 +135,13 @@ class EngineSettings(EngineConfig):
     # CPU: decode in a child process holding its own copy of the codec, so the codec does not
     # share the engine loop's GIL (CUDA: the codec has a stream of its own; this is ignored)
     codec_process: bool = False
+    # processes measuring decoded rows and encoding their FLAC beside the actor
+    # (actors/synth/listen_pool.py) when the codec decodes in the actor's process, so that work
+    # (~0.006 CPU-s per second of audio) never runs in the engine's process. null = on a GPU
+    # enough for 2,500 s of audio per second within the node's CPUs per GPU less two (the
+    # engine's and the finisher's threads), at most 32; on a CPU 0 (engine.codec_process's
+    # child listens). 0 = in the finisher's own thread
+    listen_processes: Optional[int] = field(default=None, metadata=at_least(0, or_null=True))
     # encoded references each actor keeps (LRU, keyed by ref_id or the clip's bytes)
     reference_cache: int = field(default=256, metadata=at_least(0))
     # Ray Data blocks one actor holds at once: its engine loop takes rows from all of them, so

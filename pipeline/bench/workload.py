@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 
 from actors import schema as S
 
-from ..config import REPO_ROOT
-
-DEMO_TABLE = REPO_ROOT / "data" / "demo" / "demo.parquet"
+# found from this file, not from pipeline.config's REPO_ROOT: config imports Hydra, and
+# scripts/gpu_job.py makes its rows with this module on an image without Hydra
+DEMO_TABLE = Path(__file__).resolve().parents[2] / "data" / "demo" / "demo.parquet"
 VOICE_TYPE = pa.struct([(S.VOICE_AUDIO, pa.binary()), (S.VOICE_TEXT, pa.string())])
 SCHEMA = pa.schema(
     [

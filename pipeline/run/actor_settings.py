@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields, replace
 
+from actors.demo import cache_dir_from_environment
 from actors.synth.settings import ActorSettings, RunContext, RunGroups
 
 from ..config import ChorusConfig
@@ -48,6 +49,8 @@ def actor_arguments(
     concurrent_blocks)."""
     groups = {group: getattr(config, group) for group in ACTOR_GROUPS}
     groups["data"] = replace(groups["data"], audio_root=absolute(groups["data"].audio_root))
+    if groups["model"].cache_dir is None:  # the driver's $CHORUS_CACHE, on every actor's node
+        groups["model"] = replace(groups["model"], cache_dir=cache_dir_from_environment())
     cluster = groups["cluster"]
     engine = groups["engine"]
     blocks = concurrent_blocks(engine, cluster.rows_per_block, rows, cluster.num_actors)

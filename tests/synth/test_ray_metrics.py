@@ -4,6 +4,8 @@ real Ray cluster exports to Prometheus after an actor records blocks."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -11,6 +13,7 @@ import pytest
 
 from actors import ray_metrics
 from actors import schema as S
+from helpers import REPO
 
 
 def block(actor_name: str, number: int, ok: int, errors: int, occupancy: float, busy: float, rejected: int = 0):
@@ -52,6 +55,25 @@ def test_recording_outside_a_ray_worker_is_harmless():
     # SynthActor also runs in plain processes (tests, the CLI): there the metrics go nowhere
     metrics = ray_metrics.ActorMetrics("no-ray")
     assert metrics.record_block(block("n", 1, ok=1, errors=0, occupancy=1.0, busy=1.0))["ok"] == 1
+
+
+def test_without_ray_installed_the_figures_still_come_back():
+    # the lent GPU image has no Ray (scripts/gpu_job.py runs the actor there): a process where
+    # `import ray` fails records blocks without error and exports nothing
+    code = f"""
+import sys
+sys.modules["ray"] = None  # import ray -> ImportError, as where it is not installed
+sys.path[:0] = [{str(REPO / "tests")!r}, {str(REPO / "tests" / "synth")!r}]
+from test_ray_metrics import block
+from actors import ray_metrics
+metrics = ray_metrics.ActorMetrics("no-ray-installed")
+figures = metrics.record_block(block("n", 1, ok=2, errors=1, occupancy=0.5, busy=0.25))
+print(metrics.exporting, figures["ok"], figures["error"], figures["engine_busy"], "ray" in sys.modules and sys.modules["ray"] is not None)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "2", "1", "0.25", "False"]
+    assert ray_metrics.ActorMetrics("with-ray").exporting  # where Ray is installed, it exports
 
 
 def _scrape(port: int) -> dict[tuple[str, str], float]:
