@@ -41,8 +41,9 @@ from torch import nn
 
 from actors.audio import resample
 from actors.errors import ConfigError
+from actors.quality.settings import WAVLM_ECAPA_FILE
 
-CHECKPOINT = "wavlm_large_finetune.pth"
+CHECKPOINT = WAVLM_ECAPA_FILE
 BACKBONE_FILES = ("wavlm_large.pt", "WavLM-Large.pt")
 BACKBONE_PREFIX = "feature_extract.model."
 SAMPLE_RATE = 16000

@@ -89,7 +89,7 @@ def load(settings: ActorSettings, codec_call_samples: Optional[int] = None) -> L
             f"codec {codec_path} has {codec.num_codebooks} codebooks, model "
             f"{checkpoint} {lm.config.num_codebooks}: they do not belong together"
         )
-    codec_runner, stream = _codec_runner(settings, codec, codec_path, codec_dtype)
+    codec_runner, stream = _codec_runner(settings, codec, codec_path, codec_dtype, plan)
     # the engine group extends EngineConfig; the engine gets those fields alone, and on a GPU
     # the share of memory the plan leaves it once the parts loaded after it are counted
     config = settings.engine.engine_config()
@@ -110,11 +110,12 @@ def load(settings: ActorSettings, codec_call_samples: Optional[int] = None) -> L
     )  # fmt: skip
 
 
-def _codec_runner(settings: ActorSettings, codec, codec_path: Path, codec_dtype) -> tuple[Any, Any]:
+def _codec_runner(settings: ActorSettings, codec, codec_path: Path, codec_dtype, plan) -> tuple[Any, Any]:
     """What decodes finished rows and encodes references, and the codec's CUDA stream (None on
-    CPU): on CUDA the codec on its own stream; on CPU with engine.codec_process a copy of it in a
-    child process, so the codec never holds the engine loop's GIL; else the codec itself (CPU
-    float32 on chorus's kernels, which the first actor on a node builds into the compile cache)."""
+    CPU): on CUDA the codec on its own stream, decoding on its fused path in calls the memory
+    plan sized, compiled at load; on CPU with engine.codec_process a copy of it in a child
+    process, so the codec never holds the engine loop's GIL; else the codec itself (CPU float32
+    on chorus's kernels, which the first actor on a node builds into the compile cache)."""
     import torch
 
     from actors import native
@@ -122,8 +123,9 @@ def _codec_runner(settings: ActorSettings, codec, codec_path: Path, codec_dtype)
     if codec.device.type == "cuda":
         from actors.synth.codec_stream import CodecOnStream
 
-        stream = torch.cuda.Stream(device=codec.device)
-        return CodecOnStream(codec, stream), stream
+        decode = codec.configure_decode(memory_budget=plan.decode_budget)
+        log.info("codec decode on %s: %s, warm-up %.1f s", codec.device, decode.describe(), decode.warm_up())
+        return CodecOnStream(codec, codec.stream), codec.stream
     kernels = native.cache_dir(settings.engine.compile_cache_dir) if settings.model.codec_kernels else None
     if kernels is not None:
         codec.use_native_layers(kernels)

@@ -6,7 +6,7 @@ message naming the parts, and one that fits never runs out of memory while it ru
            = in use before the actor (the CUDA context, other processes)
            + weights (the model's parameters, in its dtype)
            + codec (its parameters, in the codec's dtype)
-           + codec batches (the largest decode call's activations)
+           + codec batches (the largest decode call's activations, and a reference's encode)
            + checks (ASR and speaker models in half precision, and their activations)
            + workspace (cuBLAS and cuDNN workspaces, the CUDA graphs' pools, the allocator's rounding)
            + slots x slot bytes (each slot's K/V and step activations: actors/engine/slots.py)
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from actors.errors import ConfigError
-from actors.quality.settings import QualitySettings
+from actors.quality.settings import WAVLM_ECAPA_FILE, QualitySettings
 from actors.synth.settings import ActorSettings
 
 GiB = 1 << 30
@@ -37,17 +37,23 @@ MiB = 1 << 20
 # cuBLAS / cuDNN workspaces (per stream), the CUDA graphs' memory pools, and the caching
 # allocator's rounding and fragmentation (what the device showed beyond the parts is logged)
 WORKSPACE_BYTES = 2 * GiB
-# The real-size codec's decode holds at most ~194 values per output sample of a call (its
+# The real-size codec's encode holds at most ~194 values per input sample of a call (its
 # tensors alive at once, traced per op on CPU: 388 bytes a sample in bf16 at 1-2 rows of 8-16
-# frames, its last two decoder blocks at 96 channels x the full rate); 256 leaves room for the
-# GPU path's extra copies and the convolutions' workspaces. Plus the float32 wave it returns.
-# (When the codec sizes its own calls from memory, its figure replaces this.)
+# frames, its last two blocks at 96 channels x the full rate); 256 leaves room for copies and
+# the convolutions' workspaces. Plus the float32 wave. (A decode on the GPU is the codec's own
+# figure: actors/codec/device.py's bytes_per_sample.)
 CODEC_VALUES_PER_SAMPLE = 256
+# The most output samples one decode call holds on a GPU: codec_batch_rows rows, capped here
+# (2^23 samples = 190 s of audio, ~6.5 GB at the fused bf16 path's 772 bytes a sample): 16 rows
+# of 10 s decode at the codec's full rate, and the rest of the memory stays the engine's slots
+GPU_DECODE_SAMPLES = 2**23
 WAVE_BYTES_PER_SAMPLE = 4
 HALF = 2  # the check models' element size on a GPU (float16)
 # WavLM (speaker check): one clip per pass, 50 frames per second of 16 kHz audio; its attention
 # holds heads x frames^2 scores (and their softmax) in half precision
 WAVLM_FRAMES_PER_S = 50
+# Seed-TTS-eval's speaker model: WavLM-Large (16 heads, 1,024 wide, 24 layers)
+WAVLM_LARGE_SHAPE = (16, 1024, 24)
 PARTS = ("weights", "codec", "codec_batches", "checks", "workspace")
 LOADED_BEFORE_ENGINE = ("weights", "codec")  # what the engine's own sizing already sees
 
@@ -64,6 +70,7 @@ class MemoryPlan:
     max_rows: int
     fraction: Optional[float] = None
     measured_parts: dict = field(default_factory=dict)  # after loading: what the parts took
+    decode_budget: Optional[int] = None  # of codec_batches, what one decode call may hold
 
     @property
     def budget(self) -> int:
@@ -152,6 +159,21 @@ def stored_parameters(path: Path) -> int:
     return total
 
 
+def wavlm_ecapa_bytes(model_path: Path, clip_seconds: float) -> int:
+    """Seed-TTS-eval's WavLM-Large ECAPA-TDNN (quality.speaker=wavlm_ecapa) in float32, as
+    wavlm_ecapa.py runs it, and one clip's pass at WavLM-Large's shape (the published model's:
+    its attention scores, the feed-forward's hidden states, and every layer's input kept for
+    the head's weighted sum)."""
+    path = Path(model_path)
+    if path.is_dir():
+        path = path / WAVLM_ECAPA_FILE
+    frames = int(clip_seconds * WAVLM_FRAMES_PER_S) + 1
+    heads, width, layers = WAVLM_LARGE_SHAPE
+    attention = 2 * heads * frames * frames
+    hidden = 8 * frames * width + (layers + 1) * frames * width
+    return 4 * (stored_parameters(path) + attention + hidden)
+
+
 def codec_batch_bytes(samples_per_call: int, element_size: int) -> int:
     """The activations of one decode call of `samples_per_call` output samples (all its rows)."""
     return samples_per_call * (CODEC_VALUES_PER_SAMPLE * element_size + WAVE_BYTES_PER_SAMPLE)
@@ -190,13 +212,28 @@ def codec_call_samples(settings: ActorSettings, frame_length: int, max_batch_sam
     return max(row, min(engine.codec_batch_rows * row, cap))
 
 
+def decode_budget(settings: ActorSettings, codec_config, device, dtype, samples: Optional[int] = None) -> int:
+    """The device bytes one decode call of the finisher may hold on a GPU: `samples` output
+    samples (None: codec_call_samples capped at GPU_DECODE_SAMPLES) at the codec's own bytes per
+    sample for the path `auto` picks there. The codec is told this budget at load, so its calls
+    stay inside the plan."""
+    from actors.codec.device import bytes_per_sample, resolve_backend
+
+    if samples is None:
+        samples = codec_call_samples(settings, codec_config.frame_length, GPU_DECODE_SAMPLES)
+    per_sample = bytes_per_sample(codec_config, dtype, resolve_backend("auto", device, dtype))
+    return math.ceil(samples * per_sample)
+
+
 def check_model_bytes(quality: QualitySettings, clip_seconds: float) -> int:
-    """The check models the actor may load onto the GPU with their activations: ASR, speaker
-    (float16), and DNSMOS's float32 file (on the GPU where onnxruntime has CUDA; a few MB)."""
+    """The check models the actor may load onto the GPU with their activations: ASR, the
+    x-vector speaker model (float16) or Seed-TTS-eval's (float32), and DNSMOS's float32 file (on the GPU where onnxruntime has CUDA; a few MB)."""
     total = 0
     if quality.asr is not None:
         total += whisper_bytes(Path(quality.asr_model), quality.asr_batch_rows)
-    if quality.speaker is not None:
+    if quality.speaker == "wavlm_ecapa":
+        total += wavlm_ecapa_bytes(Path(quality.speaker_model), clip_seconds)
+    elif quality.speaker is not None:
         total += wavlm_bytes(Path(quality.speaker_model), clip_seconds)
     if quality.mos is not None:
         total += 4 * stored_parameters(Path(quality.mos_model))
@@ -223,7 +260,9 @@ def device_plan(
     codec_file = codec_path / CHECKPOINT_FILE_NAME if codec_path.is_dir() else codec_path
     config_file = codec_file.parent / CONFIG_FILE_NAME  # where load_codec reads the codec's shape
     codec_config = read_file(config_file) if config_file.is_file() else CodecConfig.real()
-    samples = codec_samples or codec_call_samples(settings, codec_config.frame_length)
+    decode = decode_budget(settings, codec_config, device, dtypes[1], codec_samples)
+    # a reference's encode is cut at the CPU's cap (encode_batch's default)
+    encode = codec_batch_bytes(codec_call_samples(settings, codec_config.frame_length), codec_size)
     clip_seconds = settings.engine.max_frames * codec_config.frame_length / codec_config.sample_rate
     free, total = torch.cuda.mem_get_info(device)
     engine = settings.engine
@@ -234,11 +273,12 @@ def device_plan(
             "weights": mc.parameter_count * lm_size,
             "codec": stored_parameters(codec_file) * codec_size,
             # a decode (the finisher) and a reference's encode (a block's caller) may run at once
-            "codec_batches": 2 * codec_batch_bytes(samples, codec_size),
+            "codec_batches": decode + encode,
             "checks": check_model_bytes(settings.quality, clip_seconds),
             "workspace": WORKSPACE_BYTES,
         },
         slot_bytes=slot_bytes(mc, engine.engine_config(), lm_size),
         max_rows=engine.max_rows,
         fraction=engine.memory_fraction,
+        decode_budget=decode,
     ).check()

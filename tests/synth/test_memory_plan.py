@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import torch
 
+from actors.codec.config import CodecConfig
 from actors.engine.architecture import parse_config
 from actors.engine.slots import slot_bytes, slots_that_fit
 from actors.engine.tiny import SIZES, config_dict
@@ -19,6 +22,7 @@ from actors.synth.presets import engine_settings
 from actors.synth.settings import ActorSettings
 
 GiB = M.GiB
+ECAPA_VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "upstream-wavlm-ecapa"
 H200 = 143771 * M.MiB  # what an H200 reports (nvidia-smi: 143,771 MiB)
 
 
@@ -34,7 +38,8 @@ def gpu_plan(size: str, total: int = H200, **parts) -> M.MemoryPlan:
     defaults = {
         "weights": mc.parameter_count * 2,
         "codec": 391_398_385 * 2,  # the real codec's parameters (CodecConfig.real())
-        "codec_batches": 2 * M.codec_batch_bytes(M.codec_call_samples(settings, 2048), 2),
+        "codec_batches": M.decode_budget(settings, CodecConfig.real(), torch.device("cuda"), torch.bfloat16)
+        + M.codec_batch_bytes(M.codec_call_samples(settings, 2048), 2),
         "checks": 0,
         "workspace": M.WORKSPACE_BYTES,
     }
@@ -102,6 +107,11 @@ def test_a_decode_call_is_planned_at_its_longest():
     odd = ActorSettings(engine=replace(engine_settings("gpu"), max_frames=1000, codec_batch_rows=2))
     assert M.codec_call_samples(odd, 2048, max_batch_samples=10**9) == 2 * 1008 * 2048  # padded to the bucket
     assert M.codec_batch_bytes(1000, 2) == 1000 * (M.CODEC_VALUES_PER_SAMPLE * 2 + 4)
+    # on a GPU a decode call is 16 rows up to 2^23 samples, at the fused bf16 path's ~772 bytes
+    # a sample (the real codec): ~6.5 GB, told to the codec at load
+    budget = M.decode_budget(settings, CodecConfig.real(), torch.device("cuda"), torch.bfloat16)
+    assert 2**23 * 772 < budget < 2**23 * 773
+    assert M.decode_budget(settings, CodecConfig.real(), torch.device("cuda"), torch.bfloat16, 1000) < 773_000
 
 
 def write_safetensors(path, tensors: dict) -> None:
@@ -145,13 +155,19 @@ def test_the_check_models_sizes_from_their_configs(tmp_path):
     onnx.write_bytes(b"\0" * 4000)
     every = replace(both, mos="dnsmos", mos_model=str(onnx))
     assert M.check_model_bytes(every, 2.0) == M.check_model_bytes(both, 2.0) + 4000
+    # Seed-TTS-eval's speaker model: its published file, float32, at WavLM-Large's shape
+    ecapa = replace(quality, speaker="wavlm_ecapa", speaker_model=str(ECAPA_VECTORS))
+    stored = (ECAPA_VECTORS / M.WAVLM_ECAPA_FILE).stat().st_size // 4
+    frames = 2 * M.WAVLM_FRAMES_PER_S + 1
+    pass_bytes = 2 * 16 * frames * frames + 8 * frames * 1024 + 25 * frames * 1024
+    assert M.check_model_bytes(ecapa, 2.0) == 4 * (stored + pass_bytes)
 
 
 def test_the_plan_of_real_files_before_anything_loads(monkeypatch, tmp_path):
     # no GPU here: the device's free and total memory are handed in; the parts come from the
     # demo's checkpoint and codec files as device_plan reads them on a GPU
-    import torch
-
+    from actors.codec.config import CONFIG_FILE_NAME
+    from actors.codec.hydra_tree import read_file
     from actors.engine.architecture import load_config
     from actors.synth.demo_models import demo_assets
 
@@ -165,10 +181,13 @@ def test_the_plan_of_real_files_before_anything_loads(monkeypatch, tmp_path):
     assert plan.parts["codec"] == (codec / "codec.pth").stat().st_size // 4 * 2
     assert plan.parts["checks"] == 0 and plan.in_use == 10 * GiB and plan.total == 80 * GiB
     assert plan.slot_bytes == slot_bytes(mc, settings.engine.engine_config(), 2) and plan.slots == 256
-    calls = M.codec_call_samples(settings, 512)  # the demo codec's 512-sample frames
-    assert plan.parts["codec_batches"] == 2 * M.codec_batch_bytes(calls, 2)
+    config = read_file(codec / CONFIG_FILE_NAME)  # the demo codec's shape (512-sample frames)
+    encode = M.codec_batch_bytes(M.codec_call_samples(settings, 512), 2)
+    decode = M.decode_budget(settings, config, torch.device("cuda"), torch.bfloat16)
+    assert plan.decode_budget == decode and plan.parts["codec_batches"] == decode + encode
     smaller = M.device_plan(settings, checkpoint, codec, torch.device("cuda"), bf16, 1000)
-    assert smaller.parts["codec_batches"] == 2 * M.codec_batch_bytes(1000, 2)  # a cap the codec states
+    assert smaller.decode_budget == M.decode_budget(settings, config, torch.device("cuda"), torch.bfloat16, 1000)
+    assert smaller.parts["codec_batches"] == smaller.decode_budget + encode  # a cap the caller states
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (GiB, 2 * GiB))
     with pytest.raises(ConfigError, match="workspace 2.00"):  # refused before any weights load
         M.device_plan(settings, checkpoint, codec, torch.device("cuda"), bf16, None)
