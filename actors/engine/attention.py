@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import native
 from ..modules import compute_dtype
 
 ATTEND_CHUNK = 128  # CPU: keys per fused-kernel call
@@ -52,6 +54,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
     semantics), so fold each group of query heads into the query length of its kv head."""
     if mask is None and q.device.type == "cpu":
         return attend_visible_op(q, k, v)
+    if mask is not None and rows_apart_serves(q):
+        return torch.ops.chorus_attend.attend_rows(q, k, v, mask)
     b, h, t, d = q.shape
     hkv = k.shape[1]
     group = h // hkv
@@ -158,3 +162,24 @@ def attend_in_chunks(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor
         weights = w if weights is None else weights + w
         merged = term if merged is None else merged + term
     return (merged / weights).to(q.dtype)
+
+
+NATIVE_NAME = "chorus_attend"
+NATIVE_SOURCE = Path(__file__).with_name("attend_rows.cpp")
+HEAD_SIZES = (16, 32, 64, 128, 256)  # the head sizes attend_rows.cpp is built for
+_native: dict = {}  # "loaded": whether the C++ op was built and loaded in this process
+
+
+def load_native(build_root: Optional[Path] = None) -> bool:
+    """Build attend_rows.cpp (actors/native.py: once per node, torch and CPU kind) and load it;
+    False, with a warning, where it cannot be built: the fused kernel on one thread serves."""
+    if "loaded" not in _native:
+        _native["loaded"] = native.build(NATIVE_NAME, NATIVE_SOURCE, build_root)
+    return _native["loaded"]
+
+
+def rows_apart_serves(q: Tensor) -> bool:
+    """Whether the C++ op computes this masked CPU attention: float32 or bfloat16, head sizes
+    it is built for, and a build at hand."""
+    d = q.shape[-1]
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16) and d in HEAD_SIZES and load_native()
