@@ -19,6 +19,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -42,8 +44,14 @@ inline f32x16 load(const float* p) { return *reinterpret_cast<const f32x16_unali
 
 inline f32x16 load(const at::BFloat16* p) {
   // a bfloat16 is the high half of the float32 with the same bits
+#if defined(__AVX512F__)
+  // one widening load (the generic conversion below compiles to two halves and a merge)
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return (f32x16)_mm512_slli_epi32(wide, 16);
+#else
   u32x16 wide = __builtin_convertvector(*reinterpret_cast<const u16x16_unaligned*>(p), u32x16);
-  return reinterpret_cast<f32x16>(wide << 16);
+  return (f32x16)(wide << 16);
+#endif
 }
 
 // the 16 lanes summed in a fixed tree: halves, quarters, eighths, then the last pair
