@@ -110,7 +110,11 @@ def main(argv=None) -> int:
                 ms = time_case(tensors, args.rounds, args.calls)
                 results.append({"threads": threads, "dtype": dtype_name, "case": name, "ms": ms})
     print(f"one layer's masked attention, {HEADS}/{KV_HEADS} heads x {HEAD_DIM}; median of {args.rounds} rounds")
-    header = f"{'threads':>7} {'dtype':<9} {'case':<28}" + "".join(f"{n:>22}" for n in VARIANTS) + f"{'C++ / one thread':>18}"
+    header = (
+        f"{'threads':>7} {'dtype':<9} {'case':<28}"
+        + "".join(f"{n:>22}" for n in VARIANTS)
+        + f"{'C++ / one thread':>18}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:

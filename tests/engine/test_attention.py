@@ -134,11 +134,11 @@ def test_each_row_of_a_mixed_batch_equals_the_row_alone_on_any_thread_count(thre
         torch.set_num_threads(before)
 
 
-def _at_threads(threads: int, run):
+def _at_threads(threads: int, run, *args):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return run()
+        return run(*args)
     finally:
         torch.set_num_threads(before)
 
@@ -186,7 +186,7 @@ def test_attend_rows_gives_each_row_of_a_mixed_batch_what_it_gives_the_row_alone
     op = _native_or_skip()
     heads, kv_heads, dim, queries = shape
     q, k, v, mask = _grouped(LENGTHS, 384, dtype, queries, heads, kv_heads, dim)
-    together = _at_threads(threads, lambda: op(q, k, v, mask))
+    together = _at_threads(threads, op, q, k, v, mask)
     assert together.dtype == dtype and together.shape == q.shape and together.is_contiguous()
     for row, length in enumerate(LENGTHS):
         one = slice(row, row + 1)
@@ -194,7 +194,7 @@ def test_attend_rows_gives_each_row_of_a_mixed_batch_what_it_gives_the_row_alone
         past_k = torch.cat([own_k, torch.full_like(k[one, :, :9], float("nan"))], dim=2)
         past_v = torch.cat([own_v, torch.full_like(v[one, :, :9], float("nan"))], dim=2)
         past_mask = torch.cat([mask[one, :, :length], torch.zeros_like(mask[one, :, :9])], dim=2)
-        alone = _at_threads(threads, lambda: op(q[one], past_k, past_v, past_mask))
+        alone = _at_threads(threads, op, q[one], past_k, past_v, past_mask)
         assert torch.equal(alone, together[one]), row
     # float32: the fused kernel is off by up to ~2e-6 here too (scores up to ~40); bf16: one step at |y| < 4
     bound = 1e-5 if dtype == torch.float32 else 1.6e-2
@@ -208,9 +208,9 @@ def test_attend_rows_gives_the_same_numbers_at_any_thread_count(dtype):
     threads did not, test above on the chunked path)."""
     op = _native_or_skip()
     q, k, v, mask = _grouped(LENGTHS, 384, dtype, 1, 16, 8, 128)
-    one = _at_threads(1, lambda: op(q, k, v, mask))
+    one = _at_threads(1, op, q, k, v, mask)
     for threads in (2, 3):
-        assert torch.equal(_at_threads(threads, lambda: op(q, k, v, mask)), one), threads
+        assert torch.equal(_at_threads(threads, op, q, k, v, mask), one), threads
 
 
 def test_attend_rows_masks_inside_a_row_and_gives_zero_where_nothing_is_allowed():
