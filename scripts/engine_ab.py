@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -74,6 +75,36 @@ def run_variant(tree: Path, env: dict, bench_args: list[str], batched_only: bool
         return json.loads(out.read_text())
 
 
+def machine() -> dict:
+    """The CPU the runs measured (a figure means nothing without it)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    flags = fields.get("flags\t\t", "").split()
+    return {
+        "cpu": fields.get("model name\t", "").strip() or platform.processor(),
+        "cpus": os.cpu_count(),
+        "bf16_units": [f for f in ("amx_bf16", "avx512_bf16") if f in flags],
+    }
+
+
+def commit_of(tree: Path) -> str:
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "?"
+
+
+def medians(runs: dict[str, list[dict]], figure: str) -> dict[str, dict[str, float]]:
+    """Per variant, per mode: the median of `figure` over its runs (modes that lack it left out)."""
+    table = {}
+    for name, reports in runs.items():
+        modes: dict[str, list[float]] = {}
+        for report in reports:
+            for m in report["modes"]:
+                if m.get(figure) is not None:
+                    modes.setdefault(m["mode"], []).append(m[figure])
+        table[name] = {mode: statistics.median(values) for mode, values in modes.items()}
+    return table
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", action="append", type=parse_variant, required=True)
@@ -84,29 +115,38 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     bench_args = [a for a in args.bench_args if a != "--"]
     runs: dict[str, list[dict]] = {name: [] for name, _, _, _ in args.variant}
-    for _ in range(args.repeats):
-        for name, tree, env, extra in args.variant:
+    for repeat in range(args.repeats):
+        # every other round in reverse order: a machine slowing down or speeding up through the
+        # run then weighs on every variant alike
+        for name, tree, env, extra in args.variant[:: -1 if repeat % 2 else 1]:
             runs[name].append(run_variant(tree, env, bench_args + extra, args.batched_only))
-    table = {}
-    for name, reports in runs.items():
-        modes = {}
-        for report in reports:
-            for m in report["modes"]:
-                modes.setdefault(m["mode"], []).append(m["frames_per_s"])
-        table[name] = {mode: statistics.median(values) for mode, values in modes.items()}
+    table, steps = medians(runs, "frames_per_s"), medians(runs, "decode_step_ms")
     first = args.variant[0][0]
     print(f"engine bench {' '.join(bench_args)}; median of {args.repeats} interleaved run(s) per variant")
-    header = f"{'variant':<22}{'mode':<40}{'frames/s':>10}{'vs ' + first:>14}"
+    header = f"{'variant':<22}{'mode':<40}{'frames/s':>10}{'vs ' + first:>14}{'step ms':>10}{'faster':>8}"
     print(header)
     print("-" * len(header))
     for name, modes in table.items():
         for mode, fps in modes.items():
-            base = table[first].get(mode)
+            base, base_step, step = table[first].get(mode), steps[first].get(mode), steps[name].get(mode)
             ratio = f"{fps / base:.2f}x" if base else "-"
-            print(f"{name:<22}{mode:<40}{fps:>10.1f}{ratio:>14}")
+            faster = f"{base_step / step:.2f}x" if base_step and step else "-"
+            print(f"{name:<22}{mode:<40}{fps:>10.1f}{ratio:>14}{step or 0:>10.1f}{faster:>8}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"bench_args": bench_args, "medians": table, "runs": runs}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "machine": machine(),
+                    "commits": {name: commit_of(tree) for name, tree, _, _ in args.variant},
+                    "bench_args": bench_args,
+                    "medians": table,
+                    "step_ms_medians": steps,
+                    "runs": runs,
+                },
+                indent=2,
+            )
+        )
         print(f"wrote {args.json}")
     return 0
 

@@ -1,15 +1,22 @@
 """Attention over a slot's cached keys, with a row's numbers independent of its batch-mates.
 
 A batch reads the keys its longest row needs; every other row's extra keys are masked. Masked
-keys add exact zeros to a softmax, but a kernel's blocking over the key axis can still follow
-the batch's key count and change how a row's sums are rounded. On CPU the slow stack therefore
-attends in fixed chunks of ATTEND_CHUNK keys at fixed positions (0, 128, 256, ...): each chunk is
-one fused-kernel call over the same key count whatever the batch, and the chunks' results are
-merged by their log-sum-exp in position order. A chunk a row does not reach merges with weight
-exactly 0, so it changes nothing of that row, and a batch reads only the chunks its rows reach
-instead of a whole 512-key block (the `small` model, 32 bf16 rows of ~190 keys: 2.4-2.8 ms per
-layer against 7.2 ms for one 512-key call). Other devices round the key count up to
-ATTEND_BLOCK, the CPU kernel's block, as before.
+keys add exact zeros to a softmax, but a kernel's blocking over the key axis, or its division of
+the work among threads, can still follow the batch's shape and change how a row's sums are
+rounded. On CPU, masked attention (prefill, and the slow stack's decode step) therefore runs in
+chorus's own C++ op, `chorus_attend::attend_rows` (attend_rows.cpp, built once per node like the
+packed linear): each (row, kv head) pair is computed whole by one thread, reading its keys up to
+its query's last allowed one in one fixed order, and the pairs are spread over torch's threads.
+A row's result is then the row's alone, bit for bit, whatever its batch, the batch's key count
+and the thread count. It replaced torch's fused kernel on one thread (below), which lost ~18% of
+the `small` model's 32-row bf16 step at 2 threads (docs/performance.md, "CPU attention").
+
+Where the op cannot serve (no compiler on the node, float64, head sizes it is not built for),
+torch's fused kernel does, in fixed chunks of ATTEND_CHUNK keys at fixed positions (0, 128, 256,
+...), on the calling thread alone (`one_thread`): each chunk is one call over the same key count
+whatever the batch, and the chunks' results are merged by their log-sum-exp in position order;
+a chunk a row does not reach merges with weight exactly 0. Other devices round the key count up
+to ATTEND_BLOCK, the CPU kernel's block, as before.
 
 On CPU both attentions are ops opaque to the compiler, so a compiled frame runs them exactly
 as an eager one does. `chorus::attend_reached` (the slow stack's decode step) takes the slot's
@@ -23,18 +30,48 @@ from __future__ import annotations
 
 import contextlib
 import math
+from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import native
 from ..modules import compute_dtype
 
 ATTEND_CHUNK = 128  # CPU: keys per fused-kernel call
 # other devices: a batch's key count is rounded up to this (the CPU kernel's key block, for
 # which trailing, fully masked keys add exactly 0; not yet measured on a GPU)
 ATTEND_BLOCK = 512
+
+
+NATIVE_NAME = "chorus_attend"
+NATIVE_SOURCE = Path(__file__).with_name("attend_rows.cpp")
+HEAD_SIZES = (16, 32, 64, 128, 256)  # the head sizes attend_rows.cpp is built for
+_native: dict = {}  # "loaded": whether the C++ op was built and loaded in this process
+
+
+def load_native(build_root: Optional[Path] = None) -> bool:
+    """Build attend_rows.cpp (actors/native.py: once per node, torch version and CPU kind, under
+    build_root, default chorus's compile cache) and load it, once per process. False, with a
+    warning, where it cannot be built: the fused kernel on one thread serves."""
+    if "loaded" not in _native:
+        _native["loaded"] = native.build(NATIVE_NAME, NATIVE_SOURCE, build_root)
+        if _native["loaded"]:
+            torch.library.register_fake(f"{NATIVE_NAME}::attend_rows", _like_queries)
+    return _native["loaded"]
+
+
+def rows_apart_serves(q: Tensor) -> bool:
+    """Whether the C++ op computes this masked attention: CPU, float32 or bfloat16, a head size
+    it is built for, and a build at hand."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.bfloat16)
+        and q.shape[-1] in HEAD_SIZES
+        and load_native()
+    )
 
 
 def attend_length(needed: int, capacity: int, device_type: str) -> int:
@@ -52,6 +89,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
     semantics), so fold each group of query heads into the query length of its kv head."""
     if mask is None and q.device.type == "cpu":
         return attend_visible_op(q, k, v)
+    if mask is not None and rows_apart_serves(q):
+        return torch.ops.chorus_attend.attend_rows(q, k, v, mask)
     b, h, t, d = q.shape
     hkv = k.shape[1]
     group = h // hkv

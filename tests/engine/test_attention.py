@@ -1,4 +1,5 @@
-"""CPU attention in fixed key chunks merged by log-sum-exp (actors/engine/attention.py)."""
+"""CPU attention (actors/engine/attention.py): the C++ op computing each (row, kv head) whole on one
+thread, and the fallback, fixed key chunks merged by log-sum-exp on one thread."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from actors.engine.attention import (
     attend_length,
     attend_reached_op,
     attend_visible,
+    load_native,
+    rows_apart_serves,
 )
 
 
@@ -129,3 +132,108 @@ def test_each_row_of_a_mixed_batch_equals_the_row_alone_on_any_thread_count(thre
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
+
+
+def _at_threads(threads: int, run, *args):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return run(*args)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _native_or_skip():
+    if not load_native():
+        pytest.skip("no C++ compiler here: attend() keeps the fused kernel on one thread")
+    return torch.ops.chorus_attend.attend_rows
+
+
+def _grouped(lengths, keys, dtype, queries, heads, kv_heads, dim, seed=0):
+    """q [B, heads, Q, D] over k/v [B, kv_heads, keys, D], the rows' last Q columns ending at
+    their lengths, and the causal mask [B, Q, keys] as the model hands it to attend()."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(lengths)
+    q = (torch.randn(b, heads, queries, dim, generator=g) * 2).to(dtype)
+    k = (torch.randn(b, kv_heads, keys, dim, generator=g) * 2).to(dtype)
+    v = torch.randn(b, kv_heads, keys, dim, generator=g).to(dtype)
+    positions = torch.tensor(lengths)[:, None] - queries + torch.arange(queries)[None, :]
+    mask = torch.arange(keys)[None, None, :] <= positions[:, :, None]
+    return q, k, v, mask
+
+
+def _float64_attention(q, k, v, mask):
+    group = q.shape[1] // k.shape[1]
+    wide = [t.double().repeat_interleave(group, dim=1) for t in (k, v)]
+    return F.scaled_dot_product_attention(q.double(), *wide, attn_mask=mask.unsqueeze(1))
+
+
+# (query heads, kv heads, head size, query columns): the `small` slow stack's decode (16/8 x 128),
+# S2-Pro's (32/8), the tiny model's (4/2 x 32), an odd group (3 per kv head, the last head of a
+# pair alone) and a prefill-like run of query columns
+SHAPES = [(16, 8, 128, 1), (32, 8, 128, 1), (4, 2, 32, 1), (6, 2, 64, 3), (3, 1, 16, 7)]
+LENGTHS = [70, 200, 129, 300, 5, 256, 1, 128]  # mixed: rows ending in every 128-key chunk
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_attend_rows_gives_each_row_of_a_mixed_batch_what_it_gives_the_row_alone(shape, dtype, threads):
+    """chorus_attend::attend_rows, the CPU's masked attention: every row of a batch of mixed
+    lengths (the batch reading 384 keys) equals the row alone reading only its own keys, bit for
+    bit, at 1 and 2 torch threads; the keys past a row's own are never read (NaN there would
+    show); and the numbers are plain attention's within float rounding."""
+    op = _native_or_skip()
+    heads, kv_heads, dim, queries = shape
+    q, k, v, mask = _grouped(LENGTHS, 384, dtype, queries, heads, kv_heads, dim)
+    together = _at_threads(threads, op, q, k, v, mask)
+    assert together.dtype == dtype and together.shape == q.shape and together.is_contiguous()
+    for row, length in enumerate(LENGTHS):
+        one = slice(row, row + 1)
+        own_k, own_v = k[one, :, :length].clone(), v[one, :, :length].clone()
+        past_k = torch.cat([own_k, torch.full_like(k[one, :, :9], float("nan"))], dim=2)
+        past_v = torch.cat([own_v, torch.full_like(v[one, :, :9], float("nan"))], dim=2)
+        past_mask = torch.cat([mask[one, :, :length], torch.zeros_like(mask[one, :, :9])], dim=2)
+        alone = _at_threads(threads, op, q[one], past_k, past_v, past_mask)
+        assert torch.equal(alone, together[one]), row
+    # float32: the fused kernel is off by up to ~2e-6 here too (scores up to ~40); bf16: one step at |y| < 4
+    bound = 1e-5 if dtype == torch.float32 else 1.6e-2
+    assert (together.double() - _float64_attention(q, k, v, mask)).abs().max() < bound
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attend_rows_gives_the_same_numbers_at_any_thread_count(dtype):
+    """Each (row, kv head) is computed whole by one thread, so how many threads share the
+    pairs changes nothing: 1, 2 and 3 threads give the same bits (torch's fused kernel at 2
+    threads did not, test above on the chunked path)."""
+    op = _native_or_skip()
+    q, k, v, mask = _grouped(LENGTHS, 384, dtype, 1, 16, 8, 128)
+    one = _at_threads(1, op, q, k, v, mask)
+    for threads in (2, 3):
+        assert torch.equal(_at_threads(threads, op, q, k, v, mask), one), threads
+
+
+def test_attend_rows_masks_inside_a_row_and_gives_zero_where_nothing_is_allowed():
+    """A mask with holes (not only a causal edge) is honoured key by key, and a query with no
+    allowed key gets 0, as the fused kernel gives it."""
+    op = _native_or_skip()
+    q, k, v, mask = _grouped([90, 40], 100, torch.float32, 2, 4, 2, 32)
+    mask = mask.clone()
+    mask[0, :, 10:30] = False  # a hole in row 0
+    mask[1, 1] = False  # row 1's second query sees nothing
+    out = op(q, k, v, mask)
+    reference = _float64_attention(q, k, v, mask)
+    assert (out[0].double() - reference[0]).abs().max() < 1e-5
+    assert (out[1, :, 0].double() - reference[1, :, 0]).abs().max() < 1e-5
+    assert torch.equal(out[1, :, 1], torch.zeros_like(out[1, :, 1]))
+
+
+def test_attend_serves_masked_cpu_attention_through_the_rows_apart_op():
+    """attend() hands masked float32/bfloat16 CPU attention to the C++ op where it is built;
+    float64 stays on the chunked fused kernel (the op is built for float32 and bfloat16)."""
+    op = _native_or_skip()
+    q, k, v, mask = _grouped([60, 150], 2 * ATTEND_CHUNK, torch.float32, 1, 4, 2, 32)
+    assert rows_apart_serves(q) and torch.equal(attend(q, k, v, mask), op(q, k, v, mask))
+    assert not rows_apart_serves(q.double())
+    with pytest.raises(RuntimeError, match="head size"):
+        op(q[..., :24], k[..., :24], v[..., :24], mask)
