@@ -1,7 +1,8 @@
 """`python -m pipeline.preview [key=value ...]`: what `python -m pipeline` would do with these
 overrides, planned by the same code (pipeline/plan/job.py plan_job), without a model, actors
 or writing anything into the output. Prints a table, then as its last line one JSON object:
-rows_total, to_synthesize, done, changed, retry, rejected (reason -> rows), text_chars,
+rows_total, to_synthesize, done, changed, retry, removed (ids the output holds that the input
+no longer names), rejected (reason -> rows), text_chars,
 dialogue_rows, voices and turns (of the rows to synthesize: rows with a `voices` list, their
 voices, their speaker turns), estimated_frames, estimated_hours (from preview.bench=PATH, a
 bench.json; else null).
@@ -51,6 +52,7 @@ def result(summary: DecisionCounts, frames_per_s: Optional[float]) -> dict:
         "done": summary.count(P.DONE),
         "changed": summary.count(P.CHANGED),
         "retry": summary.count(P.RETRY),
+        "removed": summary.count(P.REMOVED),
         "rejected": dict(sorted(summary.rejected.items())),
         "text_chars": summary.text_chars,
         "dialogue_rows": summary.dialogue_rows,
@@ -63,7 +65,7 @@ def result(summary: DecisionCounts, frames_per_s: Optional[float]) -> dict:
 
 def table(figures: dict, summary: DecisionCounts) -> str:
     lines = ["| rows | count |", "|---|---:|"]
-    for key in ("rows_total", "to_synthesize", "done", "changed", "retry"):
+    for key in ("rows_total", "to_synthesize", "done", "changed", "retry", "removed"):
         lines.append(f"| {key} | {figures[key]:,} |")
     lines.append(f"| new | {summary.count(P.NEW):,} |")
     for reason, rows in figures["rejected"].items():

@@ -117,8 +117,9 @@ class DataSettings:
 class OutputSettings:
     """Where the output goes and what it holds, and how a rerun treats what is already there."""
 
-    # local path or URI; relative paths are under the working directory
-    dir: str = "outputs/${data.name}"
+    # local path or URI; relative paths are under the working directory. The default: the
+    # input's name and a short hash of its location, so two inputs of one name never share it
+    dir: str = "outputs/${data.name}-${chorus_where:${data.path}}"
     # keep the generated codes next to the audio (re-decodable, small)
     keep_codes: bool = True
     # mono: every row's audio is one channel; per_speaker: a dialogue row's audio has one
@@ -139,6 +140,10 @@ class OutputSettings:
     # a rerun over rows whose content (text, reference, settings, model) changed since they
     # were written: redo them (and say so), or refuse to run
     on_change: str = field(default="redo", metadata=one_of("redo", "refuse"))
+    # a rerun whose input no longer has rows the output holds (rows or files dropped from it):
+    # keep them in the output, or prune them from its files; either way they are counted in
+    # the log and summary.json and listed in removed-ids-<run>.txt
+    on_removed: str = field(default="keep", metadata=one_of("keep", "prune"))
     # a rerun redoes error rows whose cause may be gone (I/O, timeout, internal); true: all
     retry_errors: bool = False
     # a rerun keeps rows whose every attempt failed quality.reject (status rejected); true: redo

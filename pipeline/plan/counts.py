@@ -36,6 +36,7 @@ class DecisionCounts:
     voices: int = 0
     turns: int = 0
     changed_examples: list = field(default_factory=list)
+    removed_examples: list = field(default_factory=list)
 
     @property
     def to_synthesize(self) -> int:
@@ -44,10 +45,21 @@ class DecisionCounts:
     def count(self, decision: str) -> int:
         return self.by_decision.get(decision, 0)
 
-    def planned_rows(self) -> PlannedRows:
-        """What the run's end needs to know of the rows this plan leaves on disk."""
-        accepted = sum(n for decision, n in self.by_decision.items() if decision != P.REJECTED)
-        return PlannedRows(accepted=accepted, redone=self.count(P.CHANGED) + self.count(P.RETRY))
+    @property
+    def already_in(self) -> int:
+        """Input rows the output holds as they are (done), not redone."""
+        return self.count(P.DONE)
+
+    def planned_rows(self, pruned: bool) -> PlannedRows:
+        """What the run's end needs to know of the rows this plan leaves on disk; `pruned`:
+        the removed ids' rows go (output.on_removed=prune)."""
+        accepted = sum(n for decision, n in self.by_decision.items() if decision not in (P.REJECTED, P.REMOVED))
+        return PlannedRows(
+            accepted=accepted,
+            redone=self.count(P.CHANGED) + self.count(P.RETRY),
+            removed=self.count(P.REMOVED),
+            pruned=pruned,
+        )
 
 
 def estimate_frames(chars: int, rows: int, engine: EngineSettings) -> int:
@@ -72,17 +84,17 @@ def count_decisions(decided: Decided, rows_total: int, engine: EngineSettings) -
             counts.dialogue_rows += row["dialogue_rows_sum"]
             counts.voices += row["voices_sum"]
             counts.turns += row["turns_sum"]
-    if counts.count(P.CHANGED):
-        counts.changed_examples = sorted(i for batch in changed_ids(decided, limit=SHOWN_IDS) for i in batch)[
-            :SHOWN_IDS
-        ]
+    for decision, examples in ((P.CHANGED, counts.changed_examples), (P.REMOVED, counts.removed_examples)):
+        if counts.count(decision):
+            found = (i for batch in ids_of(decided, decision, limit=SHOWN_IDS) for i in batch)
+            examples.extend(sorted(found)[:SHOWN_IDS])
     return counts
 
 
-def changed_ids(decided: Decided, limit: Optional[int] = None) -> Iterator[list]:
-    """The ids of changed rows, a batch at a time (the first `limit` of them, if given)."""
+def ids_of(decided: Decided, decision: str, limit: Optional[int] = None) -> Iterator[list]:
+    """The ids of the rows of one decision, a batch at a time (the first `limit` of them, if given)."""
     seen = 0
-    for batch in decided.batches(is_decision(P.CHANGED), [S.ID]):
+    for batch in decided.batches(is_decision(decision), [S.ID]):
         ids = batch.column(S.ID).to_pylist()
         yield ids
         seen += len(ids)

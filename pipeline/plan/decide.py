@@ -55,6 +55,16 @@ class Decided:
         selected = self.dataset.map_batches(select, batch_format="pyarrow", batch_size=None, num_cpus=TASK_CPUS)
         yield from selected.iter_batches(batch_format="pyarrow", batch_size=65536)
 
+    def ids_where(self, decision: str):
+        """The ids of one decision's rows: an array for a table, a Ray Dataset of `id` rows for
+        a dataset (never gathered here)."""
+        keep = is_decision(decision)
+        if self.table is not None:
+            return self.table.filter(keep(self.table)).column(S.ID).combine_chunks()
+        return self.dataset.map_batches(
+            lambda t: t.filter(keep(t)).select([S.ID]), batch_format="pyarrow", batch_size=None, num_cpus=TASK_CPUS
+        )
+
     def to_table(self) -> pa.Table:
         """Every decided row (a small job's, or a test's)."""
         tables = list(self.batches(lambda t: pa.array([True] * t.num_rows), P.DECIDED_SCHEMA.names))
