@@ -53,7 +53,7 @@ class InputColumns:
     voices: str = schema.VOICES
     # a label copied to the output
     speaker: str = schema.SPEAKER
-    # per-row overrides of the run's settings: the seed, engine.max_frames and the sampling
+    # per-row overrides of the run's settings: the seed, the frame budget (model.budget) and the sampling
     # values
     seed: str = schema.SEED
     max_frames: str = schema.MAX_FRAMES
@@ -209,7 +209,7 @@ class ClusterSettings(RayConnection):
     crash_quarantine_after: int = field(default=2, metadata=described(">= 1, < max_task_retries"))
     # watchdog: an actor whose block runs longer than this is stuck and exits (then counts as
     # a crash above); null = no watchdog. Size it for the slowest block (rows_per_block rows
-    # of engine.max_frames frames) on the slowest device
+    # of model.budget.max_frames frames) on the slowest device
     block_timeout_s: Optional[float] = 3600.0
     # test hooks: the actor process exits hard on its N-th batch, once per marker file; or
     # whenever it processes the row with this id

@@ -105,7 +105,7 @@ class RowWriter:
             S.ID: spec.id if isinstance(spec.id, str) else None,
             **self.provenance,
             S.SEED: spec.seed,
-            S.MAX_FRAMES: chain.plan.max_frames if chain is not None else spec.max_frames,
+            S.MAX_FRAMES: sum(chain.budgets) if chain is not None else spec.max_frames,
             S.TEXT: spec.text,
             S.SPEAKER: None if spec.values.get(S.SPEAKER) is None else str(spec.values[S.SPEAKER]),
             S.REFERENCE: _reference_source(spec),
@@ -127,6 +127,7 @@ class RowWriter:
         audio = self._audio_columns(job, flac)
         if job.quality is not None and job.quality.rejected:
             audio[S.STATUS] = S.STATUS_REJECTED
+            audio[S.ERROR] = job.chain.cut_reason()  # why, when its budget cut it
         return {**out, **audio}
 
     def _audio_columns(self, job: RowJob, flac: bytes) -> dict:

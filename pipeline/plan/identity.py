@@ -14,6 +14,7 @@ import pyarrow.fs as pafs
 
 from actors.demo import cache_root
 from actors.files import write_atomically
+from actors.synth.budget import ACCEPT
 from actors.synth.settings import ModelSettings
 
 from ..config import REPO_ROOT, ChorusConfig
@@ -28,7 +29,7 @@ _DEMO_SOURCES = ("actors/synth/demo_models.py", "actors/engine/tiny.py", "actors
 # row unchanged, which the determinism tests check). compile is one: a compiled frame's fused
 # kernels keep bfloat16 intermediates in float32 where the eager frame rounds them
 _ROW_SETTINGS = {
-    "engine": ("max_tokens", "max_frames", "frames_per_char", "min_frames", "stop_on_eos", "compile"),
+    "engine": ("max_tokens", "stop_on_eos", "compile"),
     "data": (
         "audio_root",
         "max_reference_seconds",
@@ -39,6 +40,10 @@ _ROW_SETTINGS = {
     ),
     "long_form": ("segment_bytes", "max_turns", "history_fraction"),
 }
+# the model's frame budget (model.budget), hashed where engine.* held it before it was the
+# model's, under those keys (frames_per_byte as frames_per_char): the demo's rows, whose
+# budgets these values still are, keep their hashes. `on_cut` counts only when it may regenerate
+BUDGET_AS_HASHED = {"max_frames": "max_frames", "frames_per_char": "frames_per_byte", "min_frames": "min_frames"}
 # whole-file hashes of model files, keyed by path, size and modification time: a multi-GB
 # checkpoint is read once per machine, not at every run start
 FILE_HASH_CACHE = "file-hashes.json"  # in the cache directory (actors/demo.py cache_root: $CHORUS_CACHE)
@@ -121,6 +126,10 @@ def settings_digest(config: ChorusConfig, fingerprint: str) -> str:
         "keep_codes": config.output.keep_codes,
         **{group: {k: getattr(getattr(config, group), k) for k in keys} for group, keys in _ROW_SETTINGS.items()},
     }
+    budget = config.model.budget
+    relevant["engine"].update({hashed: getattr(budget, name) for hashed, name in BUDGET_AS_HASHED.items()})
+    if budget.on_cut != ACCEPT:
+        relevant["engine"]["on_budget_cut"] = budget.on_cut
     return hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
