@@ -238,9 +238,7 @@ def _marks(ids: pa.Table) -> pa.Table:
     )
 
 
-def drop_distributed(
-    layout: OutputLayout, files: list[str], driver_drops: Optional[int] = None, pruned=None
-) -> int:
+def drop_distributed(layout: OutputLayout, files: list[str], driver_drops: Optional[int] = None, pruned=None) -> int:
     """Ray Data: keys per file (and the rejected part's refused ids) -> shuffle by id -> drops
     -> grouped by file -> rewrites. When there are at most `driver_drops` drops in all
     (DRIVER_DROPS: ~12 MB) the driver groups them by file itself, sparing a second shuffle's

@@ -77,7 +77,9 @@ def test_output_is_bound_to_its_model_not_to_its_input(tmp_path):
     layout.claim(other, overwrite=True)
     assert layout.parts() == [] and json.loads(layout.read_text(IDENTITY_FILE)) == other
     # a marker of the earlier format (bound to the input's ids) is the same model's output
-    layout.write_text(IDENTITY_FILE, json.dumps({"input_rows": 5, "input_ids": "abc", "model": "m2", "checkpoint": "ckpt2"}))
+    layout.write_text(
+        IDENTITY_FILE, json.dumps({"input_rows": 5, "input_ids": "abc", "model": "m2", "checkpoint": "ckpt2"})
+    )
     assert layout.claim(other, overwrite=False)["input_ids"] == "abc"
     assert json.loads(layout.read_text(IDENTITY_FILE)) == other
 
