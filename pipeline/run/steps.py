@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from actors.storage import retries_spent
+from actors.synth.budget import ACCEPT
 
 from ..cluster import Cluster
 from ..config import ChorusConfig, as_yaml, check_for_run
@@ -33,6 +34,7 @@ from ..output import shards, space, supersede
 from ..output.layout import OutputLayout
 from ..output.lease import Lease
 from ..plan import rules as P
+from ..plan.estimate import CODEC_FRAMES_PER_SECOND
 from ..plan.identity import identity, model_fingerprint, settings_digest
 from ..plan.inputs import output_inside_input, scan_input
 from ..plan.job import Plan, plan_job
@@ -132,6 +134,7 @@ def _log_plan(job: Job, plan: Plan, refused_rows: int) -> None:
     """What the plan decided, in the log: refused rows, rows to do, changed, retried and
     removed rows (the changed and removed ids, every one, into files under the output)."""
     counts, scan = plan.counts, job.scan
+    _log_budget(job.config)
     if refused_rows:
         log.warning(
             "%d input rows rejected before synthesis (bad or duplicate ids, ref_id conflicts); they are error "
@@ -168,6 +171,20 @@ def _log_plan(job: Job, plan: Plan, refused_rows: int) -> None:
             "%d error or rejected rows are retried (%s)",
             counts.count(P.RETRY),
             "output.retry_errors / retry_rejected" if retried_by else "their errors were transient",
+        )
+
+
+def _log_budget(config: ChorusConfig) -> None:
+    """The frame budget rows get, said once: the demo's is short on purpose."""
+    budget = config.model.budget
+    if config.model.checkpoint is None and budget.on_cut == ACCEPT:
+        log.info(
+            "model %s is the demo: each segment gets its short budget (at most %d frames, %.1f s) and the random "
+            "model babbles to it, so its rows end cut there and stay ok (flag truncated; model.budget.on_cut=accept); "
+            "a real checkpoint gets real speech's budget and regenerates a cut segment",
+            config.model.name,
+            budget.max_frames,
+            budget.max_frames / CODEC_FRAMES_PER_SECOND,
         )
 
 
