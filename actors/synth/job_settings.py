@@ -149,6 +149,10 @@ class OutputSettings:
     # a rerun keeps rows whose every attempt failed quality.reject (status rejected); true: redo
     # them (worth it after raising quality.max_attempts or changing the model)
     retry_rejected: bool = False
+    # a finished row is written within this many seconds, as a part with whatever else of its
+    # block has finished by then: a block whose rows finish within it of each other is one part,
+    # and a long row never holds back the rows beside it (actors/synth/blocks.py)
+    write_within_s: float = field(default=5.0, metadata=at_least(0))
     # finished blocks are packed into shards of about this many bytes, while the job runs and
     # at its end (pipeline/output/shards.py), and of at most this many rows
     shard_bytes: int = field(default=512 * 1024 * 1024, metadata=at_least(1))

@@ -18,7 +18,7 @@ import pyarrow as pa
 from actors import schema as S
 from actors.alone import each_alone
 from actors.engine.types import STOP_BUDGET
-from actors.synth.jobs import Block, RowJob
+from actors.synth.jobs import BlockShare, RowJob
 from actors.synth.rows import RowSpec
 from actors.synth.settings import ActorSettings
 
@@ -215,9 +215,10 @@ def _columns_of(source: Any, columns: dict) -> dict:
     return {} if source is None else {column: getattr(source, name) for column, name in columns.items()}
 
 
-def batch_columns(block: Block, batch_id: str, rows: int, slots: int, actor: dict) -> dict:
-    """The `batch` struct every row of a block carries: what the block and its actor did.
-    `actor`: the actor-wide figures (init_ms, kv_bytes, busy_s, model_busy_s) at the block's end."""
+def batch_columns(block: BlockShare, batch_id: str, rows: int, slots: int, actor: dict) -> dict:
+    """The `batch` struct every row of a block (or of a part of it) carries: what the block and
+    its actor did for those rows. `actor`: the actor-wide figures (init_ms, kv_bytes, busy_s,
+    model_busy_s) when they were written."""
     wall_s = time.perf_counter() - block.started
     busy = (actor["busy_s"] - block.busy_at_start) / wall_s if wall_s > 0 else None
     return {
