@@ -4,11 +4,11 @@ summary and the report. Each step is a function below, in the order the run take
 
     plan (pipeline/plan/job.py: every row new / done / changed / retry / rejected)
       -> read the chosen rows (pipeline/run/chosen_rows.py: small blocks, content hash attached)
-      -> map_batches(SynthStage, actor pool)
-      -> map_batches(write_block): one crash-safe part file per block, stats back to the driver
+      -> map_batches(SynthStage, actor pool): rows written as crash-safe parts as they finish
+         (pipeline/output/parts.py PartSink), each part's stats to the run's inbox
       (Ray tasks, while it runs): each shard's worth of parts packed into a shard
 
-The driver consumes the stream of per-block stats (pipeline/run/synthesis.py): that is the
+The driver drains the parts' stats every second (pipeline/run/synthesis.py): that is the
 progress, and what fills a shard starts its compaction; the run's end packs the remaining
 parts. The live files are the resume state (pipeline/output/layout.py). Nothing here imports
 torch.

@@ -1,7 +1,8 @@
 """The synthesis stream of a run: the Ray Data dataset (the chosen rows' read, admitted by the
-read-ahead window -> the actor pool -> the block writer) and the driver's loop over its
-per-block stats: progress, compaction, the read-ahead's release and Ray Data's stats trim, each
-O(1) per block."""
+read-ahead window -> the actor pool, whose actors write their rows as parts as they finish)
+and the driver's loop: every second the parts written since (their stats, from the read-ahead
+actor that is the run's inbox) for progress and compaction, and per block Ray Data's stats
+trim, each O(1) per part or block."""
 
 from __future__ import annotations
 
