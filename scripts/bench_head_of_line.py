@@ -18,7 +18,6 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,6 +30,7 @@ from pipeline.cluster import Cluster  # noqa: E402
 from pipeline.config import compose_typed  # noqa: E402
 from pipeline.output.layout import OutputLayout  # noqa: E402
 from pipeline.run.steps import run  # noqa: E402
+from tests.helpers import first_seen  # noqa: E402
 
 SENTENCE = "The long row goes on and on, one clause after another, until the very end. "
 VARIANTS = {"as they finish": "5", "with the block": "1e9"}
@@ -47,18 +47,6 @@ def table(blocks: int, rows_per_block: int, long_repeats: int) -> pa.Table:
     return pa.table({S.ID: ids, S.TEXT: texts})
 
 
-def watch(output: str, stop: threading.Event, seen: dict) -> None:
-    layout = OutputLayout(output)
-    while not stop.is_set():
-        try:
-            for path in layout.live_files():
-                for row_id in pq.read_table(path, filesystem=layout.fs, columns=[S.ID]).column(S.ID).to_pylist():
-                    seen.setdefault(row_id, time.time())
-        except (OSError, pa.ArrowInvalid):
-            pass
-        stop.wait(0.1)
-
-
 def one_run(source: Path, out: Path, rows_per_block: int, within: str) -> dict:
     settings = [
         f"data.path={source}",
@@ -71,7 +59,7 @@ def one_run(source: Path, out: Path, rows_per_block: int, within: str) -> dict:
     ]
     seen: dict = {}
     stop = threading.Event()
-    watcher = threading.Thread(target=watch, args=(str(out), stop, seen), daemon=True)
+    watcher = threading.Thread(target=first_seen, args=(str(out), stop, seen), daemon=True)
     watcher.start()
     try:
         report = run(compose_typed(settings))

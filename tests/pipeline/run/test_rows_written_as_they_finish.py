@@ -6,7 +6,6 @@ user (or a crash) would see the output: the live files polled while the run goes
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 
 import pyarrow as pa
@@ -17,23 +16,11 @@ from actors import schema as S
 from pipeline.config import compose_typed
 from pipeline.output.layout import OutputLayout
 from pipeline.run.steps import run
+from tests.helpers import first_seen
 
 pytestmark = pytest.mark.slow
 
 SENTENCE = "The long row goes on and on, one clause after another, until the very end. "
-
-
-def first_seen(output: str, stop: threading.Event, seen: dict) -> None:
-    """Poll the output's live files; record when each id first shows up (unix time)."""
-    layout = OutputLayout(output)
-    while not stop.is_set():
-        try:
-            for path in layout.live_files():
-                for row_id in pq.read_table(path, filesystem=layout.fs, columns=[S.ID]).column(S.ID).to_pylist():
-                    seen.setdefault(row_id, time.time())
-        except (OSError, pa.ArrowInvalid):  # a file compacted away between listing and reading
-            pass
-        stop.wait(0.1)
 
 
 def test_short_rows_are_written_before_the_long_row_of_their_block_finishes(ray_cluster, tmp_path, small_settings):
