@@ -7,7 +7,7 @@ generate for it, and exactly what it generates when every segment runs to its bu
 engine.stop_on_eos=false; the demo's random model almost always: it rarely draws <|im_end|>)
 -- and `speech frames`, what real speech of its text takes at a typical rate (each segment at
 most its budget): what a real checkpoint, which ends each segment when its words are said,
-generates (measured speaking rates put it within 0.7-1.4x: SPEECH_FRAMES_PER_BYTE).
+generates (read speech's rates put it within about 0.8-1.3x: SPEECH_FRAMES_PER_BYTE).
 
 What the driver cannot know without the model: the prompt's positions before the text (system
 part, reference clip's codes, markers). Segments are planned as if they took none, which is
@@ -29,10 +29,11 @@ from actors import schema as S
 from actors.synth.budget import FrameBudget
 from actors.synth.segmenting import SegmentingError, Sizing, dialogue_pieces, plain_pieces
 
-# typical read speech in codec frames (21.5 a second) per UTF-8 byte of text: English ~15
-# characters a second (1 byte each) 1.43, Mandarin ~4.5 (3 bytes each) 1.6; the speaking
-# rates of read-speech corpora span about 0.7-1.4x of it
-SPEECH_FRAMES_PER_BYTE = 1.5
+# typical read speech in codec frames (21.5 a second) per UTF-8 byte of text: English at
+# 150 words a minute (~12.5 characters a second, 1 byte each) 1.72, Mandarin at ~4.5
+# characters a second (3 bytes each) 1.6; read speech from 120 to 180 words a minute (Mandarin
+# 4-5 characters a second) spans 1.4-2.2, about 0.8-1.3x of it
+SPEECH_FRAMES_PER_BYTE = 1.7
 # the codec's frames per second of audio (44.1 kHz, 2048 samples a frame: S1's and S2's)
 CODEC_FRAMES_PER_SECOND = 44100 / 2048
 

@@ -16,7 +16,7 @@ import pytest
 
 from actors import schema as S
 from pipeline.config import compose_typed
-from pipeline.names import REMOVED_FILE
+from pipeline.names import REMOVED_FILE, REPORT_FILE
 from pipeline.output.layout import OutputLayout
 from pipeline.run.steps import run
 
@@ -111,6 +111,7 @@ def grow_and_shrink(folder: Folder, output: str, settings: list[str], caplog) ->
     assert kept.summary["run_rows"] == 0 and kept.summary["rows_removed_from_input"] == 5
     assert kept.summary["removed_rows"] == "kept" and kept.summary["rows_total"] == 10
     assert len(on_disk(output)) == 10
+    assert "rows gone from the input (kept)" in OutputLayout(output).read_text(REPORT_FILE)
     listed = OutputLayout(output).read_text(REMOVED_FILE.format(run=kept.summary["run_id"]))
     assert sorted(listed.split()) == ["a5", "a6", "b0", "b1", "b2"]
 
