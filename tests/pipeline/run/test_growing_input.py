@@ -139,3 +139,14 @@ def test_an_input_on_s3_that_grows_and_shrinks(ray_cluster, s3_store, tmp_path, 
     bucket = s3_store.bucket()
     folder = Folder(f"{bucket}/in", s3_store, tmp_path)
     grow_and_shrink(folder, f"{bucket}/out", [*small_settings, plan, "cluster.rows_per_block=2"], caplog)
+
+
+def test_the_plans_log_counts_refused_rows_apart(ray_cluster, tmp_path, small_settings, caplog):
+    """A fresh output, two of three rows sharing an id: one to synthesize, none already in, two
+    refused (issue 57: it said "1 to synthesize, 2 already in")."""
+    table = pa.table({S.ID: ["x", "dup", "dup"], S.TEXT: ["One.", "Two.", "Three."]})
+    pq.write_table(table, tmp_path / "in.parquet")
+    settings = [*small_settings, f"data.path={tmp_path}/in.parquet", f"output.dir={tmp_path}/out"]
+    with caplog.at_level(logging.INFO, logger="chorus"):
+        run(compose_typed(settings))
+    assert "1 to synthesize, 0 already in" in caplog.text and ", 2 refused" in caplog.text
