@@ -155,7 +155,11 @@ class RowChain:
         if result.stop_reason != STOP_BUDGET or self.budget_chosen:
             return False
         k = self.segment
-        grown = self.planner.settings.model.budget.grown(self.budgets[k], self._room(k))
+        try:
+            room = self._room(k)
+        except PromptError:  # cannot happen for a segment that ran; never fail the row over it
+            return False
+        grown = self.planner.settings.model.budget.grown(self.budgets[k], room)
         if grown is None:
             return False
         self.budgets[k], self.growths = grown, self.growths + 1
