@@ -7,12 +7,14 @@ max_frames column, EOS off). The demo keeps its short budget and its cut rows st
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
 from actors import schema as S
 from actors.synth import SynthActor, Trace
+from actors.synth.budget import FrameBudget
 from actors.synth.demo_models import demo_assets
 from helpers import text_rows, tune
 from pipeline.config import compose_typed
@@ -20,6 +22,17 @@ from pipeline.run.actor_settings import actor_arguments
 
 TEXT = "Hello there, how are you?"  # 25 bytes: real speech's budget 16 + 2.5 x 25 = 79 frames
 CEILING = 100
+
+
+def test_a_budget_counts_utf8_bytes_and_grows_to_its_ceiling():
+    budget = FrameBudget()  # real speech's
+    assert budget.frames("Hello there, how are you?") == 16 + math.ceil(2.5 * 25)
+    # four Chinese characters take about as long as twelve English letters: 3 bytes each
+    assert budget.frames("你好世界") == budget.frames("twelve bytes") == 16 + 30
+    assert budget.frames("x" * 10_000) == 1024 and FrameBudget(frames_per_byte=None).frames("x") == 1024
+    assert [budget.grown(79, room) for room in (4096, 120, 79)] == [158, 120, None]
+    assert budget.grown(1000, 4096) == 1024 and budget.grown(1024, 4096) is None
+    assert FrameBudget(on_cut="reject").grown(79, 4096) is None and FrameBudget(on_cut="accept").grown(79, 4096) is None
 
 
 @pytest.fixture(scope="module")
