@@ -54,23 +54,34 @@ class Pieces:
     turns: tuple[tuple[int, str], ...]
 
 
-def fit(sizing: Sizing, cut: Callable[[int], list[str]], whole: list[str], row_budget: int) -> list[str]:
-    """`cut(max_bytes)`'s pieces at the largest budget the slot allows (with room kept for
-    history once there are several); `whole`, the uncut pieces, when no budget leaves room to
-    cut in but each fits as it is beside the row's budget; SegmentingError when one does not."""
-    budget, long_form = sizing.budget, sizing.long_form
-    explicit = sizing.row_frames is not None  # a max_frames column caps each segment
-    frames = dict(
+def _shape(sizing: Sizing) -> dict:
+    """segment_budget's arguments for this sizing (without the history share)."""
+    budget, explicit = sizing.budget, sizing.row_frames is not None  # a max_frames column caps each segment
+    return dict(
+        cap=sizing.long_form.segment_bytes,
+        max_tokens=sizing.positions,
+        fixed_tokens=sizing.fixed,
         max_frames=sizing.row_frames if explicit else budget.max_frames,
         frames_per_byte=None if explicit else budget.frames_per_byte,
         min_frames=0 if explicit else budget.min_frames,
     )
-    shape = dict(cap=long_form.segment_bytes, max_tokens=sizing.positions, fixed_tokens=sizing.fixed, **frames)
+
+
+def fit_bytes(sizing: Sizing) -> int:
+    """The most UTF-8 bytes a text may have to stay one segment (ValueError when none fits)."""
+    return segment_budget(**_shape(sizing)).max_bytes
+
+
+def fit(sizing: Sizing, cut: Callable[[int], list[str]], whole: list[str], row_budget: int) -> list[str]:
+    """`cut(max_bytes)`'s pieces at the largest budget the slot allows (with room kept for
+    history once there are several); `whole`, the uncut pieces, when no budget leaves room to
+    cut in but each fits as it is beside the row's budget; SegmentingError when one does not."""
+    shape, explicit = _shape(sizing), sizing.row_frames is not None
     try:
         texts = cut(segment_budget(**shape).max_bytes)
         if len(texts) > 1:  # a chain: each prompt keeps room for the segment before it
             try:
-                texts = cut(segment_budget(**shape, history_fraction=long_form.history_fraction).max_bytes)
+                texts = cut(segment_budget(**shape, history_fraction=sizing.long_form.history_fraction).max_bytes)
             except ValueError:  # no room to keep history: segments fill the budget, each on its own
                 texts = cut(segment_budget(**shape).max_bytes)
         return texts

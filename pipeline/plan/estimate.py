@@ -23,11 +23,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from actors import schema as S
 from actors.synth.budget import FrameBudget
-from actors.synth.segmenting import SegmentingError, Sizing, dialogue_pieces, plain_pieces
+from actors.synth.segmenting import SegmentingError, Sizing, dialogue_pieces, fit_bytes, plain_pieces
 
 # typical read speech in codec frames (21.5 a second) per UTF-8 byte of text: English at
 # 150 words a minute (~12.5 characters a second, 1 byte each) 1.72, Mandarin at ~4.5
@@ -65,17 +67,57 @@ class RowEstimate:
         return len(pieces.texts), sum(pieces.frames), speech
 
     def columns(self, table: pa.Table) -> dict[str, list]:
-        """Per row of a fragment (canonical names): segments, budget frames, speech frames."""
+        """Per row of a fragment (canonical names): segments, budget frames, speech frames. A
+        plain row of one segment -- most rows -- is computed over the whole column at once;
+        the others one at a time (`row`), as the actor cuts them."""
+        n = table.num_rows
+        out = {key: np.zeros(n, np.int64) for key in ("segments", "budget_frames", "speech_frames")}
+        one = self._one_segment(table)
+        sizes = pc.fill_null(pc.binary_length(table.column(S.TEXT)), 0).to_numpy(zero_copy_only=False)[one]
+        frames = np.full(len(sizes), self.budget.max_frames, np.int64)
+        if self.budget.frames_per_byte is not None:
+            wanted = self.budget.min_frames + np.ceil(float(self.budget.frames_per_byte) * sizes).astype(np.int64)
+            frames = np.minimum(frames, wanted)
+        out["segments"][one] = 1
+        out["budget_frames"][one] = frames
+        out["speech_frames"][one] = np.minimum(frames, np.ceil(SPEECH_FRAMES_PER_BYTE * sizes).astype(np.int64))
+        others = np.flatnonzero(~one)
+        if len(others):
+            picked = table.take(pa.array(others))
+            texts = picked.column(S.TEXT).to_pylist()
+            voices = _cells(picked, S.VOICES)
+            row_frames = _cells(picked, S.MAX_FRAMES)
+            for i, text, v, f in zip(others, texts, voices, row_frames):
+                out["segments"][i], out["budget_frames"][i], out["speech_frames"][i] = self.row(
+                    text, len(v or ()), _frames(f)
+                )
+        return {key: values.tolist() for key, values in out.items()}
+
+    def _one_segment(self, table: pa.Table) -> np.ndarray:
+        """A mask of the rows that are certainly one segment: a plain text (no voices, no
+        max_frames of its own) that is not blank and fits one segment's bytes."""
         n, names = table.num_rows, table.column_names
-        texts = table.column(S.TEXT).to_pylist()
-        voices = table.column(S.VOICES).to_pylist() if S.VOICES in names else [None] * n
-        frames = table.column(S.MAX_FRAMES).to_pylist() if S.MAX_FRAMES in names else [None] * n
-        rows = [self.row(t, len(v or ()), _frames(f)) for t, v, f in zip(texts, voices, frames)]
-        return {
-            "segments": [r[0] for r in rows],
-            "budget_frames": [r[1] for r in rows],
-            "speech_frames": [r[2] for r in rows],
-        }
+        texts = table.column(S.TEXT)
+        if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
+            return np.zeros(n, bool)
+        try:
+            sizing = Sizing(self.budget, self.long_form, self.positions, 0)
+            max_bytes = fit_bytes(sizing)
+        except ValueError:  # no segment fits at all: every row the slow way (it says why)
+            return np.zeros(n, bool)
+        spoken = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0)
+        small = pc.less_equal(pc.binary_length(texts), max_bytes)
+        mask = pc.fill_null(pc.and_(spoken, small), False).to_numpy(zero_copy_only=False)
+        if S.VOICES in names:
+            plain = pc.fill_null(pc.list_value_length(table.column(S.VOICES)), 0)
+            mask &= pc.equal(plain, 0).to_numpy(zero_copy_only=False)
+        if S.MAX_FRAMES in names:
+            mask &= pc.is_null(table.column(S.MAX_FRAMES)).to_numpy(zero_copy_only=False)
+        return mask
+
+
+def _cells(table: pa.Table, name: str) -> list:
+    return table.column(name).to_pylist() if name in table.column_names else [None] * table.num_rows
 
 
 def _frames(value: Any) -> Optional[int]:
