@@ -15,6 +15,7 @@ dataclass's `validate()`. The entry points hold the Hydra object and convert it 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -33,7 +34,7 @@ from actors.synth.job_settings import RayConnection
 from actors.synth.presets import PRESET_GROUPS
 from actors.synth.settings import RunGroups
 
-from .location import is_local, local_path
+from .location import absolute, is_local, local_path
 from .names import RUNS_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -283,6 +284,13 @@ def _input_stem(path: str) -> str:
     return stem[: -len(".parquet")] if stem.endswith(".parquet") else stem
 
 
+def _location_tag(path: str) -> str:
+    """A short hash of where the input is (a local path made absolute, a URI as it is): the
+    default output folder is `<stem>-<tag>`, so two inputs of one file name never share one."""
+    where = absolute(str(path)) or ""
+    return hashlib.blake2b(where.encode("utf-8", "surrogatepass"), digest_size=3).hexdigest()
+
+
 def _hydra_run_dir(output_dir: str, stamp: str) -> str:
     """Hydra's own logs: under the output when it is local, else in a local run folder; never
     inside a Ray Job's working directory, which Ray deletes."""
@@ -297,6 +305,7 @@ def register() -> None:
     resolvers = {
         "chorus_repo": lambda rel: str(REPO_ROOT / rel),
         "chorus_stem": _input_stem,
+        "chorus_where": _location_tag,
         "chorus_run_dir": _hydra_run_dir,
     }
     for name, fn in resolvers.items():

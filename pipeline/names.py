@@ -9,6 +9,8 @@
   summary.json                    counts, audio hours, speed, per-actor figures
   report.html                     the run's page (pipeline/report/page.py)
   changed-ids-<run>.txt           every id a run redid because its content changed
+  removed-ids-<run>.txt           every id the output held that the run's input no longer
+                                  named (kept, or pruned with output.on_removed=prune)
   _chorus.json                    which input and model this output belongs to (chorus's marker)
   _chorus.lock                    the lease of the driver writing here now
   _runs/<time>/                   Hydra's logs (local outputs only)
@@ -38,6 +40,7 @@ CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.html"
 CHANGED_FILE = "changed-ids-{run}.txt"
+REMOVED_FILE = "removed-ids-{run}.txt"
 IDENTITY_FILE = "_chorus.json"  # also chorus's marker: overwrite only ever deletes where it is
 LEASE_FILE = "_chorus.lock"
 RUNS_DIR = "_runs"

@@ -46,9 +46,9 @@ from scripts.bench_run_end import cpu_name  # noqa: E402
 
 # the tests' short rows (tests/conftest.py small_settings)
 SHORT_ROWS = [
-    "engine.max_frames=24",
-    "engine.frames_per_char=0.3",
-    "engine.min_frames=6",
+    "model.budget.max_frames=24",
+    "model.budget.frames_per_byte=0.3",
+    "model.budget.min_frames=6",
     "engine.stop_on_eos=false",
     "output.progress_bar=off",
     "output.progress_interval_s=30",

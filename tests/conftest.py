@@ -263,9 +263,9 @@ def small_settings() -> list[str]:
     without a single frame after every attempt is (rightly) rejected, which would make "every
     good row is ok" depend on the seed."""
     return [
-        "engine.max_frames=24",
-        "engine.frames_per_char=0.3",
-        "engine.min_frames=6",
+        "model.budget.max_frames=24",
+        "model.budget.frames_per_byte=0.3",
+        "model.budget.min_frames=6",
         "engine.stop_on_eos=false",
         "output.progress_interval_s=0",
         "output.progress_bar=off",

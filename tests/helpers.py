@@ -469,3 +469,24 @@ def two_voice_flac(seconds: float, rate: int = 44100):
     buffer = io.BytesIO()
     sf.write(buffer, wave, rate, format="FLAC", subtype="PCM_16")
     return wave, buffer.getvalue()
+
+
+def first_seen(output: str, stop, seen: dict, every_s: float = 0.1) -> None:
+    """Until `stop` is set, poll the output's live files and note when each id first shows up
+    in one (unix time, into `seen`): what a user, or a crash, finds on disk while a run goes on."""
+    import time
+
+    import pyarrow as pa
+
+    from pipeline.output.layout import OutputLayout
+
+    layout = OutputLayout(output)
+    while not stop.is_set():
+        try:
+            ids = layout.done_ids().to_pylist()
+        except (OSError, pa.ArrowInvalid):  # a part compacted away between listing and reading
+            ids = []
+        now = time.time()
+        for row_id in ids:
+            seen.setdefault(row_id, now)
+        stop.wait(every_s)

@@ -111,11 +111,12 @@ def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
 
 def stated_in(path: Path) -> dict[str, object]:
     """What a group's YAML file states: its own keys over the presets it selects (an entry
-    `/presets/<group>/<name>@_here_` of its defaults list: actors/synth/presets.py)."""
+    `/presets/<group>/<name>@_here_` of its defaults list: actors/synth/presets.py). Another
+    file of its group that it builds on (model=demo_s2 on demo) is checked on its own."""
     tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
     stated = {}
     for entry in tree.pop("defaults", []):
-        if entry != "_self_":
+        if entry.startswith("/presets/"):
             group, _, name = entry.removeprefix("/").removesuffix("@_here_").rpartition("/")
             stated |= PRESET_GROUPS[group][name]
     return leaves(stated | tree)

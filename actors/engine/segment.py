@@ -275,9 +275,8 @@ class SegmentBudget:
     One segment is one engine request: its prompt (the fixed part — system text, reference,
     chat markers — plus at most one token per text byte: byte-level and BPE tokenizers never
     produce more tokens than bytes) and its frame budget must fit the engine's `max_tokens`
-    positions. With a frames-per-character rule the frame budget grows with the text
-    (min_frames + frames_per_char x characters, and characters <= bytes); without one every
-    segment gets `max_frames`. The segment's text must also be speakable within `max_frames`,
+    positions. With a frames-per-byte rule the frame budget grows with the text
+    (min_frames + frames_per_byte x bytes); without one every segment gets `max_frames`. The segment's text must also be speakable within `max_frames`,
     or its audio would be cut off. `cap` (long_form.segment_bytes) bounds it all."""
 
     max_bytes: int
@@ -290,7 +289,7 @@ def segment_budget(
     max_tokens: int,
     fixed_tokens: int,
     max_frames: int,
-    frames_per_char: Optional[float],
+    frames_per_byte: Optional[float],
     min_frames: int = 0,
     history_fraction: float = 0.0,
 ) -> SegmentBudget:
@@ -301,10 +300,10 @@ def segment_budget(
     to change when not even MIN_SEGMENT_BYTES fit."""
     room = math.floor((max_tokens - fixed_tokens) * (1.0 - history_fraction))
     candidates = [(cap, "segment_bytes")]
-    if frames_per_char:
-        fpc = float(frames_per_char)
-        candidates.append((math.floor((room - min_frames) / (1.0 + fpc)), "max_tokens"))
-        candidates.append((math.floor((max_frames - min_frames) / fpc), "max_frames"))
+    if frames_per_byte:
+        per_byte = float(frames_per_byte)
+        candidates.append((math.floor((room - min_frames) / (1.0 + per_byte)), "max_tokens"))
+        candidates.append((math.floor((max_frames - min_frames) / per_byte), "max_frames"))
     else:
         candidates.append((room - max_frames, "max_tokens"))
     max_bytes, limited_by = min(candidates)
@@ -313,7 +312,7 @@ def segment_budget(
             f"a segment would hold only {max(max_bytes, 0)} bytes of text (at least {MIN_SEGMENT_BYTES} needed): "
             f"the prompt without text takes {fixed_tokens} of engine.max_tokens={max_tokens} positions and "
             f"each segment needs frames too; raise engine.max_tokens, shorten the reference, or lower "
-            f"engine.max_frames / engine.frames_per_char (limited by {limited_by})"
+            f"model.budget.max_frames / model.budget.frames_per_byte (limited by {limited_by})"
         )
     return SegmentBudget(max_bytes, limited_by)
 

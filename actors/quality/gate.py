@@ -24,14 +24,14 @@ fields it reads and writes (GatedRow).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Protocol
 
 from actors.engine.types import STOP_ERROR
 from actors.quality import attempts, checks, hearing
 from actors.quality.hearing import Heard
 from actors.quality.row_quality import RowQuality, SegmentAttempts
-from actors.quality.settings import LOCAL_FLAGS, QualitySettings
+from actors.quality.settings import LOCAL_FLAGS, TRUNCATED, QualitySettings
 
 
 class SettingsWithQuality(Protocol):
@@ -45,7 +45,7 @@ class GatedRow(Protocol):
     """What the gate reads and writes of a row in flight (the actor's RowJob)."""
 
     spec: Any  # its RowSpec: the voices a speaker check compares with
-    chain: Any  # its RowChain: the segments, their attempts and results
+    chain: Any  # its RowChain: the segments, their attempts, results and budgets (grow, cut_rejects)
     quality: Optional[RowQuality]
     tries: Optional[SegmentAttempts]  # the segment in hand's attempts
     heard: Optional[Heard]
@@ -83,6 +83,7 @@ class QualityGate:
         self.asr = asr  # an actors.quality.asr backend, or None
         self.speaker = speaker  # an actors.synth.listening.SpeakerCheck, or None
         self.mos = mos  # an actors.quality.mos predictor, or None
+        self._cut_rejecting: tuple = (None, None)  # (quality group, it with truncated rejecting)
 
     def segment(self, job: GatedRow, result: Any) -> Optional[Any]:
         """A segment attempt's result: None when it is to be generated again (the chain has
@@ -90,20 +91,32 @@ class QualityGate:
         errors are not judged: they are the row's error, as without a gate."""
         if result.stop_reason == STOP_ERROR:
             return result
+        settings = self._row_settings(job)
         if job.quality is None:
-            job.quality = RowQuality(self.settings.quality)
+            job.quality = RowQuality(settings)
         chain = job.chain
+        if chain.grow(result):  # cut by its budget: again with a larger one (its frames discarded)
+            job.quality.generated_frames += result.frames
+            return None
         if job.tries is None:
             text = chain.plan.spoken[chain.segment]
-            job.tries = SegmentAttempts(
-                self.settings.quality, text, self.frames_per_second, first_attempt=chain.attempt
-            )
+            job.tries = SegmentAttempts(settings, text, self.frames_per_second, first_attempt=chain.attempt)
         if job.tries.offer(result, result.codes, result.stop_reason):
             chain.retry()
             return None
         kept = job.quality.add_segment(job.tries)
         job.tries = None
         return kept.payload
+
+    def _row_settings(self, job: GatedRow) -> QualitySettings:
+        """The quality settings a row is judged by: quality's own, with `truncated` rejecting
+        when a segment its budget cut fails the row (the chain says: model.budget.on_cut)."""
+        quality = self.settings.quality
+        if TRUNCATED in quality.reject or not job.chain.cut_rejects:
+            return quality
+        if self._cut_rejecting[0] is not quality:  # made once per quality group (tests swap it)
+            self._cut_rejecting = (quality, replace(quality, reject=[*quality.reject, TRUNCATED]))
+        return self._cut_rejecting[1]
 
     @property
     def needs_wave(self) -> bool:

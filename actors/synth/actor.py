@@ -24,8 +24,9 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -42,7 +43,7 @@ from actors.synth.clock import BusyClock
 from actors.synth.feeder import EngineFeeder
 from actors.synth.finisher import Finisher
 from actors.synth.guard import CrashGuard
-from actors.synth.jobs import Block
+from actors.synth.jobs import Block, BlockShare
 from actors.synth.listening import load_mos, load_speaker_check
 from actors.synth.output import RowWriter, batch_columns, output_table_per_row
 from actors.synth.priority import yield_to_engine
@@ -152,20 +153,27 @@ class SynthActor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         """One block, start to end; safe to call from several threads at once (SynthStage
         does), the blocks then sharing the engine's slots."""
-        table = self.guard.run(batch, next(self._numbers), lambda rows, number: run_block(self, rows, number))
-        self.metrics.record_block(table)
+        return self._call(batch, None)
+
+    def _call(self, batch: pa.Table, write: Optional[Callable[[pa.Table], None]]) -> pa.Table:
+        """One block under the crash guard; with `write`, its rows go to `write` in parts as they
+        finish (blocks.run_block) and the table returned holds only what was not written."""
+        table = self.guard.run(batch, next(self._numbers), lambda rows, number: run_block(self, rows, number, write))
+        if write is None:  # written parts are counted as they are written (SynthStage)
+            self.metrics.record_block(table)
         self.heap.maybe_trim()
         return table
 
-    def batch_columns(self, block: Block) -> dict:
+    def batch_columns(self, block: Block, share: BlockShare, rows: int) -> dict:
+        """The `batch` struct of `rows` rows of `block` written together with `share`."""
         figures = {
             "init_ms": self.init_ms,
             "kv_bytes": int(self.engine.kv_bytes()["total"]),
             "busy_s": self.feeder.busy_s,
             "model_busy_s": self.clock.seconds(),
         }
-        rows = len(block.outputs)
-        return batch_columns(block, f"{self.writer.actor}:{block.number}", rows, self.engine.config.max_rows, figures)
+        name = f"{self.writer.actor}:{block.number}" + (f".{block.parts}" if block.parts > 1 else "")
+        return batch_columns(share, name, rows, self.engine.config.max_rows, figures)
 
     def _quarantined(self, row_batch: pa.Table, message: str) -> pa.Table:
         values = row_batch.to_pylist()[0]
@@ -240,10 +248,18 @@ class Encoded:
 class SynthStage(SynthActor):
     """The face Ray Data drives (pipeline/run/synthesis.py): an async callable class, so one actor takes
     up to engine.max_concurrent_blocks blocks at once (the actor's concurrency limit is set to
-    that); each runs SynthActor's call in a thread of its own, and they share the engine feeder."""
+    that); each runs SynthActor's call in a thread of its own, and they share the engine feeder.
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    `sink` (the run's part writer, pipeline/output/parts.py PartSink; its `write(table)` makes
+    one crash-safe part): the block's rows are written in parts as they finish, so rows never
+    wait behind their block's slowest row (a long row) to be written; the call returns one row,
+    its block's `rows` and `parts`. Ray Data cannot do this itself: a callable's yields, sync or
+    async, reach the next stage only when the call returns (Ray 2.60). Without a sink (tests,
+    encode_refs) the call returns the block's output rows."""
+
+    def __init__(self, settings: ActorSettings, recorder: Optional[Recorder] = None, sink: Any = None):
+        super().__init__(settings, recorder)
+        self.sink = sink
         # null when the actor is built directly (tests, encode_refs); the driver resolves it
         blocks = self.settings.engine.max_concurrent_blocks or 2
         self._callers = concurrent.futures.ThreadPoolExecutor(
@@ -252,4 +268,19 @@ class SynthStage(SynthActor):
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._callers, SynthActor.__call__, self, batch)
+        if self.sink is None:
+            return await loop.run_in_executor(self._callers, SynthActor.__call__, self, batch)
+        return await loop.run_in_executor(self._callers, self._written, batch)
+
+    def _written(self, batch: pa.Table) -> pa.Table:
+        parts = []
+
+        def write(table: pa.Table) -> None:
+            self.sink.write(table)
+            self.metrics.record_block(table)
+            parts.append(table.num_rows)
+
+        rest = self._call(batch, write)
+        if rest.num_rows:  # rows the guard answered itself (a quarantined row)
+            write(rest)
+        return pa.table({"rows": [batch.num_rows], "parts": [len(parts)]})

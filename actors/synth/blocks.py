@@ -11,7 +11,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 import pyarrow as pa
 
@@ -104,8 +104,10 @@ class Preparer:
             job.codec_ms += outcome.encode_ms / sharing[key]
 
 
-def run_block(actor: Any, batch: pa.Table, number: int) -> pa.Table:
-    """One block, start to end, in the caller's thread (`actor`: the SynthActor's parts)."""
+def run_block(actor: Any, batch: pa.Table, number: int, write: Optional[Callable[[pa.Table], None]] = None) -> pa.Table:
+    """One block, start to end, in the caller's thread (`actor`: the SynthActor's parts). With
+    `write`, its rows are handed to `write` in parts as they finish (see write_as_finished) and
+    the table returned is empty; without, the table holds every row."""
     feeder, writer = actor.feeder, actor.writer
     block = Block(number, batch.num_rows, feeder.busy_s)
     jobs = actor.preparer.jobs(batch, block)
@@ -132,15 +134,48 @@ def run_block(actor: Any, batch: pa.Table, number: int) -> pa.Table:
             job.fail(f"internal error in actor {writer.actor}: {e!r}", retryable=True)
         hand_over(left)
     block.prep_ms = (time.perf_counter() - block.started - waited_s) * 1000.0
+    if write is not None:
+        write_as_finished(actor, block, write, actor.settings.output.write_within_s)
     block.done.wait()
-    stats = actor.batch_columns(block)
-    for out in block.outputs:
-        out[S.BATCH] = stats
-    table = output_table_per_row(block.outputs)
+    table = _part(actor, block, [i for i, _ in block.finished(0)])
     for job in jobs:
         chain = job.chain
         actor.recorder.on_row(
             job.spec.id, list(zip(chain.steps, chain.results)) if chain else [], chain.history if chain else []
         )
     log.debug("batch %d: %d rows in %.2fs", number, len(jobs), time.perf_counter() - block.started)
-    return table
+    if write is None or table.num_rows == 0:
+        return table
+    write(table)
+    return table.slice(0, 0)
+
+
+def write_as_finished(actor: Any, block: Block, write: Callable[[pa.Table], None], within_s: float) -> None:
+    """Hand the block's finished rows to `write` while the block runs: once the row that
+    finished first among those not yet written has waited `within_s`, every finished row goes
+    as one part. A block whose rows finish within `within_s` of each other is one part, as it
+    always was; a long row no longer holds back the short rows beside it (written within
+    `within_s` of finishing), and a crash loses only the rows in flight. Returns when the
+    block's last row is in (the caller writes what is left)."""
+    while not block.done.is_set():
+        waiting = block.finished(0)
+        if not waiting:
+            block.finished(None)  # until a row finishes
+            continue
+        due = min(at for _, at in waiting) + within_s - time.perf_counter()
+        if due <= 0:
+            write(_part(actor, block, [i for i, _ in waiting]))
+        else:
+            block.finished(due)  # until it is due, or a row finishes
+
+
+def _part(actor: Any, block: Block, indices: list[int]) -> pa.Table:
+    """These finished rows as one output table, each carrying the block's share since its
+    last part (its `batch` struct)."""
+    if not indices:
+        return S.OUTPUT_SCHEMA.empty_table()
+    outputs, share = block.take(indices)
+    stats = actor.batch_columns(block, share, len(outputs))
+    for out in outputs:
+        out[S.BATCH] = stats
+    return output_table_per_row(outputs)

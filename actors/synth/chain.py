@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -23,11 +22,12 @@ import numpy as np
 
 from actors import schema as S
 from actors.engine.architecture import FAMILY_S2
-from actors.engine.dialogue import DialogueError, DialogueSegment, dialogue_segments, dialogue_turns, spoken_text
 from actors.engine.prompt import PreviousSegment, Prompt, PromptError, Reference, check_text
-from actors.engine.segment import segment_budget, segment_text, utf8_len
-from actors.engine.types import STOP_ERROR, Request, Result
-from actors.synth.rows import RowError, RowSpec, escape_special_tokens, frame_budget, row_seed
+from actors.engine.segment import utf8_len
+from actors.engine.types import STOP_BUDGET, STOP_ERROR, Request, Result
+from actors.synth.budget import ACCEPT
+from actors.synth.rows import RowError, RowSpec, escape_special_tokens, row_seed
+from actors.synth.segmenting import Pieces, SegmentingError, Sizing, dialogue_pieces, plain_pieces
 from actors.synth.settings import ActorSettings
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,8 @@ class RowChain:
         self.history: list[int] = []  # how many previous segments each segment's prompt kept
         self.attempt = 0  # of the current segment: 0, then one more for each `retry`
         self.first_attempts: dict[int, int] = {}  # segment -> its first attempt after a `rewind`
+        self.budgets = list(plan.frames)  # each segment's frame budget, as `grow` raised it
+        self.growths = 0  # times a segment's budget grew (each a generation again)
         self._prompt: Optional[Prompt] = None  # the current segment's, kept for a retry
 
     @property
@@ -109,7 +111,7 @@ class RowChain:
                     self.plan.texts[k],
                     previous,
                     references=self.references,
-                    max_columns=self.planner.positions - self.plan.frames[k],
+                    max_columns=self.planner.positions - self.budgets[k],
                 )
             except PromptError as e:
                 raise PromptError(self.label(k) + str(e)) from None
@@ -120,17 +122,69 @@ class RowChain:
         """The engine request for the current segment and attempt; `request_id` names the row
         uniquely in the actor (the segment and attempt are added)."""
         k, prompt = self.segment, self.prompt()
-        suffix = f"#{k}" + (f"~{self.attempt}" if self.attempt else "")
+        suffix = f"#{k}" + (f"~{self.attempt}" if self.attempt else "") + (f"+{self.growths}" if self.growths else "")
         sampling = self.spec.sampling
         seed = segment_seed(self.spec.seed, k, self.attempt)
         return Request(
             request_id + suffix,
             prompt.tokens,
-            self.plan.frames[k],
+            self.budgets[k],
             sampling=sampling if seed == sampling.seed else sampling.with_seed(seed),
             stop_on_eos=self.planner.settings.engine.stop_on_eos,
             prefix_key=self.plan.prefix_key,
             prefix_len=prompt.prefix_len if self.plan.prefix_key else 0,
+        )
+
+    @property
+    def budget_chosen(self) -> bool:
+        """Whether the user chose where the row stops: a max_frames column, or EOS off (every
+        row then runs to its budget by request)."""
+        return self.spec.explicit_frames or not self.planner.settings.engine.stop_on_eos
+
+    @property
+    def cut_rejects(self) -> bool:
+        """Whether a segment its budget cut fails the row (model.budget.on_cut grow or reject),
+        rather than being kept, `ok` and flagged (accept, or a budget the user chose)."""
+        return self.planner.settings.model.budget.on_cut != ACCEPT and not self.budget_chosen
+
+    def grow(self, result: Result) -> bool:
+        """A segment its budget cut, under model.budget.on_cut=grow: the same segment asked for
+        again with a larger budget (budget.FrameBudget.grown: twice, up to max_frames and what
+        the slot's positions leave beside its prompt) and the same seed, so it is what that
+        budget would have given at once. False when it was not cut or may not grow."""
+        if result.stop_reason != STOP_BUDGET or self.budget_chosen:
+            return False
+        k = self.segment
+        try:
+            room = self._room(k)
+        except PromptError:  # cannot happen for a segment that ran; never fail the row over it
+            return False
+        grown = self.planner.settings.model.budget.grown(self.budgets[k], room)
+        if grown is None:
+            return False
+        self.budgets[k], self.growths = grown, self.growths + 1
+        del self.history[k:]
+        self._prompt = None  # built again: a larger budget may leave room for less history
+        return True
+
+    def _room(self, k: int) -> int:
+        """The most frames segment k may take: the positions its prompt without history leaves."""
+        alone = self.planner.builder.build_segment(
+            self.plan.texts[k], [], references=self.references, max_columns=self.planner.positions
+        )
+        return self.planner.positions - alone.tokens.shape[1]
+
+    def cut_reason(self) -> Optional[str]:
+        """Why a row its budget cut is rejected: the first cut segment and its budget."""
+        cut = [k for k, r in enumerate(self.results) if r.stop_reason == STOP_BUDGET]
+        if not cut or not self.cut_rejects:
+            return None
+        k = cut[0]
+        ceiling = self.planner.settings.model.budget.max_frames
+        return (
+            f"{self.label(k)}cut off by its frame budget of {self.budgets[k]} frames in every attempt "
+            f"(model.budget.on_cut={self.planner.settings.model.budget.on_cut}, ceiling model.budget.max_frames="
+            f"{ceiling}); raise model.budget.max_frames, or pass model.budget.on_cut=accept to keep such rows"
         )
 
     def retry(self) -> None:
@@ -206,10 +260,10 @@ class ChainPlanner:
             raise RowError(problem)
         self._check_length(text)
         fixed = self.builder.build("x", references=references).tokens.shape[1] - len(self.builder.tokenizer.encode("x"))
-        if spec.dialogue:
-            plan = self._dialogue(spec, text, fixed)
-        else:
-            plan = self._plain(spec, text, fixed)
+        try:
+            plan = self._dialogue(spec, text, fixed) if spec.dialogue else self._plain(spec, text, fixed)
+        except SegmentingError as e:
+            raise RowError(str(e)) from None
         chain = RowChain(spec, replace(plan, prefix_key=_prefix_key(spec, voice_texts)), self, references)
         chain.prompt()
         return chain
@@ -240,82 +294,37 @@ class ChainPlanner:
                 f"split the row or raise data.max_text_chars"
             )
 
-    def _plain(self, spec: RowSpec, text: str, fixed: int) -> SegmentPlan:
-        """A plain row's segments and each one's frame budget. A text that fits one segment
-        stays one segment, unchanged: its prompt is exactly that of a plain row."""
-        words, text = text, self._escape(text)
-        long_form = self.settings.long_form
-        texts = self._cut(spec, fixed, lambda max_bytes: segment_text(text, max_bytes, long_form.max_turns), [text])
-        if len(texts) == 1:  # the text itself (unchanged when within the budget): a plain row
-            frames = (spec.max_frames,)
-        else:
-            frames = tuple(spec.max_frames if spec.explicit_frames else frame_budget(self.settings, t) for t in texts)
-            log.debug("row %s: %d bytes in %d segments", spec.id, utf8_len(text), len(texts))
-        return SegmentPlan(
-            tuple(texts), frames, turns=((0, words),), segment_turns=(0,) * len(texts), spoken=tuple(texts)
+    def sizing(self, spec: RowSpec, fixed: int) -> Sizing:
+        """What sizes this row's segments (segmenting.py): the model's budget rule, or the
+        row's own max_frames column."""
+        settings = self.settings
+        return Sizing(
+            settings.model.budget,
+            settings.long_form,
+            self.positions,
+            fixed,
+            row_frames=spec.max_frames if spec.explicit_frames else None,
         )
+
+    def _plain(self, spec: RowSpec, text: str, fixed: int) -> SegmentPlan:
+        """A plain row's segments and each one's frame budget (segmenting.plain_pieces)."""
+        pieces = plain_pieces(text, self._escape(text), self.sizing(spec, fixed))
+        if len(pieces.texts) > 1:
+            log.debug("row %s: %d bytes in %d segments", spec.id, utf8_len(text), len(pieces.texts))
+        return _plan(pieces, pieces.texts)
 
     def _dialogue(self, spec: RowSpec, text: str, fixed: int) -> SegmentPlan:
-        """A dialogue row: each turn its own segment (a turn too long for one request in pieces,
-        each repeating its tag), so every turn starts and ends at a frame seam. S1's prompt has
+        """A dialogue row: each turn its own segment (segmenting.dialogue_pieces). S1's prompt has
         its own <|speaker:0|> before each text, so there a segment's text is its words alone."""
-        try:
-            turns = dialogue_turns(text, len(spec.voices))
-        except DialogueError as e:
-            raise RowError(str(e)) from None
-        prompt_turns = [replace(turn, prompt_text=self._escape(turn.prompt_text)) for turn in turns]
-        whole = [turn.prompt_text for turn in prompt_turns]
-        pieces: list = []
-
-        def cut(max_bytes: int) -> list[str]:
-            pieces[:] = dialogue_segments(prompt_turns, max_bytes)
-            return [piece.text for piece in pieces]
-
-        self._cut(spec, fixed, cut, whole)
-        if not pieces:  # no room to cut in, but every turn fits as it is
-            pieces = [DialogueSegment(turn.prompt_text, index) for index, turn in enumerate(prompt_turns)]
-        spoken = tuple(spoken_text(piece.text) for piece in pieces)
+        pieces = dialogue_pieces(text, len(spec.voices), self.sizing(spec, fixed), self._escape)
         s2 = self.builder.config.family == FAMILY_S2
-        return SegmentPlan(
-            texts=tuple(piece.text for piece in pieces) if s2 else spoken,
-            frames=tuple(spec.max_frames if spec.explicit_frames else frame_budget(self.settings, t) for t in spoken),
-            turns=tuple((turn.speaker, turn.spoken) for turn in turns),
-            segment_turns=tuple(piece.turn for piece in pieces),
-            spoken=spoken,
-        )
+        return _plan(pieces, pieces.texts if s2 else pieces.spoken)
 
-    def _cut(self, spec: RowSpec, fixed: int, cut: Callable[[int], list[str]], whole: list[str]) -> list[str]:
-        """`cut(max_bytes)`'s pieces at the largest budget the slot allows (with room kept for
-        history once there are several); `whole`, the uncut pieces, when no budget leaves room
-        to cut in but each fits as it is; RowError when one does not."""
-        engine, long_form = self.settings.engine, self.settings.long_form
-        explicit = spec.explicit_frames  # a max_frames column caps each segment
-        sizing = dict(
-            cap=long_form.segment_bytes,
-            max_tokens=self.positions,
-            fixed_tokens=fixed,
-            max_frames=spec.max_frames if explicit else engine.max_frames,
-            frames_per_char=None if explicit else engine.frames_per_char,
-            min_frames=0 if explicit else engine.min_frames,
-        )
-        try:
-            texts = cut(segment_budget(**sizing).max_bytes)
-            if len(texts) > 1:  # a chain: each prompt keeps room for the segment before it
-                try:
-                    texts = cut(segment_budget(**sizing, history_fraction=long_form.history_fraction).max_bytes)
-                except ValueError:  # no room to keep history: segments fill the budget, each on its own
-                    texts = cut(segment_budget(**sizing).max_bytes)
-            return texts
-        except ValueError as e:
-            longest = max(utf8_len(piece) for piece in whole)
-            if fixed + longest + spec.max_frames > self.positions:
-                if explicit:
-                    raise RowError(
-                        f"max_frames {spec.max_frames} + the prompt ({fixed} positions before the text) exceeds "
-                        f"the per-row budget (engine.max_tokens={engine.max_tokens}); lower max_frames"
-                    ) from None
-                raise RowError(str(e)) from None
-            return whole  # too little room to cut in, but this short text fits as it is
+
+def _plan(pieces: Pieces, texts: tuple[str, ...]) -> SegmentPlan:
+    return SegmentPlan(
+        texts, pieces.frames, turns=pieces.turns, segment_turns=pieces.segment_turns, spoken=pieces.spoken
+    )
 
 
 def _prefix_key(spec: RowSpec, voice_texts: list) -> Optional[str]:

@@ -53,7 +53,7 @@ class InputColumns:
     voices: str = schema.VOICES
     # a label copied to the output
     speaker: str = schema.SPEAKER
-    # per-row overrides of the run's settings: the seed, engine.max_frames and the sampling
+    # per-row overrides of the run's settings: the seed, the frame budget (model.budget) and the sampling
     # values
     seed: str = schema.SEED
     max_frames: str = schema.MAX_FRAMES
@@ -117,8 +117,9 @@ class DataSettings:
 class OutputSettings:
     """Where the output goes and what it holds, and how a rerun treats what is already there."""
 
-    # local path or URI; relative paths are under the working directory
-    dir: str = "outputs/${data.name}"
+    # local path or URI; relative paths are under the working directory. The default: the
+    # input's name and a short hash of its location, so two inputs of one name never share it
+    dir: str = "outputs/${data.name}-${chorus_where:${data.path}}"
     # keep the generated codes next to the audio (re-decodable, small)
     keep_codes: bool = True
     # mono: every row's audio is one channel; per_speaker: a dialogue row's audio has one
@@ -139,11 +140,19 @@ class OutputSettings:
     # a rerun over rows whose content (text, reference, settings, model) changed since they
     # were written: redo them (and say so), or refuse to run
     on_change: str = field(default="redo", metadata=one_of("redo", "refuse"))
+    # a rerun whose input no longer has rows the output holds (rows or files dropped from it):
+    # keep them in the output, or prune them from its files; either way they are counted in
+    # the log and summary.json and listed in removed-ids-<run>.txt
+    on_removed: str = field(default="keep", metadata=one_of("keep", "prune"))
     # a rerun redoes error rows whose cause may be gone (I/O, timeout, internal); true: all
     retry_errors: bool = False
     # a rerun keeps rows whose every attempt failed quality.reject (status rejected); true: redo
     # them (worth it after raising quality.max_attempts or changing the model)
     retry_rejected: bool = False
+    # a finished row is written within this many seconds, as a part with whatever else of its
+    # block has finished by then: a block whose rows finish within it of each other is one part,
+    # and a long row never holds back the rows beside it (actors/synth/blocks.py)
+    write_within_s: float = field(default=5.0, metadata=at_least(0))
     # finished blocks are packed into shards of about this many bytes, while the job runs and
     # at its end (pipeline/output/shards.py), and of at most this many rows
     shard_bytes: int = field(default=512 * 1024 * 1024, metadata=at_least(1))
@@ -204,7 +213,7 @@ class ClusterSettings(RayConnection):
     crash_quarantine_after: int = field(default=2, metadata=described(">= 1, < max_task_retries"))
     # watchdog: an actor whose block runs longer than this is stuck and exits (then counts as
     # a crash above); null = no watchdog. Size it for the slowest block (rows_per_block rows
-    # of engine.max_frames frames) on the slowest device
+    # of model.budget.max_frames frames) on the slowest device
     block_timeout_s: Optional[float] = 3600.0
     # test hooks: the actor process exits hard on its N-th batch, once per marker file; or
     # whenever it processes the row with this id

@@ -55,39 +55,92 @@ class RowJob:
             self.failure = Failure(message, retryable)
 
 
+@dataclass
+class BlockShare:
+    """What the shared engine and the codec did for (part of) a block: the `batch` struct of the
+    rows written with it (output.py batch_columns). A block written in several parts gives each
+    part the share since the part before, so sums over parts are the block's."""
+
+    started: float  # perf_counter when the block came in
+    started_unix: float
+    busy_at_start: float  # the actor's engine busy seconds then
+    prep_ms: float = 0.0
+    codec_ms: float = 0.0
+    encode_ms: float = 0.0
+    checks_ms: float = 0.0
+    engine_ms: float = 0.0
+    engine_steps: float = 0.0
+    slot_rows: float = 0.0
+    occupancy_sum: float = 0.0
+    steps_seen: int = 0
+
+
 class Block:
     """One call's batch inside the actor: its rows' outputs as they finish, and what the shared
-    engine did for it. The engine feeder adds its step shares, the finisher its outputs."""
+    engine did for it. The engine feeder adds its step shares, the finisher its outputs; the
+    caller takes the finished rows (all at the end, or in parts as they finish: `finished`)."""
 
     def __init__(self, number: int, size: int, busy_s: float):
         self.number = number
         self.started, self.started_unix = time.perf_counter(), time.time()
         self.outputs: list = [None] * size
+        self.finished_at: list[Optional[float]] = [None] * size  # perf_counter when each row finished
+        self.taken: list[bool] = [False] * size  # rows handed to a part already
         self.remaining = size
         self.done = threading.Event()
         if size == 0:
             self.done.set()
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self.busy_at_start = busy_s  # the actor's engine busy seconds when the block came in
-        self.prep_ms = self.codec_ms = self.encode_ms = self.checks_ms = 0.0
-        self.engine_ms = self.engine_steps = self.slot_rows = 0.0
-        self.occupancy_sum, self.steps_seen = 0.0, 0
+        self.tally = BlockShare(self.started, self.started_unix, busy_s)
+        self.parts = 0  # shares taken so far
+
+    @property
+    def prep_ms(self) -> float:
+        return self.tally.prep_ms
+
+    @prep_ms.setter
+    def prep_ms(self, value: float) -> None:
+        self.tally.prep_ms = value
 
     def finish(self, job: RowJob, out: dict, encode_ms: float) -> None:
         with self._lock:
-            self.outputs[job.spec.index] = out
-            self.codec_ms += job.decode_ms
-            self.encode_ms += encode_ms
-            self.checks_ms += job.checks_ms
+            index = job.spec.index
+            self.outputs[index], self.finished_at[index] = out, time.perf_counter()
+            self.tally.codec_ms += job.decode_ms
+            self.tally.encode_ms += encode_ms
+            self.tally.checks_ms += job.checks_ms
             self.remaining -= 1
             if self.remaining == 0:
                 self.done.set()
+            self._changed.notify_all()
 
     def add_step(self, seconds: float, rows: int, live: int, occupancy: float) -> None:
         """`rows` of this block among the `live` rows of one engine step of `seconds`."""
         share = rows / live
-        self.engine_ms += seconds * 1000.0 * share
-        self.engine_steps += share
-        self.slot_rows += rows
-        self.occupancy_sum += occupancy
-        self.steps_seen += 1
+        with self._lock:
+            tally = self.tally
+            tally.engine_ms += seconds * 1000.0 * share
+            tally.engine_steps += share
+            tally.slot_rows += rows
+            tally.occupancy_sum += occupancy
+            tally.steps_seen += 1
+
+    def finished(self, wait_s: Optional[float]) -> list[tuple[int, float]]:
+        """(index, finished_at) of the rows finished and not yet taken, after waiting up to
+        `wait_s` seconds (None: no limit; 0: none) for one more row to finish."""
+        with self._lock:
+            before = self.remaining
+            if self.remaining and (wait_s is None or wait_s > 0):
+                self._changed.wait_for(lambda: self.remaining != before, timeout=wait_s)
+            return [(i, at) for i, at in enumerate(self.finished_at) if at is not None and not self.taken[i]]
+
+    def take(self, indices: list[int]) -> tuple[list[dict], BlockShare]:
+        """These finished rows' outputs, marked taken, and the block's share since the last take."""
+        with self._lock:
+            for i in indices:
+                self.taken[i] = True
+            share, self.tally = self.tally, BlockShare(self.started, self.started_unix, self.busy_at_start)
+            self.parts += 1
+            return [self.outputs[i] for i in indices], share

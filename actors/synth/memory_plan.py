@@ -202,12 +202,12 @@ def wavlm_bytes(model_dir: Path, clip_seconds: float) -> int:
 
 def codec_call_samples(settings: ActorSettings, frame_length: int, max_batch_samples: Optional[int] = None) -> int:
     """The most output samples one decode call of the finisher holds: codec_batch_rows rows of
-    at most max_frames frames (padded to the frame bucket), cut at `max_batch_samples` (None:
+    at most model.budget.max_frames frames (padded to the frame bucket), cut at `max_batch_samples` (None:
     the codec's decode_batch default), except that one row longer than that is a call alone."""
     from actors.codec.model import DEFAULT_MAX_BATCH_SAMPLES
 
     engine = settings.engine
-    row = -(-engine.max_frames // engine.codec_frame_bucket) * engine.codec_frame_bucket * frame_length
+    row = -(-settings.model.budget.max_frames // engine.codec_frame_bucket) * engine.codec_frame_bucket * frame_length
     cap = DEFAULT_MAX_BATCH_SAMPLES if max_batch_samples is None else max_batch_samples
     return max(row, min(engine.codec_batch_rows * row, cap))
 
@@ -263,7 +263,7 @@ def device_plan(
     decode = decode_budget(settings, codec_config, device, dtypes[1], codec_samples)
     # a reference's encode is cut at the CPU's cap (encode_batch's default)
     encode = codec_batch_bytes(codec_call_samples(settings, codec_config.frame_length), codec_size)
-    clip_seconds = settings.engine.max_frames * codec_config.frame_length / codec_config.sample_rate
+    clip_seconds = settings.model.budget.max_frames * codec_config.frame_length / codec_config.sample_rate
     free, total = torch.cuda.mem_get_info(device)
     engine = settings.engine
     return MemoryPlan(

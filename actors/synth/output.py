@@ -18,7 +18,7 @@ import pyarrow as pa
 from actors import schema as S
 from actors.alone import each_alone
 from actors.engine.types import STOP_BUDGET
-from actors.synth.jobs import Block, RowJob
+from actors.synth.jobs import BlockShare, RowJob
 from actors.synth.rows import RowSpec
 from actors.synth.settings import ActorSettings
 
@@ -105,7 +105,7 @@ class RowWriter:
             S.ID: spec.id if isinstance(spec.id, str) else None,
             **self.provenance,
             S.SEED: spec.seed,
-            S.MAX_FRAMES: chain.plan.max_frames if chain is not None else spec.max_frames,
+            S.MAX_FRAMES: sum(chain.budgets) if chain is not None else spec.max_frames,
             S.TEXT: spec.text,
             S.SPEAKER: None if spec.values.get(S.SPEAKER) is None else str(spec.values[S.SPEAKER]),
             S.REFERENCE: _reference_source(spec),
@@ -127,6 +127,7 @@ class RowWriter:
         audio = self._audio_columns(job, flac)
         if job.quality is not None and job.quality.rejected:
             audio[S.STATUS] = S.STATUS_REJECTED
+            audio[S.ERROR] = job.chain.cut_reason()  # why, when its budget cut it
         return {**out, **audio}
 
     def _audio_columns(self, job: RowJob, flac: bytes) -> dict:
@@ -214,9 +215,10 @@ def _columns_of(source: Any, columns: dict) -> dict:
     return {} if source is None else {column: getattr(source, name) for column, name in columns.items()}
 
 
-def batch_columns(block: Block, batch_id: str, rows: int, slots: int, actor: dict) -> dict:
-    """The `batch` struct every row of a block carries: what the block and its actor did.
-    `actor`: the actor-wide figures (init_ms, kv_bytes, busy_s, model_busy_s) at the block's end."""
+def batch_columns(block: BlockShare, batch_id: str, rows: int, slots: int, actor: dict) -> dict:
+    """The `batch` struct every row of a block (or of a part of it) carries: what the block and
+    its actor did for those rows. `actor`: the actor-wide figures (init_ms, kv_bytes, busy_s,
+    model_busy_s) when they were written."""
     wall_s = time.perf_counter() - block.started
     busy = (actor["busy_s"] - block.busy_at_start) / wall_s if wall_s > 0 else None
     return {

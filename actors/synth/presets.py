@@ -11,8 +11,8 @@ from typing import Any
 
 from actors.synth.settings import EngineSettings
 
-# One GPU per actor: many rows decoded together, budgets for real sentences (at most about 48 s
-# of audio per row: the default max_frames 1024 at 21.5 frames per second). Measured on an H200
+# One GPU per actor: many rows decoded together (the frame budgets are the model's:
+# model.budget, at most 48 s of audio a segment for a real checkpoint). Measured on an H200
 # (docs/performance.md, the GPU check): each decode step one CUDA graph, 3-12x the eager step;
 # frames/s grow with the rows up to 256 (S2-Pro 477 s of audio per s at 256 rows against 316 at
 # 128). The slots are sized from the memory left after the weights, the codec and its decode
@@ -26,8 +26,6 @@ GPU_ENGINE: dict[str, Any] = {
     "cuda_graphs": True,
     # capturing every batch x key bucket (9 x 4) took 2-4 s per key bucket on the H200
     "warm_up_budget_s": 600,
-    "frames_per_char": 1.6,
-    "min_frames": 16,
     # rows per codec call: on a GPU a call for many rows costs about what one row's does
     "codec_batch_rows": 16,
 }

@@ -86,15 +86,6 @@ class RowSpec:
         return self.values.get(S.CONTENT_HASH)
 
 
-def frame_budget(settings: ActorSettings, text: Optional[str]) -> int:
-    """A text's frame budget: engine.max_frames, or min_frames + frames_per_char per character."""
-    engine = settings.engine
-    if engine.frames_per_char is None or text is None:
-        return engine.max_frames
-    wanted = engine.min_frames + math.ceil(float(engine.frames_per_char) * len(text))
-    return min(engine.max_frames, wanted)
-
-
 def parse_row(
     index: int,
     values: dict,
@@ -115,7 +106,7 @@ def parse_row(
         spec = replace(spec, sampling=_sampling(values, base_sampling.with_seed(spec.seed)))
         frames = values.get(S.MAX_FRAMES)
         budget = _int(frames, S.MAX_FRAMES, 0, MAX_FRAMES_LIMIT) if frames is not None else None
-        spec = replace(spec, max_frames=budget if budget is not None else frame_budget(settings, spec.text))
+        spec = replace(spec, max_frames=budget if budget is not None else settings.model.budget.frames(spec.text))
         return replace(spec, voices=tuple(voices(values) or ())), None
     except RowError as e:
         return spec, e

@@ -28,6 +28,7 @@ from actors.engine.settings import EngineConfig
 from actors.engine.types import SamplingParams
 from actors.errors import ConfigError
 from actors.quality.settings import QualitySettings
+from actors.synth.budget import FrameBudget
 from actors.synth.job_settings import MISSING, ClusterSettings, DataSettings, OutputSettings
 
 DEMO_FAMILIES = ("s1", "s2")  # the built-in demo checkpoints (actors/synth/demo_models.py)
@@ -89,6 +90,9 @@ class ModelSettings:
     # where the demo checkpoint is built on each actor's node (null = that node's $CHORUS_CACHE,
     # else ~/.cache/chorus: actors/demo.py); a run passes the driver's $CHORUS_CACHE on when set
     cache_dir: Optional[str] = None
+    # each segment's frame budget and what a segment it cuts becomes (actors/synth/budget.py):
+    # real speech's by default, the demo models' short one in conf/model/demo*.yaml
+    budget: FrameBudget = field(default_factory=FrameBudget)
 
     def validate(self) -> None:
         check_bounds(self, "model")
@@ -99,6 +103,7 @@ class ModelSettings:
             raise ConfigError(f"model.dtype must be auto or one of {names}, got {self.dtype!r}")
         if self.codec_dtype != "auto" and self.codec_dtype not in DTYPE_NAMES:
             raise ConfigError(f"model.codec_dtype must be auto or one of {names}, got {self.codec_dtype!r}")
+        self.budget.validate()
 
 
 @dataclass
@@ -107,11 +112,6 @@ class EngineSettings(EngineConfig):
     (actors/engine/settings.py: slots, KV positions, prefill chunk, prefix cache, compile,
     ...), plus what the actor decides around the engine for each row."""
 
-    # frame budget per row (21.5 frames = 1 s of audio); a `max_frames` column overrides it
-    max_frames: int = field(default=1024, metadata=at_least(0))
-    # when set, a row's budget is min(max_frames, min_frames + frames_per_char * len(text))
-    frames_per_char: Optional[float] = field(default=None, metadata=at_least(0, or_null=True))
-    min_frames: int = field(default=8, metadata=at_least(0))
     # a row ends at the model's end-of-speech token; false: it always runs to its frame budget
     stop_on_eos: bool = True
     # rows per codec decode call, and how long the finisher waits for that many while the

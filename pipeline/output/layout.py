@@ -53,6 +53,9 @@ log = logging.getLogger("chorus")
 # what may sit in a directory chorus has not claimed yet: Hydra creates _runs/ before the run
 # starts, and a lease is taken before the marker is written
 _PRE_CLAIM_ENTRIES = {RUNS_DIR, LEASE_FILE}
+# what an output is bound to (pipeline/plan/identity.py identity): its model. The rest of the
+# record (the input it was last made from) is for messages only
+BOUND_KEYS = ("model", "checkpoint")
 
 
 def _is_pre_claim_entry(name: str) -> bool:
@@ -234,23 +237,36 @@ class OutputLayout:
         with self.fs.open_input_stream(self.path(name)) as f:
             return f.read().decode("utf-8")
 
-    def claim(self, identity: dict, overwrite: bool, run_id: Optional[str] = None) -> None:
-        """Bind the output to one input + model, so a rerun resumes the same work and a
-        different run cannot mix its rows in. Call with the lease held."""
+    def claim(self, identity: dict, overwrite: bool, run_id: Optional[str] = None) -> Optional[dict]:
+        """Bind the output to one model (`BOUND_KEYS`), so a different model's rows cannot mix
+        in; the input may grow, shrink or move between runs. Returns the identity an earlier
+        run recorded (None for a new output). Call with the lease held."""
         self.check_ours()
         if overwrite:
             self.wipe()
-        recorded = self.read_text(IDENTITY_FILE)
-        if recorded is not None and json.loads(recorded) != identity:
+        text = self.read_text(IDENTITY_FILE)
+        recorded = json.loads(text) if text is not None else None
+        if recorded is not None and any(recorded.get(k) != identity.get(k) for k in BOUND_KEYS):
             raise OutputMismatch(
-                f"{self.location} holds the output of another run ({recorded.strip()}), not of "
-                f"{json.dumps(identity)}; choose another output.dir or pass output.overwrite=true"
+                f"{self.location} holds rows of {_described(recorded)}; this run is {_described(identity)}: one "
+                f"output holds one model's rows. Choose another output.dir, or pass output.overwrite=true to "
+                f"delete its rows and start over"
             )
         if recorded is None:
             # the marker before any other entry: a second driver checking the directory before
             # it asks for the lease must see a chorus output in use, never a foreign `data`
             self.fs.create_dir(self.base, recursive=True)
+        if recorded != identity:  # new, or the input moved (the marker names the latest)
             self.write_text(IDENTITY_FILE, json.dumps(identity, indent=2) + "\n")
         self.ensure()
         self.clean_temp(keep_run=run_id)
         purge_absorbed(self.footers, self.data_dir)  # what a killed compaction left: already in its shard
+        return recorded
+
+
+def _described(identity: dict) -> str:
+    """An identity record for a message: its model, checkpoint and input."""
+    checkpoint = identity.get("checkpoint")
+    model = f"model {identity.get('model')!r}" + (f" (checkpoint {checkpoint!r})" if checkpoint else "")
+    where = identity.get("input")
+    return model + (f" from input {where}" if where else "")

@@ -1,12 +1,14 @@
-"""The run's write stage: each finished block becomes one crash-safe part file (one Ray task
-per block), and the driver gets back a one-row stats table: its progress, what fills a shard
-(pipeline/output/compaction.py), and the engines' slot figures."""
+"""The run's writes: the actors write each group of finished rows as one crash-safe part file
+(`PartSink`, as rows finish: actors/synth/blocks.py), and the driver gets each part's stats:
+its progress, what fills a shard (pipeline/output/compaction.py), and the engines' slot
+figures."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -67,21 +69,48 @@ def block_stats(table: pa.Table, part: str) -> dict:
     }
 
 
-def write_block(batch: pa.Table, location: str, run_id: str = "") -> pa.Table:
-    """The run's write stage (one Ray task per block): the block becomes one part file, and
-    the driver gets back a one-row stats table for progress."""
-    if batch.num_rows == 0:
-        return pa.Table.from_pylist([], schema=STATS_SCHEMA)
+def write_rows(batch: pa.Table, location: str, run_id: str = "") -> dict:
+    """Output rows as one crash-safe part file (named for its run and ids: a retried write
+    replaces its own file); its stats (STATS_SCHEMA's fields)."""
     began, retried = time.perf_counter(), retries_spent()
     batch = batch.select(S.OUTPUT_SCHEMA.names).cast(S.OUTPUT_SCHEMA)
     name = part_name(batch.column(S.ID).to_pylist(), run_id)
     layout = OutputLayout(location)
     path = layout.write_part(batch, name, owner=run_id)
     size = layout.fs.get_file_info(path).size
-    stats = dict(
+    return dict(
         block_stats(batch, name),
         bytes=size,
         write_ms=(time.perf_counter() - began) * 1000.0,
         store_retries=retries_spent() - retried,
     )
-    return pa.Table.from_pylist([stats], schema=STATS_SCHEMA)
+
+
+def write_block(batch: pa.Table, location: str, run_id: str = "") -> pa.Table:
+    """One block as one part file, and a one-row stats table (tests and tools write parts so)."""
+    if batch.num_rows == 0:
+        return pa.Table.from_pylist([], schema=STATS_SCHEMA)
+    return pa.Table.from_pylist([write_rows(batch, location, run_id)], schema=STATS_SCHEMA)
+
+
+@dataclass(frozen=True)
+class PartSink:
+    """Where a run's actors write their finished rows (actors/synth/actor.py SynthStage, given
+    one at construction): each `write` is one crash-safe part, its stats handed to the run's
+    inbox (pipeline/run/readahead.py ReadAhead.written: progress, compaction and the read-ahead
+    window read them there) before `write` returns, so the driver has them by the time the
+    block's call ends. Picklable: Ray ships it to every actor."""
+
+    location: str
+    run_id: str
+    inbox: Any = None  # the run's ReadAhead actor
+
+    def write(self, rows: pa.Table) -> dict:
+        if rows.num_rows == 0:
+            return {}
+        stats = write_rows(rows, self.location, self.run_id)
+        if self.inbox is not None:
+            import ray
+
+            ray.get(self.inbox.written.remote(stats))
+        return stats

@@ -61,7 +61,7 @@ def rejected_part(layout: OutputLayout) -> Optional[str]:
     return path if layout.fs.get_file_info(path).type == pafs.FileType.File else None
 
 
-def refused_ids(layout: OutputLayout) -> pa.Array:
+def refused_ids_of(layout: OutputLayout) -> pa.Array:
     """The ids the rejected part answers (refused by this run's plan): no other copy of them
     may stay. Read whole: the in-process pass only, a job below the distributed size."""
     path = rejected_part(layout)
@@ -75,10 +75,18 @@ def refused_ids(layout: OutputLayout) -> pa.Array:
 class PlannedRows:
     """What the run's plan (pipeline/plan/counts.py) says of the rows it leaves on disk:
     `accepted`, every input row it did not refuse; `redone`, the changed and retried rows
-    among them (each has an earlier copy beside the one this run wrote)."""
+    among them (each has an earlier copy beside the one this run wrote); `removed`, the ids
+    the output holds and the input no longer names, and whether they are `pruned`."""
 
     accepted: int
     redone: int
+    removed: int = 0
+    pruned: bool = False
+
+    @property
+    def kept(self) -> int:
+        """The rows the live files should hold once each id has one copy."""
+        return self.accepted + (0 if self.pruned else self.removed)
 
 
 def may_hold_copies(planned: PlannedRows, refused_ids: int, rows_on_disk: int) -> bool:
@@ -95,20 +103,27 @@ def may_hold_copies(planned: PlannedRows, refused_ids: int, rows_on_disk: int) -
     when the live files' footers hold exactly the plan's accepted rows: each accepted id has
     at least one copy (done rows had one, this run wrote every row it synthesized), so equal
     counts mean one copy each."""
-    if planned.redone or refused_ids:
+    if planned.redone or refused_ids or (planned.pruned and planned.removed):
         return True
-    return rows_on_disk != planned.accepted
+    return rows_on_disk != planned.kept
 
 
-def drop_superseded(layout: OutputLayout, planned: PlannedRows, refused_ids: int, distributed: bool) -> int:
+def drop_superseded(
+    layout: OutputLayout, planned: PlannedRows, refused_ids: int, distributed: bool, pruned=None
+) -> int:
     """The run's end pass (see the module doc), after the run wrote its rejected part (which
-    names the refused ids, `refused_ids` of them); returns the rows removed."""
+    names the refused ids, `refused_ids` of them); `pruned`: the ids whose every row goes too
+    (the removed ids under output.on_removed=prune: an array in-process, a Ray Dataset of `id`
+    rows distributed). Returns the rows removed."""
     files = row_files(layout)
     if not files or not may_hold_copies(planned, refused_ids, footer_rows(layout, files)):
         return 0
     if not distributed:
-        return drop_in_process(layout)
-    return drop_distributed(layout, files)
+        gone = refused_ids_of(layout)
+        if pruned is not None and len(pruned):
+            gone = pa.concat_arrays([gone, pruned.cast(pa.string())])
+        return drop_in_process(layout, gone)
+    return drop_distributed(layout, files, pruned=pruned)
 
 
 def apply_keep(layout: OutputLayout, path: str, keep: pa.Array) -> None:
@@ -137,7 +152,7 @@ def drop_in_process(layout: OutputLayout, refused: Optional[pa.Array] = None) ->
     if not files:
         return 0
     keys = [read_file(layout.fs, p, KEY_COLUMNS) for p in files]
-    keep = _keep_mask(pa.concat_tables(keys), refused_ids(layout) if refused is None else refused)
+    keep = _keep_mask(pa.concat_tables(keys), refused_ids_of(layout) if refused is None else refused)
     removed, offset = 0, 0
     for path, table in zip(files, keys):
         file_keep = keep.slice(offset, table.num_rows)
@@ -207,7 +222,23 @@ def _each_file(blocks: list[pa.Table]):
         yield pa.table({FILE: pa.array(file_of[start:end].copy()), ROW: pa.array(row_of[start:end].copy())})
 
 
-def drop_distributed(layout: OutputLayout, files: list[str], driver_drops: Optional[int] = None) -> int:
+def _marks(ids: pa.Table) -> pa.Table:
+    """Ids whose every row goes, as key rows marked refused (their FILE and ROW never used)."""
+    ids = ids.filter(pc.is_valid(ids.column(S.ID)))
+    n = ids.num_rows
+    return pa.table(
+        {
+            S.ID: ids.column(S.ID).cast(pa.string()),
+            S.RUN: pa.nulls(n, S.OUTPUT_SCHEMA.field(S.RUN).type),
+            S.FINISHED_AT: pa.nulls(n, S.OUTPUT_SCHEMA.field(S.FINISHED_AT).type),
+            FILE: pa.array(np.full(n, -1, np.int32)),
+            ROW: pa.array(np.full(n, -1, np.int64)),
+            REFUSED: pa.array(np.full(n, True)),
+        }
+    )
+
+
+def drop_distributed(layout: OutputLayout, files: list[str], driver_drops: Optional[int] = None, pruned=None) -> int:
     """Ray Data: keys per file (and the rejected part's refused ids) -> shuffle by id -> drops
     -> grouped by file -> rewrites. When there are at most `driver_drops` drops in all
     (DRIVER_DROPS: ~12 MB) the driver groups them by file itself, sparing a second shuffle's
@@ -224,6 +255,8 @@ def drop_distributed(layout: OutputLayout, files: list[str], driver_drops: Optio
     keys = listing.map_batches(
         _file_keys, fn_kwargs={"location": layout.location}, batch_format="pyarrow", batch_size=1, num_cpus=TASK_CPUS
     )
+    if pruned is not None:
+        keys = keys.union(pruned.map_batches(_marks, batch_format="pyarrow", batch_size=None, num_cpus=TASK_CPUS))
     by_id = keys.repartition(partitions, shuffle=True, keys=[S.ID])
     drops = by_id.map_batches(_drops, batch_format="pyarrow", batch_size=None, num_cpus=TASK_CPUS).materialize()
     if drops.count() <= (DRIVER_DROPS if driver_drops is None else driver_drops):

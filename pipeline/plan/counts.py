@@ -5,13 +5,11 @@ sums, never a row."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Optional
 
 from actors import schema as S
-from actors.synth.settings import EngineSettings
 
 from ..errors import OutputMismatch
 from ..output.supersede import PlannedRows
@@ -19,9 +17,6 @@ from . import rules as P
 from .decide import Decided, is_decision
 from .keys import REASON
 
-# a row's frames when engine.frames_per_char is unset: ~21.5 codec frames per second of
-# speech at ~15 characters per second (for the estimate only; the engine stops at EOS)
-SPEECH_FRAMES_PER_CHAR = 1.43
 SHOWN_IDS = 10
 
 
@@ -31,11 +26,14 @@ class DecisionCounts:
     by_decision: dict = field(default_factory=dict)  # decision -> rows
     rejected: dict = field(default_factory=dict)  # reason -> rows
     text_chars: int = 0  # of the rows to synthesize
-    estimated_frames: int = 0
+    segments: int = 0  # of the rows to synthesize, as the run will cut them (pipeline/plan/estimate.py)
+    budget_frames: int = 0  # their segments' budgets summed: the most the run generates
+    speech_frames: int = 0  # real speech of their text
     dialogue_rows: int = 0  # of the rows to synthesize: those with voices, their voices and turns
     voices: int = 0
     turns: int = 0
     changed_examples: list = field(default_factory=list)
+    removed_examples: list = field(default_factory=list)
 
     @property
     def to_synthesize(self) -> int:
@@ -44,21 +42,24 @@ class DecisionCounts:
     def count(self, decision: str) -> int:
         return self.by_decision.get(decision, 0)
 
-    def planned_rows(self) -> PlannedRows:
-        """What the run's end needs to know of the rows this plan leaves on disk."""
-        accepted = sum(n for decision, n in self.by_decision.items() if decision != P.REJECTED)
-        return PlannedRows(accepted=accepted, redone=self.count(P.CHANGED) + self.count(P.RETRY))
+    @property
+    def already_in(self) -> int:
+        """Input rows the output holds as they are (done), not redone."""
+        return self.count(P.DONE)
+
+    def planned_rows(self, pruned: bool) -> PlannedRows:
+        """What the run's end needs to know of the rows this plan leaves on disk; `pruned`:
+        the removed ids' rows go (output.on_removed=prune)."""
+        accepted = sum(n for decision, n in self.by_decision.items() if decision not in (P.REJECTED, P.REMOVED))
+        return PlannedRows(
+            accepted=accepted,
+            redone=self.count(P.CHANGED) + self.count(P.RETRY),
+            removed=self.count(P.REMOVED),
+            pruned=pruned,
+        )
 
 
-def estimate_frames(chars: int, rows: int, engine: EngineSettings) -> int:
-    """Frames for `rows` rows of `chars` characters in all: the engine's per-character budget
-    when it has one, else read speech's rate; at least min_frames and at most max_frames a row."""
-    per_char = engine.frames_per_char or SPEECH_FRAMES_PER_CHAR
-    frames = rows * engine.min_frames + math.ceil(per_char * chars)
-    return min(frames, rows * engine.max_frames)
-
-
-def count_decisions(decided: Decided, rows_total: int, engine: EngineSettings) -> DecisionCounts:
+def count_decisions(decided: Decided, rows_total: int) -> DecisionCounts:
     """The sums of every decided row (a Ray Data pass for a distributed plan)."""
     counts = DecisionCounts(rows_total=rows_total)
     for row in decided.decision_sums():
@@ -68,21 +69,23 @@ def count_decisions(decided: Decided, rows_total: int, engine: EngineSettings) -
             counts.rejected[row[REASON]] = counts.rejected.get(row[REASON], 0) + rows
         elif decision in P.TO_SYNTHESIZE:
             counts.text_chars += row["chars_sum"]
-            counts.estimated_frames += estimate_frames(row["chars_sum"], rows, engine)
+            counts.segments += row["segments_sum"]
+            counts.budget_frames += row["budget_frames_sum"]
+            counts.speech_frames += row["speech_frames_sum"]
             counts.dialogue_rows += row["dialogue_rows_sum"]
             counts.voices += row["voices_sum"]
             counts.turns += row["turns_sum"]
-    if counts.count(P.CHANGED):
-        counts.changed_examples = sorted(i for batch in changed_ids(decided, limit=SHOWN_IDS) for i in batch)[
-            :SHOWN_IDS
-        ]
+    for decision, examples in ((P.CHANGED, counts.changed_examples), (P.REMOVED, counts.removed_examples)):
+        if counts.count(decision):
+            found = (i for batch in ids_of(decided, decision, limit=SHOWN_IDS) for i in batch)
+            examples.extend(sorted(found)[:SHOWN_IDS])
     return counts
 
 
-def changed_ids(decided: Decided, limit: Optional[int] = None) -> Iterator[list]:
-    """The ids of changed rows, a batch at a time (the first `limit` of them, if given)."""
+def ids_of(decided: Decided, decision: str, limit: Optional[int] = None) -> Iterator[list]:
+    """The ids of the rows of one decision, a batch at a time (the first `limit` of them, if given)."""
     seen = 0
-    for batch in decided.batches(is_decision(P.CHANGED), [S.ID]):
+    for batch in decided.batches(is_decision(decision), [S.ID]):
         ids = batch.column(S.ID).to_pylist()
         yield ids
         seen += len(ids)

@@ -28,8 +28,9 @@ from actors import schema as S
 from ..cluster import PARTITION_ROWS, TASK_CPUS
 from ..names import is_rejected_part
 from . import rules as P
+from .estimate import RowEstimate
 from .inputs import InputScan, read_fragment
-from .keys import CLIP, REASON, TEXT_CHARS, TURNS, VOICES, RowHasher, annotate
+from .keys import BUDGET_FRAMES, CLIP, REASON, SEGMENTS, SPEECH_FRAMES, TEXT_CHARS, TURNS, VOICES, RowHasher, annotate
 
 
 @dataclass
@@ -55,6 +56,16 @@ class Decided:
         selected = self.dataset.map_batches(select, batch_format="pyarrow", batch_size=None, num_cpus=TASK_CPUS)
         yield from selected.iter_batches(batch_format="pyarrow", batch_size=65536)
 
+    def ids_where(self, decision: str):
+        """The ids of one decision's rows: an array for a table, a Ray Dataset of `id` rows for
+        a dataset (never gathered here)."""
+        keep = is_decision(decision)
+        if self.table is not None:
+            return self.table.filter(keep(self.table)).column(S.ID).combine_chunks()
+        return self.dataset.map_batches(
+            lambda t: t.filter(keep(t)).select([S.ID]), batch_format="pyarrow", batch_size=None, num_cpus=TASK_CPUS
+        )
+
     def to_table(self) -> pa.Table:
         """Every decided row (a small job's, or a test's)."""
         tables = list(self.batches(lambda t: pa.array([True] * t.num_rows), P.DECIDED_SCHEMA.names))
@@ -74,17 +85,15 @@ class Decided:
         return table.to_pylist()
 
 
-_SUMS_SCHEMA = pa.schema(
-    [(P.DECISION, pa.string()), (REASON, pa.string())]
-    + [(name, pa.int64()) for name in ("rows", "chars", "dialogue_rows", "voices", "turns")]
-)
+_SUMMED = ("rows", "chars", "dialogue_rows", "voices", "turns", "segments", "budget_frames", "speech_frames")
+_SUMS_SCHEMA = pa.schema([(P.DECISION, pa.string()), (REASON, pa.string())] + [(name, pa.int64()) for name in _SUMMED])
 
 
 def _decision_sums(decided: pa.Table) -> pa.Table:
-    table = decided.select([P.DECISION, REASON, TEXT_CHARS, VOICES, TURNS])
+    table = decided.select([P.DECISION, REASON, TEXT_CHARS, VOICES, TURNS, SEGMENTS, BUDGET_FRAMES, SPEECH_FRAMES])
     table = table.append_column("one", pa.array([1] * decided.num_rows, pa.int64()))
     table = table.append_column("dialogue", pc.cast(pc.greater(pc.fill_null(table.column(VOICES), 0), 0), pa.int64()))
-    summed = ("one", TEXT_CHARS, "dialogue", VOICES, TURNS)
+    summed = ("one", TEXT_CHARS, "dialogue", VOICES, TURNS, SEGMENTS, BUDGET_FRAMES, SPEECH_FRAMES)
     grouped = table.group_by([P.DECISION, REASON]).aggregate([(name, "sum") for name in summed])
     columns = [grouped.column(P.DECISION), grouped.column(REASON)]
     columns += [pc.cast(pc.fill_null(grouped.column(f"{name}_sum"), 0), pa.int64()) for name in summed]
@@ -103,12 +112,19 @@ def read_output_keys(path: str, filesystem) -> pa.Table:
 
 
 def decide(
-    scan: InputScan, hasher: RowHasher, output_files: list[str], output_fs, retry: P.Retry, distributed: bool
+    scan: InputScan,
+    hasher: RowHasher,
+    output_files: list[str],
+    output_fs,
+    retry: P.Retry,
+    distributed: bool,
+    estimate: Optional[RowEstimate] = None,
 ) -> Decided:
-    """Every input row's decision (see the module doc for the two plans)."""
+    """Every input row's decision (see the module doc for the two plans); with `estimate`,
+    each row's segments and frames as the run will plan them."""
     fragment_files = [scan.file_names[f.file] for f in scan.fragments]
     if not distributed:
-        keys = [annotate(read_fragment(scan, f), f, hasher) for f in scan.fragments]
+        keys = [annotate(read_fragment(scan, f), f, hasher, estimate) for f in scan.fragments]
         done = [read_output_keys(path, output_fs) for path in output_files]
         union = (
             pa.concat_tables([P.input_side(k) for k in keys] + [P.output_side(d) for d in done])
@@ -117,12 +133,16 @@ def decide(
         )
         decided = P.resolve_ids(union, fragment_files, retry)
         return Decided(table=P.resolve_refs(decided))
-    return Decided(dataset=_decide_distributed(scan, hasher, output_files, output_fs, retry, fragment_files))
+    return Decided(
+        dataset=_decide_distributed(scan, (hasher, estimate), output_files, output_fs, retry, fragment_files)
+    )
 
 
-def _annotate_fragments(batch: pa.Table, scan: InputScan, hasher: RowHasher) -> pa.Table:
+def _annotate_fragments(
+    batch: pa.Table, scan: InputScan, hasher: RowHasher, estimate: Optional[RowEstimate]
+) -> pa.Table:
     tables = [
-        P.input_side(annotate(read_fragment(scan, scan.fragments[i]), scan.fragments[i], hasher))
+        P.input_side(annotate(read_fragment(scan, scan.fragments[i]), scan.fragments[i], hasher, estimate))
         for i in batch.column("fragment").to_pylist()
     ]
     return pa.concat_tables(tables) if tables else P.UNION_SCHEMA.empty_table()
@@ -137,16 +157,17 @@ def map_blocks(ds, fn, **kwargs):
     return ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pyarrow", batch_size=None, num_cpus=TASK_CPUS)
 
 
-def _decide_distributed(scan, hasher, output_files, output_fs, retry, fragment_files):
+def _decide_distributed(scan, annotating, output_files, output_fs, retry, fragment_files):
     import ray
 
+    hasher, estimate = annotating
     partitions = max(2, math.ceil((scan.total_rows + 1) / PARTITION_ROWS))
     fragments = ray.data.from_items(
         [{"fragment": f.index} for f in scan.fragments], override_num_blocks=max(1, len(scan.fragments))
     )
     union = fragments.map_batches(
         _annotate_fragments,
-        fn_kwargs={"scan": scan, "hasher": hasher},
+        fn_kwargs={"scan": scan, "hasher": hasher, "estimate": estimate},
         batch_format="pyarrow",
         batch_size=1,
         num_cpus=TASK_CPUS,

@@ -1,6 +1,6 @@
 """What a run's output is bound to: the model's fingerprint (its files' hashes, cached per
-machine), the digest of the settings a row's audio depends on, the input's ids, and the
-identity record that ties an output to one input + model (pipeline/output/layout.py claim)."""
+machine), the digest of the settings a row's audio depends on, and the identity record that
+ties an output to one model (pipeline/output/layout.py claim)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,13 @@ import logging
 import os
 from dataclasses import asdict
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
-from actors import schema as S
 from actors.demo import cache_root
 from actors.files import write_atomically
+from actors.synth.budget import ACCEPT
 from actors.synth.settings import ModelSettings
 
-from ..cluster import TASK_CPUS
 from ..config import REPO_ROOT, ChorusConfig
 from ..location import open_location
 from .inputs import InputScan
@@ -33,7 +29,7 @@ _DEMO_SOURCES = ("actors/synth/demo_models.py", "actors/engine/tiny.py", "actors
 # row unchanged, which the determinism tests check). compile is one: a compiled frame's fused
 # kernels keep bfloat16 intermediates in float32 where the eager frame rounds them
 _ROW_SETTINGS = {
-    "engine": ("max_tokens", "max_frames", "frames_per_char", "min_frames", "stop_on_eos", "compile"),
+    "engine": ("max_tokens", "stop_on_eos", "compile"),
     "data": (
         "audio_root",
         "max_reference_seconds",
@@ -44,6 +40,10 @@ _ROW_SETTINGS = {
     ),
     "long_form": ("segment_bytes", "max_turns", "history_fraction"),
 }
+# the model's frame budget (model.budget), hashed where engine.* held it before it was the
+# model's, under those keys (frames_per_byte as frames_per_char): the demo's rows, whose
+# budgets these values still are, keep their hashes. `on_cut` counts only when it may regenerate
+BUDGET_AS_HASHED = {"max_frames": "max_frames", "frames_per_char": "frames_per_byte", "min_frames": "min_frames"}
 # whole-file hashes of model files, keyed by path, size and modification time: a multi-GB
 # checkpoint is read once per machine, not at every run start
 FILE_HASH_CACHE = "file-hashes.json"  # in the cache directory (actors/demo.py cache_root: $CHORUS_CACHE)
@@ -126,52 +126,22 @@ def settings_digest(config: ChorusConfig, fingerprint: str) -> str:
         "keep_codes": config.output.keep_codes,
         **{group: {k: getattr(getattr(config, group), k) for k in keys} for group, keys in _ROW_SETTINGS.items()},
     }
+    budget = config.model.budget
+    relevant["engine"].update({hashed: getattr(budget, name) for hashed, name in BUDGET_AS_HASHED.items()})
+    if budget.on_cut != ACCEPT:
+        relevant["engine"]["on_budget_cut"] = budget.on_cut
     return hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
-def file_ids_digest(path: str, filesystem: pafs.FileSystem, id_column: str) -> str:
-    """A digest of one file's ids in order (the id column only, a batch at a time): for a
-    one-file input the same value the output's identity has always recorded."""
-    digest = hashlib.blake2b(digest_size=16)
-    reader = pq.ParquetFile(path, filesystem=filesystem)
-    for batch in reader.iter_batches(batch_size=65536, columns=[id_column]):
-        ids = batch.column(0).cast(pa.string())
-        # each id as its UTF-8 bytes + NUL, a null as 0x01: one buffer per batch, hashed whole
-        framed = pc.if_else(ids.is_null(), pa.scalar("\x01"), pc.binary_join_element_wise(ids, "", "\x00"))
-        framed = framed.combine_chunks() if isinstance(framed, pa.ChunkedArray) else framed
-        if len(framed):
-            offsets = memoryview(framed.buffers()[1]).cast("i")
-            start, stop = offsets[framed.offset], offsets[framed.offset + len(framed)]
-            digest.update(memoryview(framed.buffers()[2])[start:stop])
-    return digest.hexdigest()
-
-
-def ids_digest(file_digests: list[str]) -> str:
-    """The input's ids as one digest: one file's digest as it is, several files' combined."""
-    if len(file_digests) == 1:
-        return file_digests[0]
-    return hashlib.blake2b("|".join(file_digests).encode(), digest_size=16).hexdigest()
-
-
-def input_ids_digest(scan: InputScan, distributed: bool) -> str:
-    """The input's ids in order, as one digest (ids_digest): each file's ids hashed by
-    its own Ray task when the job is planned distributed, else here."""
-    id_column = next((name for name, canonical in scan.rename.items() if canonical == S.ID), S.ID)
-    if not distributed or len(scan.files) == 1 and scan.total_rows < 1_000_000:
-        return ids_digest([file_ids_digest(path, scan.filesystem, id_column) for path in scan.files])
-    import ray
-
-    task = ray.remote(num_cpus=TASK_CPUS)(file_ids_digest)
-    return ids_digest(ray.get([task.remote(path, scan.filesystem, id_column) for path in scan.files]))
-
-
-def identity(model: ModelSettings, scan: InputScan, ids: str) -> dict:
-    """What an output belongs to: the input's ids (not its path: a Ray Job reads its copy of
-    the table from a new temporary directory each time) and the model."""
+def identity(model: ModelSettings, scan: InputScan) -> dict:
+    """What an output belongs to: its model (`BOUND_KEYS`: a different model's rows cannot mix
+    in), not its input's rows -- a dataset that grows, shrinks or moves keeps its output, each
+    row decided by its id and content hash (pipeline/plan/rules.py). The input's location is
+    recorded beside them for the messages only (a Ray Job reads its copy of the table from a
+    new temporary directory each time)."""
     checkpoint = model.checkpoint
     return {
-        "input_rows": scan.total_rows,
-        "input_ids": ids,
         "model": model.name,
         "checkpoint": os.path.basename(os.path.normpath(checkpoint)) if checkpoint else None,
+        "input": scan.source,
     }

@@ -16,6 +16,7 @@ from ..output.layout import OutputLayout
 from . import rules as P
 from .counts import DecisionCounts, count_decisions, refuse_changed
 from .decide import Decided, decide, output_key_files
+from .estimate import RowEstimate
 from .inputs import InputScan
 from .keys import RowHasher
 
@@ -37,8 +38,10 @@ def plan_job(config: ChorusConfig, scan: InputScan, layout: OutputLayout, digest
     hasher = RowHasher(digest, absolute(config.data.audio_root), scan.root, output.channels)
     present = layout.fs.get_file_info(layout.data_dir).type == pafs.FileType.Directory
     files = output_key_files(layout.live_files()) if present else []
-    decided = decide(scan, hasher, files, layout.fs, P.Retry(output.retry_errors, output.retry_rejected), distributed)
-    counts = count_decisions(decided, scan.total_rows, config.engine)
+    estimate = RowEstimate(config.model.budget, config.long_form, config.engine.max_tokens)
+    retry = P.Retry(output.retry_errors, output.retry_rejected)
+    decided = decide(scan, hasher, files, layout.fs, retry, distributed, estimate)
+    counts = count_decisions(decided, scan.total_rows)
     if output.on_change == "refuse":
         refuse_changed(counts)
     return Plan(scan, decided, counts)

@@ -17,6 +17,7 @@ from actors import schema as S
 from actors.engine.segment import SPEAKER_TAG
 
 from ..location import is_local
+from .estimate import RowEstimate
 from .inputs import Fragment
 
 
@@ -66,6 +67,11 @@ CLIP = "_clip"  # binary: which reference clip the row names (see _clip_identity
 TEXT_CHARS = "_text_chars"  # int64
 VOICES = "_voices"  # int32: a dialogue row's voices (0: a plain row)
 TURNS = "_turns"  # int32: a dialogue row's speaker turns (0: a plain row)
+# as the run will plan the row (pipeline/plan/estimate.py; 0 when planning without an estimate)
+SEGMENTS = "_segments"  # int32
+BUDGET_FRAMES = "_budget_frames"  # int64: its segments' budgets summed
+SPEECH_FRAMES = "_speech_frames"  # int64: real speech of its text
+ESTIMATE_COLUMNS = {SEGMENTS: "segments", BUDGET_FRAMES: "budget_frames", SPEECH_FRAMES: "speech_frames"}
 KEY_SCHEMA = pa.schema(
     [
         (S.ID, pa.string()),
@@ -79,6 +85,9 @@ KEY_SCHEMA = pa.schema(
         (TEXT_CHARS, pa.int64()),
         (VOICES, pa.int32()),
         (TURNS, pa.int32()),
+        (SEGMENTS, pa.int32()),
+        (BUDGET_FRAMES, pa.int64()),
+        (SPEECH_FRAMES, pa.int64()),
     ]
 )
 
@@ -160,8 +169,11 @@ def _text_chars(texts) -> pa.Array:
     return pc.fill_null(pc.binary_length(texts), 0)
 
 
-def annotate(table: pa.Table, fragment: Fragment, hasher: RowHasher) -> pa.Table:
-    """One fragment's rows (canonical names) -> their keys (KEY_SCHEMA)."""
+def annotate(
+    table: pa.Table, fragment: Fragment, hasher: RowHasher, estimate: Optional[RowEstimate] = None
+) -> pa.Table:
+    """One fragment's rows (canonical names) -> their keys (KEY_SCHEMA); with `estimate`, each
+    row's segments and frames as the run will plan them."""
     raw_ids = table.column(S.ID).to_pylist()
     problems = [S.id_problem(value) for value in raw_ids]
     ids = [value if isinstance(value, str) else (None if value is None else str(value)) for value in raw_ids]
@@ -180,9 +192,17 @@ def annotate(table: pa.Table, fragment: Fragment, hasher: RowHasher) -> pa.Table
             ROW: pa.array(range(fragment.first_row, fragment.first_row + n), pa.int64()),
             TEXT_CHARS: pc.cast(chars, pa.int64()),
             **_dialogue_counts(table),
+            **_estimates(table, estimate),
         },
         schema=KEY_SCHEMA,
     )
+
+
+def _estimates(table: pa.Table, estimate: Optional[RowEstimate]) -> dict:
+    if estimate is None:
+        return {name: pa.array([0] * table.num_rows, KEY_SCHEMA.field(name).type) for name in ESTIMATE_COLUMNS}
+    columns = estimate.columns(table)
+    return {name: pa.array(columns[key], KEY_SCHEMA.field(name).type) for name, key in ESTIMATE_COLUMNS.items()}
 
 
 def _dialogue_counts(table: pa.Table) -> dict:

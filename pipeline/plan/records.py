@@ -1,7 +1,7 @@
 """What the plan leaves under the output before synthesis starts: the rejected part (an error
 row answering every refused input row, streamed from the plan a batch at a time: an input of
-millions of bad ids is never held on the driver) and the list of every id redone because its
-content changed."""
+millions of bad ids is never held on the driver) and the lists of every id redone because its
+content changed, and of every id the output holds that the input no longer names."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pyarrow as pa
 
 from actors import schema as S
 
-from ..names import CHANGED_FILE, REJECTED_PART
+from ..names import CHANGED_FILE, REJECTED_PART, REMOVED_FILE
 from ..output.layout import OutputLayout
 from . import rules as P
-from .counts import changed_ids
+from .counts import ids_of
 from .decide import Decided, is_decision
 
 
@@ -53,18 +53,23 @@ def write_rejected(decided: Decided, layout: OutputLayout, run_id: str) -> Refus
     return refused
 
 
-def write_changed(decided: Decided, layout: OutputLayout, run_id: str) -> Optional[str]:
-    """Every changed row's id, one a line, into a file under the output (streamed)."""
-    name = CHANGED_FILE.format(run=run_id)
+# the file each decision's list of ids goes to
+ID_LISTS = {P.CHANGED: CHANGED_FILE, P.REMOVED: REMOVED_FILE}
+
+
+def write_ids(decided: Decided, layout: OutputLayout, run_id: str, decision: str) -> Optional[str]:
+    """Every id of one decision (changed, removed), one a line, into a file under the output
+    (ID_LISTS names it), streamed; its path."""
+    name = ID_LISTS[decision].format(run=run_id)
     lines = []  # a local output streams; a URI output's object is written whole
     if layout.local:
         path = layout.path(name)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
-            for ids in changed_ids(decided):
+            for ids in ids_of(decided, decision):
                 f.write("".join(f"{i}\n" for i in ids))
         os.replace(path + ".tmp", path)
         return path
-    for ids in changed_ids(decided):
+    for ids in ids_of(decided, decision):
         lines.extend(ids)
     layout.write_text(name, "".join(f"{i}\n" for i in lines))
     return layout.path(name)

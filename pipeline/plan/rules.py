@@ -3,7 +3,9 @@
 A row is rejected (answered with an error row, never synthesized) when its id is unusable,
 when other rows share its id, or when its ref_id names another clip elsewhere; an accepted
 row is new, done (written with the same content hash), changed (written with another hash:
-redone), or a retry (an error row whose cause may be gone: redone).
+redone), or a retry (an error row whose cause may be gone: redone). An id the output holds and
+no input row names any more is `removed` (a row of its own in the decided keys, only its id
+set): reported, and kept or pruned as output.on_removed says.
 
 Both functions see every row of the ids (resolve_ids) or ref_ids (resolve_refs) they are
 given: pipeline/plan/decide.py calls them on a whole small job in-process, or on each hash
@@ -25,6 +27,7 @@ from .keys import CLIP, FRAGMENT, KEY_SCHEMA, PROBLEM, REASON, ROW, describe_cli
 DECISION = "_decision"
 ERROR = "_error"
 NEW, DONE, CHANGED, RETRY, REJECTED = "new", "done", "changed", "retry", "rejected"
+REMOVED = "removed"  # in the output, in no input row any more (not an input row: never counted as one)
 TO_SYNTHESIZE = (NEW, CHANGED, RETRY)
 
 SIDE = "_side"  # 0: an input row's keys, 1: an output row (a copy already written)
@@ -113,9 +116,20 @@ def resolve_ids(union: pa.Table, fragment_files: list[str], retry: Retry) -> pa.
             )
     out = rows.select(KEY_SCHEMA.names)
     out = out.set_column(KEY_SCHEMA.get_field_index(REASON), REASON, pa.array(reasons, pa.string()))
-    return out.append_column(DECISION, pa.array(decisions, pa.string())).append_column(
+    out = out.append_column(DECISION, pa.array(decisions, pa.string())).append_column(
         ERROR, pa.array(errors, pa.string())
     )
+    return pa.concat_tables([out, _removed(done, rows)])
+
+
+def _removed(done: pa.Table, rows: pa.Table) -> pa.Table:
+    """The output's ids no input row names (DECIDED_SCHEMA rows holding only the id)."""
+    gone = done.select([S.ID]).join(rows.select([S.ID]), S.ID, join_type="left anti")
+    n = gone.num_rows
+    columns = {name: pa.nulls(n, field.type) for name, field in zip(DECIDED_SCHEMA.names, DECIDED_SCHEMA)}
+    columns[S.ID] = gone.column(S.ID).combine_chunks() if n else pa.array([], pa.string())
+    columns[DECISION] = pa.array([REMOVED] * n, pa.string())
+    return pa.table(columns, schema=DECIDED_SCHEMA)
 
 
 def _resume_verdicts(rows: pa.Table, retry: Retry) -> list[str]:

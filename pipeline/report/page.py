@@ -138,6 +138,9 @@ def _summary_section(run: ReportRun) -> str:
         ("per-row RTF p50", fmt(h["row_rtf_p50"]), ""),
         ("latency p50 / p90", f"{_ms_as_duration(h['latency_ms_p50'])} / {_ms_as_duration(h['latency_ms_p90'])}", ""),
     ]
+    removed = run.summary.get("rows_removed_from_input")
+    if removed:  # ids the output held that the last run's input no longer names
+        cards.append((f"rows gone from the input ({run.summary.get('removed_rows')})", f"{removed:,}", ""))
     return (
         '<h2>Summary</h2><div class="cards">'
         + "".join(

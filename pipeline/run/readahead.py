@@ -8,8 +8,8 @@ on the demo, 1M input rows: about 7 KB per queued block, 15 MB more every minute
 as the read runs: O(rows) on the driver). So the read is cut into chunks of READ_CHUNK_ROWS rows
 (or one actor's blocks, if more), and each read task is admitted by a `ReadAhead` actor before it reads: at most
 `window` rows admitted and not yet written (at the defaults 3 x 4,096 rows: ~770 queued
-blocks, ~5 MB on the driver, whatever the job's size). The driver releases each written
-block's rows.
+blocks, ~5 MB on the driver, whatever the job's size). Each part an actor writes releases its
+rows here (`written`), and waits here for the driver's next `drain`: the run's inbox.
 
 A chunk whose read task Ray retries (its worker died) is admitted once: the last
 RECENT_CHUNKS admitted chunk numbers are remembered, a bound the retry of a chunk read one at a
@@ -55,6 +55,7 @@ class ReadAhead:
         self.admitted_rows = self.released_rows = 0
         self._recent: LRU[bool] = LRU(RECENT_CHUNKS)  # chunk numbers admitted last
         self._room = asyncio.Condition()
+        self._written: list[dict] = []  # parts' stats, until the driver drains them
 
     async def admit(self, chunk: int, rows: int) -> None:
         """Return once `rows` more fit the window (a chunk larger than the window waits for an
@@ -72,6 +73,17 @@ class ReadAhead:
             self.in_flight = max(0, self.in_flight - int(rows))
             self.released_rows += int(rows)
             self._room.notify_all()
+
+    async def written(self, stats: dict) -> None:
+        """A part an actor wrote (pipeline/output/parts.py PartSink): its rows leave the window
+        at once, its stats wait for the driver's next `drain`."""
+        self._written.append(stats)
+        await self.release(stats["rows"])
+
+    def drain(self) -> list[dict]:
+        """The parts written since the last drain (the driver calls it every second)."""
+        out, self._written = self._written, []
+        return out
 
     def state(self) -> dict:
         return {

@@ -4,11 +4,11 @@ summary and the report. Each step is a function below, in the order the run take
 
     plan (pipeline/plan/job.py: every row new / done / changed / retry / rejected)
       -> read the chosen rows (pipeline/run/chosen_rows.py: small blocks, content hash attached)
-      -> map_batches(SynthStage, actor pool)
-      -> map_batches(write_block): one crash-safe part file per block, stats back to the driver
+      -> map_batches(SynthStage, actor pool): rows written as crash-safe parts as they finish
+         (pipeline/output/parts.py PartSink), each part's stats to the run's inbox
       (Ray tasks, while it runs): each shard's worth of parts packed into a shard
 
-The driver consumes the stream of per-block stats (pipeline/run/synthesis.py): that is the
+The driver drains the parts' stats every second (pipeline/run/synthesis.py): that is the
 progress, and what fills a shard starts its compaction; the run's end packs the remaining
 parts. The live files are the resume state (pipeline/output/layout.py). Nothing here imports
 torch.
@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from actors.storage import retries_spent
+from actors.synth.budget import ACCEPT
 
 from ..cluster import Cluster
 from ..config import ChorusConfig, as_yaml, check_for_run
@@ -33,10 +34,11 @@ from ..output import shards, space, supersede
 from ..output.layout import OutputLayout
 from ..output.lease import Lease
 from ..plan import rules as P
-from ..plan.identity import identity, input_ids_digest, model_fingerprint, settings_digest
+from ..plan.estimate import CODEC_FRAMES_PER_SECOND
+from ..plan.identity import identity, model_fingerprint, settings_digest
 from ..plan.inputs import output_inside_input, scan_input
 from ..plan.job import Plan, plan_job
-from ..plan.records import write_changed, write_rejected
+from ..plan.records import write_ids, write_rejected
 from ..plan.todo import todo_fragments
 from ..report.summary import summary_of
 from .actor_settings import actor_arguments
@@ -95,10 +97,10 @@ def _run_leased(job: Job, lease: Lease) -> RunReport:
     lease.check()  # a lease lost meanwhile: no work launched
     stream = _synthesize(job, plan, lease.check)
     lease.check()
-    _settle_output(job, plan, refused.ids)
+    settled = _settle_output(job, plan, refused.ids)
     lease.check()
     infrastructure = _infrastructure(job, lease, stream)  # takes its figures out of the stream's
-    return _finish(job, {**stream, "infrastructure": infrastructure})
+    return _finish(job, {**stream, **settled, "infrastructure": infrastructure})
 
 
 def _infrastructure(job: Job, lease: Lease, stream: dict) -> dict:
@@ -118,11 +120,10 @@ def _claim_output(job: Job) -> None:
     """Bind the output to this input and model, clear what earlier runs left for themselves
     only, and record the run's configuration."""
     layout = job.layout
-    layout.claim(
-        identity(job.config.model, job.scan, input_ids_digest(job.scan, job.cluster.distributed)),
-        overwrite=job.output.overwrite,
-        run_id=job.run_id,
-    )
+    recorded = layout.claim(identity(job.config.model, job.scan), overwrite=job.output.overwrite, run_id=job.run_id)
+    earlier = (recorded or {}).get("input")
+    if earlier and earlier != job.scan.source:
+        log.info("%s was last written from input %s; this run reads %s", layout.location, earlier, job.scan.source)
     if layout.local:  # crash counts of earlier runs' blocks mean nothing to this run's blocks
         shutil.rmtree(layout.path(ATTEMPTS_DIR), ignore_errors=True)
         shutil.rmtree(layout.path(PLAN_DIR), ignore_errors=True)
@@ -130,9 +131,10 @@ def _claim_output(job: Job) -> None:
 
 
 def _log_plan(job: Job, plan: Plan, refused_rows: int) -> None:
-    """What the plan decided, in the log: refused rows, rows to do, changed and retried rows
-    (the changed ids, every one, into a file under the output)."""
+    """What the plan decided, in the log: refused rows, rows to do, changed, retried and
+    removed rows (the changed and removed ids, every one, into files under the output)."""
     counts, scan = plan.counts, job.scan
+    _log_budget(job.config)
     if refused_rows:
         log.warning(
             "%d input rows rejected before synthesis (bad or duplicate ids, ref_id conflicts); they are error "
@@ -140,25 +142,29 @@ def _log_plan(job: Job, plan: Plan, refused_rows: int) -> None:
             refused_rows,
             REJECTED_PART,
         )
-    pending = counts.to_synthesize
     log.info(
-        "input %s: %d rows in %d file(s); %d to synthesize, %d already in %s",
+        "input %s: %d rows in %d file(s); %d to synthesize, %d already in %s%s",
         scan.source,
         scan.total_rows,
         len(scan.files),
-        pending,
-        scan.total_rows - pending,
+        counts.to_synthesize,
+        counts.already_in,
         job.layout.location,
+        f", {refused_rows} refused" if refused_rows else "",
     )
-    if counts.count(P.CHANGED):
-        log.warning(
-            "%d rows changed since they were written (text, reference, settings or model) and are redone: %s "
-            "(every id in %s)",
-            counts.count(P.CHANGED),
-            ", ".join(map(repr, counts.changed_examples))
-            + (" ..." if counts.count(P.CHANGED) > len(counts.changed_examples) else ""),
-            write_changed(plan.decided, job.layout, job.run_id),
-        )
+    for decision, what in (
+        (P.CHANGED, "rows changed since they were written (text, reference, settings or model) and are redone"),
+        (P.REMOVED, _removed_words(job.output.on_removed)),
+    ):
+        if counts.count(decision):
+            examples = counts.changed_examples if decision == P.CHANGED else counts.removed_examples
+            log.warning(
+                "%d %s: %s (every id in %s)",
+                counts.count(decision),
+                what,
+                ", ".join(map(repr, examples)) + (" ..." if counts.count(decision) > len(examples) else ""),
+                write_ids(plan.decided, job.layout, job.run_id, decision),
+            )
     if counts.count(P.RETRY):
         retried_by = job.output.retry_errors or job.output.retry_rejected
         log.info(
@@ -166,6 +172,26 @@ def _log_plan(job: Job, plan: Plan, refused_rows: int) -> None:
             counts.count(P.RETRY),
             "output.retry_errors / retry_rejected" if retried_by else "their errors were transient",
         )
+
+
+def _log_budget(config: ChorusConfig) -> None:
+    """The frame budget rows get, said once: the demo's is short on purpose."""
+    budget = config.model.budget
+    if config.model.checkpoint is None and budget.on_cut == ACCEPT:
+        log.info(
+            "model %s is the demo: each segment gets its short budget (at most %d frames, %.1f s) and the random "
+            "model babbles to it, so its rows end cut there and stay ok (flag truncated; model.budget.on_cut=accept); "
+            "a real checkpoint gets real speech's budget and regenerates a cut segment",
+            config.model.name,
+            budget.max_frames,
+            budget.max_frames / CODEC_FRAMES_PER_SECOND,
+        )
+
+
+def _removed_words(on_removed: str) -> str:
+    if on_removed == "prune":
+        return "rows of the output are in the input no more and are pruned from it (output.on_removed=prune)"
+    return "rows of the output are in the input no more; kept (output.on_removed=prune removes them)"
 
 
 def _synthesize(job: Job, plan: Plan, check) -> dict:
@@ -183,15 +209,22 @@ def _synthesize(job: Job, plan: Plan, check) -> dict:
     return stream
 
 
-def _settle_output(job: Job, plan: Plan, refused_ids: int) -> None:
-    """The run's end on disk: each id's older copies dropped, the last parts packed."""
-    planned = plan.counts.planned_rows()
-    superseded = supersede.drop_superseded(job.layout, planned, refused_ids, job.cluster.distributed)
+def _settle_output(job: Job, plan: Plan, refused_ids: int) -> dict:
+    """The run's end on disk: each id's older copies dropped (and, with output.on_removed=prune,
+    the removed ids' rows), the last parts packed; summary.json's figures of the removed rows."""
+    pruning = job.output.on_removed == "prune"
+    planned = plan.counts.planned_rows(pruned=pruning)
+    pruned = plan.decided.ids_where(P.REMOVED) if pruning and planned.removed else None
+    superseded = supersede.drop_superseded(job.layout, planned, refused_ids, job.cluster.distributed, pruned)
     if superseded:
-        log.info("removed %d older copies of rows this run redid", superseded)
+        log.info("removed %d rows: older copies of rows this run redid, and rows pruned", superseded)
     packed = shards.compact_all(job.layout, job.run_id, job.output.shard_bytes, job.output.shard_rows)
     if packed:
         log.info("packed the last %d parts into %d shard(s)", sum(p["parts"] for p in packed), len(packed))
+    return {
+        "rows_removed_from_input": planned.removed,
+        "removed_rows": ("pruned" if pruning else "kept") if planned.removed else None,
+    }
 
 
 def _finish(job: Job, stream: dict) -> RunReport:

@@ -1,7 +1,8 @@
 """The synthesis stream of a run: the Ray Data dataset (the chosen rows' read, admitted by the
-read-ahead window -> the actor pool -> the block writer) and the driver's loop over its
-per-block stats: progress, compaction, the read-ahead's release and Ray Data's stats trim, each
-O(1) per block."""
+read-ahead window -> the actor pool, whose actors write their rows as parts as they finish)
+and the driver's loop: every second the parts written since (their stats, from the read-ahead
+actor that is the run's inbox) for progress and compaction, and per block Ray Data's stats
+trim, each O(1) per part or block."""
 
 from __future__ import annotations
 
@@ -13,10 +14,9 @@ import warnings
 from actors.storage import retries_spent
 from actors.synth.job_settings import ClusterSettings
 
-from ..cluster import TASK_CPUS
 from ..output import space
 from ..output.compaction import RunningCompaction
-from ..output.parts import write_block
+from ..output.parts import PartSink
 from . import readahead
 from .actor_settings import blocks_per_actor
 from .chosen_rows import read_dataset
@@ -50,23 +50,18 @@ def actor_restarts(cluster: ClusterSettings, rows: int) -> int:
 
 
 def build_dataset(job: Job, todo: list, arguments: dict, gate):
-    """The run's Ray Data dataset: read (admitted by `gate`) -> actors -> part writer."""
+    """The run's Ray Data dataset: read (admitted by `gate`) -> actors, which write their rows
+    as parts as they finish (PartSink: their stats reach `gate`) and return a row per block."""
     cluster, scan, run_id = job.config.cluster, job.scan, job.run_id
     rows_per_block = cluster.rows_per_block
     chunk = readahead.chunk_rows(arguments["settings"].engine.max_concurrent_blocks, rows_per_block)
     ds = read_dataset(scan, todo, rows_per_block, chunk, gate, scope=run_id)
+    arguments = {**arguments, "sink": PartSink(job.layout.location, run_id, gate)}
     with warnings.catch_warnings():
         # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
         # "use the named remote parameters" warning has nothing to point to); pinned <2.61
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        ds = _synth_stage(ds, cluster, arguments, scan.total_rows)
-    return ds.map_batches(
-        write_block,
-        fn_kwargs={"location": job.layout.location, "run_id": run_id},
-        batch_format="pyarrow",
-        batch_size=None,
-        num_cpus=TASK_CPUS,
-    )
+        return _synth_stage(ds, cluster, arguments, scan.total_rows)
 
 
 def _synth_stage(ds, cluster: ClusterSettings, arguments: dict, rows: int):
@@ -127,14 +122,19 @@ class _Driver:
         retries = self.store_retries + retries_spent() - self.driver_retries_from
         return ", ".join(filter(None, [said, f"{retries} store retries" if retries else ""]))
 
-    def take(self, seen: int, stats: dict, dataset) -> None:
-        """One finished block (write_block's stats row)."""
-        self.gate.release.remote(stats["rows"])
+    def drain(self) -> None:
+        """The parts the actors wrote since the last drain (the gate holds their stats)."""
+        import ray
+
+        for stats in ray.get(self.gate.drain.remote()):
+            self.take(stats)
+
+    def take(self, stats: dict) -> None:
+        """One part written (pipeline/output/parts.py PartSink's stats; its rows already left
+        the read-ahead window)."""
         stream = self.stream
         if stream["first_block_s"] is None:
             stream["first_block_s"] = time.monotonic() - self.began
-        if seen % TRIM_EVERY_BLOCKS == 0:
-            trim_block_stats(dataset)
         stream["write_s"] += (stats["write_ms"] or 0.0) / 1000.0
         stream["last_block_at"] = time.time()
         self.store_retries += stats["store_retries"] or 0
@@ -168,11 +168,14 @@ def synthesize(job: Job, todo: list, arguments: dict, pending: int, check=lambda
     def every_second() -> None:
         check()
         driver.events.poll(dataset)
+        driver.drain()
 
     ended = False
     try:
-        for seen, stats in enumerate(watched(dataset.iter_rows(), every_second), 1):
-            driver.take(seen, stats, dataset)
+        for seen, _block in enumerate(watched(dataset.iter_rows(), every_second), 1):
+            if seen % TRIM_EVERY_BLOCKS == 0:  # a row per block call: the blocks Ray Data saw
+                trim_block_stats(dataset)
+        driver.drain()  # the last parts (in the gate before their blocks' calls returned)
         ended = True
     except Exception as e:
         full = space.full_disk(e)  # a task's or an actor's write beside a local output

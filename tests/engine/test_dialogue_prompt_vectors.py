@@ -17,9 +17,10 @@ from actors.engine.architecture import load_config, with_semantic_ids
 from actors.engine.prompt import PromptBuilder
 from actors.engine.tokenizer import load_tokenizer
 from actors.engine.types import STOP_EOS, Result, SamplingParams
+from actors.synth.budget import FrameBudget
 from actors.synth.chain import ChainPlanner
 from actors.synth.rows import RefSpec, VoiceSpec, parse_row
-from actors.synth.settings import ActorSettings, EngineSettings, ModelSettings
+from actors.synth.settings import ActorSettings, ModelSettings
 from helpers import vector_set
 
 FOLDER = "upstream-dialogue-prompts"
@@ -51,7 +52,9 @@ def planner() -> ChainPlanner:
     checkpoint = vector_set("dualar-s2-tiny") / "checkpoint"
     tok = load_tokenizer(checkpoint)
     config = with_semantic_ids(load_config(checkpoint), tok.semantic_begin_id, tok.semantic_end_id, tok.source)
-    settings = ActorSettings(model=ModelSettings(checkpoint=None), engine=EngineSettings(max_frames=64))
+    settings = ActorSettings(
+        model=ModelSettings(checkpoint=None, budget=FrameBudget(max_frames=64, frames_per_byte=None))
+    )
     return ChainPlanner(settings, PromptBuilder(tok, config), 4096, frozenset(tok.special))
 
 

@@ -196,32 +196,32 @@ def test_segmenting_50000_characters_is_quick_and_linear():
 
 
 def test_budget_from_engine_settings():
-    # frames per character: text bytes + (min_frames + fpc x bytes) frames must fit the room
-    b = segment_budget(cap=300, max_tokens=512, fixed_tokens=100, max_frames=1000, frames_per_char=0.5, min_frames=8)
+    # frames per byte: text bytes + (min_frames + fpc x bytes) frames must fit the room
+    b = segment_budget(cap=300, max_tokens=512, fixed_tokens=100, max_frames=1000, frames_per_byte=0.5, min_frames=8)
     assert (b.max_bytes, b.limited_by) == ((512 - 100 - 8) // 1.5, "max_tokens")
     # the text must also be speakable within max_frames
-    b = segment_budget(cap=300, max_tokens=4096, fixed_tokens=100, max_frames=48, frames_per_char=0.5, min_frames=8)
+    b = segment_budget(cap=300, max_tokens=4096, fixed_tokens=100, max_frames=48, frames_per_byte=0.5, min_frames=8)
     assert (b.max_bytes, b.limited_by) == (80, "max_frames")
     # without frames per character every segment reserves max_frames
-    b = segment_budget(cap=300, max_tokens=512, fixed_tokens=100, max_frames=300, frames_per_char=None)
+    b = segment_budget(cap=300, max_tokens=512, fixed_tokens=100, max_frames=300, frames_per_byte=None)
     assert (b.max_bytes, b.limited_by) == (112, "max_tokens")
-    b = segment_budget(cap=300, max_tokens=8192, fixed_tokens=100, max_frames=1024, frames_per_char=1.6, min_frames=16)
+    b = segment_budget(cap=300, max_tokens=8192, fixed_tokens=100, max_frames=1024, frames_per_byte=1.6, min_frames=16)
     assert (b.max_bytes, b.limited_by) == (300, "segment_bytes")
     with pytest.raises(ValueError, match=r"raise engine.max_tokens, shorten the reference"):
-        segment_budget(cap=300, max_tokens=512, fixed_tokens=500, max_frames=48, frames_per_char=0.5)
+        segment_budget(cap=300, max_tokens=512, fixed_tokens=500, max_frames=48, frames_per_byte=0.5)
     assert MIN_SEGMENT_BYTES <= 16
 
 
 def test_budget_leaves_room_for_the_previous_segment():
     # half the room kept for history: a segment of the largest size plus its frames fits the
     # other half, so the previous segment (same size at most) stays in the next prompt
-    full = segment_budget(cap=300, max_tokens=512, fixed_tokens=100, max_frames=1000, frames_per_char=0.5, min_frames=8)
+    full = segment_budget(cap=300, max_tokens=512, fixed_tokens=100, max_frames=1000, frames_per_byte=0.5, min_frames=8)
     half = segment_budget(
         cap=300,
         max_tokens=512,
         fixed_tokens=100,
         max_frames=1000,
-        frames_per_char=0.5,
+        frames_per_byte=0.5,
         min_frames=8,
         history_fraction=0.5,
     )
@@ -229,7 +229,7 @@ def test_budget_leaves_room_for_the_previous_segment():
     cost = half.max_bytes + 8 + 0.5 * half.max_bytes  # text positions + frames of one segment
     assert 100 + 2 * cost <= 512  # the previous one and this one fit together
     # a large context: the byte cap binds first, the reserve changes nothing
-    big = dict(cap=300, max_tokens=8192, fixed_tokens=100, max_frames=1024, frames_per_char=1.6, min_frames=16)
+    big = dict(cap=300, max_tokens=8192, fixed_tokens=100, max_frames=1024, frames_per_byte=1.6, min_frames=16)
     assert segment_budget(**big, history_fraction=0.5) == segment_budget(**big)
 
 

@@ -21,7 +21,16 @@ def test_defaults_run_the_demo():
     config = compose_typed()
     assert config.model.checkpoint is None and config.model.name == "demo-s1-tiny"
     assert config.data.path == str(REPO / "data" / "demo" / "demo.parquet")
-    assert config.output.dir == "outputs/demo"
+    # named after the input and a hash of where it is: two inputs of one name never share one
+    assert config.output.dir.startswith("outputs/demo-") and len(config.output.dir) == len("outputs/demo-") + 6
+    same_name = [compose_typed(["data=parquet", f"data.path=/data/{d}/input.parquet"]).output.dir for d in "ab"]
+    assert same_name[0] != same_name[1] and all(d.startswith("outputs/input-") for d in same_name)
+    assert compose_typed(["data=parquet", "data.path=/data/a/input.parquet"]).output.dir == same_name[0]
+    # the budget is the model's: the demo's short one, real speech's for a checkpoint, on any engine
+    assert (config.model.budget.max_frames, config.model.budget.on_cut) == (48, "accept")
+    for engine in ("cpu", "gpu"):
+        real = compose_typed(["model=s1_mini", "model.checkpoint=/ckpt", f"engine={engine}"]).model.budget
+        assert (real.max_frames, real.frames_per_byte, real.min_frames, real.on_cut) == (1024, 2.5, 16, "grow")
     assert 0 < config.cluster.cpus_per_actor < 1  # never a whole CPU on the default local run
     # the demo's dialogue rows are a table of their own, for the S2 demo (S1 refuses several voices)
     dialogue = compose_typed(["model=demo_s2", "data=demo_dialogue"])
@@ -61,7 +70,7 @@ def test_every_engine_setting_is_a_key_of_the_run_config():
 
 @pytest.mark.parametrize(
     "override",
-    ["engine.max_rows=0", "engine.prefill_chunk=0", "engine.codec_batch_rows=0", "engine.frames_per_char=-1"],
+    ["engine.max_rows=0", "engine.prefill_chunk=0", "engine.codec_batch_rows=0", "model.budget.frames_per_byte=-1"],
 )
 def test_out_of_range_engine_settings_are_named_before_any_work(tmp_path, override):
     with pytest.raises(ConfigError, match=override.split("=")[0]):

@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline.config import as_yaml, compose, typed
-from pipeline.plan.identity import _ROW_SETTINGS, settings_digest
+from pipeline.plan.identity import _ROW_SETTINGS, BUDGET_AS_HASHED, settings_digest
 
 CONFIGS = [
     [],
@@ -23,7 +23,7 @@ CONFIGS = [
     ["engine=gpu", "cluster=gpu"],
     ["model=s2_pro", "model.checkpoint=/ckpt/s2-pro", "model.dtype=bfloat16"],
     [
-        "engine.frames_per_char=2.5",
+        "model.budget.frames_per_byte=2.5",
         "engine.compile=true",
         "data.audio_root=s3://bucket/clips",
         "data.max_text_bytes=4096",
@@ -50,6 +50,11 @@ def _settings_digest_from_plain(plain: dict, fingerprint: str) -> str:
         "keep_codes": plain["output"]["keep_codes"],
         **{group: {k: plain[group].get(k) for k in keys} for group, keys in _ROW_SETTINGS.items()},
     }
+    # the budget, once engine.max_frames / frames_per_char / min_frames, is the model's now
+    budget = plain["model"]["budget"]
+    relevant["engine"].update({hashed: budget[name] for hashed, name in BUDGET_AS_HASHED.items()})
+    if budget["on_cut"] != "accept":
+        relevant["engine"]["on_budget_cut"] = budget["on_cut"]
     return hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 

@@ -14,9 +14,10 @@ from actors.engine.architecture import load_config, with_semantic_ids
 from actors.engine.prompt import PromptBuilder
 from actors.engine.tokenizer import load_tokenizer
 from actors.engine.types import STOP_BUDGET, STOP_EOS, STOP_ERROR, Result, SamplingParams
+from actors.synth.budget import FrameBudget
 from actors.synth.chain import ChainPlanner, segment_seed
 from actors.synth.rows import RowSpec, parse_row
-from actors.synth.settings import ActorSettings, EngineSettings, LongFormSettings, ModelSettings, SamplingSettings
+from actors.synth.settings import ActorSettings, LongFormSettings, ModelSettings, SamplingSettings
 from helpers import vector_set
 
 POSITIONS = 512
@@ -28,8 +29,7 @@ def planner() -> ChainPlanner:
     tok = load_tokenizer(checkpoint)
     config = with_semantic_ids(load_config(checkpoint), tok.semantic_begin_id, tok.semantic_end_id, tok.source)
     settings = ActorSettings(
-        model=ModelSettings(checkpoint=None),
-        engine=EngineSettings(frames_per_char=0.1, min_frames=2, max_frames=64),
+        model=ModelSettings(checkpoint=None, budget=FrameBudget(frames_per_byte=0.1, min_frames=2, max_frames=64)),
         sampling=SamplingSettings(),
         long_form=LongFormSettings(segment_bytes=120),
     )

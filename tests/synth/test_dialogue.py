@@ -22,9 +22,10 @@ from actors.lru import LRU
 from actors.quality import hearing
 from actors.quality.tiny import build_tiny_wavlm
 from actors.synth import SynthActor, Trace
+from actors.synth.budget import FrameBudget
 from actors.synth.chain import ChainPlanner
 from actors.synth.rows import RefSpec, RowError, VoiceSpec, parse_row
-from actors.synth.settings import ActorSettings, EngineSettings, ModelSettings
+from actors.synth.settings import ActorSettings, ModelSettings
 from helpers import REPO, plant, tune, vector_set
 from pipeline.config import compose_typed
 from pipeline.run.actor_settings import actor_arguments
@@ -233,7 +234,9 @@ def test_s1_refuses_several_voices_and_takes_one():
     checkpoint = vector_set("dualar-s1-tiny") / "checkpoint"
     tok = load_tokenizer(checkpoint)
     config = with_semantic_ids(load_config(checkpoint), tok.semantic_begin_id, tok.semantic_end_id, tok.source)
-    settings = ActorSettings(model=ModelSettings(checkpoint=None), engine=EngineSettings(max_frames=16))
+    settings = ActorSettings(
+        model=ModelSettings(checkpoint=None, budget=FrameBudget(max_frames=16, frames_per_byte=None))
+    )
     planner = ChainPlanner(settings, PromptBuilder(tok, config), 2048, frozenset(tok.special))
     codes = [np.random.default_rng(i).integers(0, config.codebook_size, (config.num_codebooks, 5)) for i in range(2)]
     two = tuple(VoiceSpec(RefSpec(f"codes:{i}", codes=c), "Words.") for i, c in enumerate(codes))

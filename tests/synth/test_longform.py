@@ -31,7 +31,7 @@ SENTENCES = [
 
 # few frames per character, so 3,000 characters stay cheap on a CPU: (24 - 2) / 0.1 = 220-byte
 # segments of at most 24 frames
-FEWER_FRAMES = ["engine.frames_per_char=0.1", "engine.min_frames=2"]
+FEWER_FRAMES = ["model.budget.frames_per_byte=0.1", "model.budget.min_frames=2"]
 
 
 def long_text(chars: int = 3000) -> str:

@@ -100,11 +100,12 @@ def test_a_plan_that_cannot_fit_names_its_parts():
 
 
 def test_a_decode_call_is_planned_at_its_longest():
-    settings = ActorSettings(engine=engine_settings("gpu"))  # 16 rows, max_frames 1024, bucket 16
+    settings = ActorSettings(engine=engine_settings("gpu"))  # 16 rows, model.budget.max_frames 1024, bucket 16
     row = 1024 * 2048
     assert M.codec_call_samples(settings, 2048) == max(row, min(16 * row, 2**21))
     assert M.codec_call_samples(settings, 2048, max_batch_samples=16 * row) == 16 * row  # a memory-sized cap
-    odd = ActorSettings(engine=replace(engine_settings("gpu"), max_frames=1000, codec_batch_rows=2))
+    odd = ActorSettings(engine=replace(engine_settings("gpu"), codec_batch_rows=2))
+    odd.model.budget.max_frames = 1000
     assert M.codec_call_samples(odd, 2048, max_batch_samples=10**9) == 2 * 1008 * 2048  # padded to the bucket
     assert M.codec_batch_bytes(1000, 2) == 1000 * (M.CODEC_VALUES_PER_SAMPLE * 2 + 4)
     # on a GPU a decode call is 16 rows up to 2^23 samples, at the fused bf16 path's ~772 bytes

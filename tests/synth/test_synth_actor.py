@@ -295,7 +295,7 @@ from pipeline.config import compose_typed
 from pipeline.run.actor_settings import actor_arguments
 
 attempts = sys.argv[1]
-cfg = compose_typed(["cluster.block_timeout_s=2", "engine.max_frames=8"])
+cfg = compose_typed(["cluster.block_timeout_s=2", "model.budget.max_frames=8"])
 actor = SynthActor(**actor_arguments(cfg, None, run_id="watchdog", attempts=attempts))
 actor.engine.step = lambda: threading.Event().wait()  # a device call that never returns
 actor(pa.table({"id": ["stuck"], "text": ["This block never finishes."]}))

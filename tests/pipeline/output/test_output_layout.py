@@ -55,15 +55,33 @@ def test_parts_are_atomic_and_idempotent(tmp_path):
     assert layout.clean_temp() == 1
 
 
-def test_output_is_bound_to_its_input(tmp_path):
+def test_output_is_bound_to_its_model_not_to_its_input(tmp_path):
+    """Issue 57: an input that grows, shrinks or moves keeps its output (the marker follows
+    the latest input); another model's rows are refused, the message naming both models and
+    both inputs; an output written before the binding changed (with the input's ids and row
+    count in its marker) is still the same model's."""
     layout = OutputLayout(str(tmp_path / "out"))
-    layout.claim({"input": "a.parquet", "model": "m"}, overwrite=False)
+    one = {"model": "m", "checkpoint": "ckpt", "input": "/data/a/input.parquet"}
+    assert layout.claim(one, overwrite=False) is None
     write_block(S.output_table([ok_row("a")]), layout.location)
-    layout.claim({"input": "a.parquet", "model": "m"}, overwrite=False)  # a rerun: fine
-    with pytest.raises(OutputMismatch, match="output.overwrite=true"):
-        layout.claim({"input": "b.parquet", "model": "m"}, overwrite=False)
-    layout.claim({"input": "b.parquet", "model": "m"}, overwrite=True)
-    assert layout.parts() == [] and json.loads(layout.read_text(IDENTITY_FILE))["input"] == "b.parquet"
+    moved = dict(one, input="/data/b/input.parquet")
+    assert layout.claim(moved, overwrite=False) == one  # a rerun on a moved, grown input: fine
+    assert json.loads(layout.read_text(IDENTITY_FILE)) == moved
+    other = {"model": "m2", "checkpoint": "ckpt2", "input": "/data/c/input.parquet"}
+    with pytest.raises(OutputMismatch) as refused:
+        layout.claim(other, overwrite=False)
+    message = str(refused.value)
+    for words in (layout.location, "'m'", "/data/b/input.parquet", "'m2'", "/data/c/input.parquet", "overwrite=true"):
+        assert words in message, (words, message)
+    assert layout.parts()  # refused: nothing deleted
+    layout.claim(other, overwrite=True)
+    assert layout.parts() == [] and json.loads(layout.read_text(IDENTITY_FILE)) == other
+    # a marker of the earlier format (bound to the input's ids) is the same model's output
+    layout.write_text(
+        IDENTITY_FILE, json.dumps({"input_rows": 5, "input_ids": "abc", "model": "m2", "checkpoint": "ckpt2"})
+    )
+    assert layout.claim(other, overwrite=False)["input_ids"] == "abc"
+    assert json.loads(layout.read_text(IDENTITY_FILE)) == other
 
 
 def test_temp_files_belong_to_their_writer(tmp_path):

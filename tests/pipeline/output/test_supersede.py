@@ -104,8 +104,8 @@ def test_both_ways_leave_the_same_rows(ray_cluster, tmp_path, driver_drops):
     assert any(pq.read_metadata(p).num_rows == 0 for p in there.live_files() if "/shard-" in p)
 
 
-def plan(**counts) -> supersede.PlannedRows:
-    return DecisionCounts(rows_total=sum(counts.values()), by_decision=counts).planned_rows()
+def plan(pruned: bool = False, **counts) -> supersede.PlannedRows:
+    return DecisionCounts(rows_total=sum(counts.values()), by_decision=counts).planned_rows(pruned)
 
 
 def test_skipped_only_when_the_footers_prove_one_copy_each(ray_cluster, tmp_path):
@@ -124,6 +124,9 @@ def test_skipped_only_when_the_footers_prove_one_copy_each(ray_cluster, tmp_path
         name: os.stat(tmp_path / "out" / "data" / name).st_mtime_ns for name in os.listdir(tmp_path / "out" / "data")
     }
     assert after == before  # not a file read for rows, none rewritten
+    # ids the input no longer names: kept, they are rows on disk beyond the accepted ones
+    assert not supersede.may_hold_copies(plan(new=5, done=12, removed=3), none, 20)
+    assert supersede.may_hold_copies(plan(new=5, done=12, removed=3, pruned=True), none, 20)
     # the plan's own reasons
     assert supersede.may_hold_copies(plan(new=5, changed=1, done=14), none, 21)
     assert supersede.may_hold_copies(plan(new=5, retry=1, done=14), none, 21)
@@ -166,3 +169,26 @@ def test_a_streamed_part_is_whole_typed_and_replaced_when_empty(tmp_path):
     assert os.listdir(tmp_path / "out" / "data") == [REJECTED_PART]
     assert layout.write_part_stream(iter([S.output_table([])]), REJECTED_PART, owner=R2) == 0
     assert not path.exists()
+
+
+@pytest.mark.parametrize("distributed", [False, True], ids=["in-process", "distributed"])
+def test_pruning_removes_every_copy_of_the_removed_ids(request, tmp_path, distributed):
+    """output.on_removed=prune: every row of the ids the input no longer names goes (both
+    copies of a redone one, from shards and parts alike); the others stay, each once."""
+    import pyarrow as pa
+
+    layout = copies_output(tmp_path / "out")
+    gone = ["a00", "a41", "a55", "a59"]  # in a rewritten shard, a superseded part, a tie, a part
+    if distributed:
+        import ray
+
+        request.getfixturevalue("ray_cluster")
+        pruned = ray.data.from_items([{S.ID: i} for i in gone])
+    else:
+        pruned = pa.array(gone)
+    planned = plan(pruned=True, done=60 - len(gone), changed=28, removed=len(gone))
+    supersede.drop_superseded(layout, planned, 2, distributed, pruned)
+    rows = [r for r in layout.read([S.ID], latest_only=False).to_pylist() if r[S.ID] not in (None, "dup")]
+    ids = [r[S.ID] for r in rows]
+    assert len(ids) == len(set(ids)) and not set(gone) & set(ids)
+    assert len([i for i in ids if i.startswith("a")]) == 60 - len(gone)

@@ -96,3 +96,42 @@ def test_preview_of_a_partly_done_output(corpus, tmp_path, capsys, distributed, 
     assert figures["estimated_hours"] == pytest.approx(figures["estimated_frames"] / 50.0 / 3600.0)
     assert sorted(os.listdir(tmp_path / "out" / "data")) == before
     assert sorted(os.listdir(tmp_path / "out")) == ["_chorus.json", "data"]
+
+
+LONG = (
+    "The committee met on a grey morning to settle the budget for the coming year. Nobody expected "
+    "the debate to last past noon, yet by three o'clock the chairwoman was still calling for order, "
+    "and the motion, amended twice, had grown to a page and a half. 会议一直开到深夜，大家都累了。 "
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["demo", "demo_s2"])
+def test_previews_frames_are_the_demo_runs_for_long_rows(ray_cluster, tmp_path, small_settings, capsys, model):
+    """Issue 57: preview plans long rows as the run does (segments and their budgets), so for
+    the demo, whose every segment runs to its budget with EOS off, its frame estimate is the
+    run's frame count exactly, row by row summed: long rows of several segments (English and
+    Chinese), a dialogue-free short row, and a row with its own max_frames."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.run.steps import run
+
+    texts = [LONG * 3, "Short one.", LONG, "短句。", LONG * 2]
+    table = pa.table(
+        {
+            S.ID: [f"r{k}" for k in range(len(texts))],
+            S.TEXT: texts,
+            S.MAX_FRAMES: pa.array([None, None, None, 9, None], pa.int64()),
+        }
+    )
+    pq.write_table(table, tmp_path / "long.parquet")
+    overrides = [*small_settings, f"model={model}", f"data.path={tmp_path}/long.parquet", f"output.dir={tmp_path}/out"]
+    figures = preview(compose_typed(overrides))
+    assert figures["estimated_from"] == "budgets" and figures["segments"] > len(texts) + 5
+    done = run(compose_typed(overrides))
+    rows = OutputLayout(f"{tmp_path}/out").read([S.ID, S.STATUS, S.N_FRAMES, S.SEGMENTS]).to_pylist()
+    assert all(r[S.STATUS] == S.STATUS_OK for r in rows) and done.summary["run_rows"] == len(texts)
+    assert figures["estimated_frames"] == figures["budget_frames"] == sum(r[S.N_FRAMES] for r in rows)
+    assert figures["segments"] == sum(r[S.SEGMENTS] for r in rows)
+    assert figures["estimated_audio_hours"] == pytest.approx(done.summary["audio_hours"], rel=1e-6)

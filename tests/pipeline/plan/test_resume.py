@@ -19,7 +19,6 @@ from tests.helpers import decide_rows, hashes
 def test_resume_redoes_changed_rows_and_transient_errors(tmp_path, distributed, request):
     import pyarrow.fs as pafs
 
-    from actors.synth.settings import EngineSettings
     from pipeline.plan.counts import count_decisions, refuse_changed
     from pipeline.plan.decide import decide, output_key_files
     from pipeline.plan.inputs import scan_input
@@ -69,7 +68,7 @@ def test_resume_redoes_changed_rows_and_transient_errors(tmp_path, distributed, 
         Retry(),
         distributed,
     )
-    summary = count_decisions(decided, scan.total_rows, EngineSettings(min_frames=8, max_frames=1024))
+    summary = count_decisions(decided, scan.total_rows)
     assert summary.by_decision == {"done": 3, "changed": 1, "retry": 1, "new": 1} and summary.to_synthesize == 3
     with pytest.raises(OutputMismatch, match=r"1 rows changed since they were written \('edited'\)"):
         refuse_changed(summary)

@@ -53,7 +53,7 @@ def test_row_hashes_follow_text_reference_and_settings(tmp_path):
     [
         "sampling.temperature=0.5",
         "sampling.seed=3",
-        "engine.max_frames=100",
+        "model.budget.max_frames=100",
         "engine.stop_on_eos=false",
         "data.max_text_chars=100",
         "data.allow_special_tokens=true",

@@ -35,7 +35,7 @@ def test_demo_as_a_ray_job_on_two_nodes(two_node_cluster, tmp_path):
         "cluster.num_actors=2",
         "cluster.cpus_per_actor=0.6",
         "cluster.rows_per_block=5",
-        "engine.max_frames=24",
+        "model.budget.max_frames=24",
         # the codec in the actor's process: a codec child per actor slows an actor's start on
         # a 1-CPU node enough that the first actor up can finish the small demo alone (seen once
         # in CI), and this test is about both nodes taking part
