@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 
 from actors import schema as S
 
-from ..config import REPO_ROOT
+from ..config import DEMO_DIR
 
-DEMO_TABLE = REPO_ROOT / "data" / "demo" / "demo.parquet"
+DEMO_TABLE = DEMO_DIR / "demo.parquet"
 VOICE_TYPE = pa.struct([(S.VOICE_AUDIO, pa.binary()), (S.VOICE_TEXT, pa.string())])
 SCHEMA = pa.schema(
     [
