@@ -8,4 +8,4 @@ from .cli import main
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    sys.exit(main(args if args[:1] == ["run"] else ["run", *args]))
+    sys.exit(main(args if args[:1] == ["run"] else ["run", *args], filter_stderr=True))

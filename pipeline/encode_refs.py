@@ -128,4 +128,4 @@ def _with_column(table: pa.Table, name: str, column: pa.Array) -> pa.Table:
 if __name__ == "__main__":
     from .cli import main
 
-    sys.exit(main(["encode-refs", *sys.argv[1:]]))
+    sys.exit(main(["encode-refs", *sys.argv[1:]], filter_stderr=True))

@@ -100,4 +100,4 @@ def preview(config: ChorusConfig) -> dict:
 if __name__ == "__main__":
     from .cli import main
 
-    sys.exit(main(["preview", *sys.argv[1:]]))
+    sys.exit(main(["preview", *sys.argv[1:]], filter_stderr=True))

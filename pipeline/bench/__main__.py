@@ -10,4 +10,4 @@ import sys
 from ..cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", *sys.argv[1:]]))
+    sys.exit(main(["bench", *sys.argv[1:]], filter_stderr=True))

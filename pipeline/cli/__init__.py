@@ -34,7 +34,13 @@ from .quiet import quiet_logging
 log = logging.getLogger("chorus")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def console() -> int:
+    """The `chorus` console script (and `python -m pipeline[.tool]`): main() on this process's
+    arguments, Ray's known noise dropped from its stderr (quiet.py)."""
+    return main(sys.argv[1:], filter_stderr=True)
+
+
+def main(argv: Optional[list[str]] = None, filter_stderr: bool = False) -> int:
     """`chorus <command> [settings]`; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in HELP_FLAGS:
@@ -48,10 +54,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         guess = difflib.get_close_matches(name, list(BY_NAME), n=1)
         meant = f" (did you mean {guess[0]}?)" if guess else ""
         return exits.refused(f"unknown command {name!r}{meant}; the commands: {', '.join(BY_NAME)}")
-    return run_command(command, args)
+    return run_command(command, args, filter_stderr)
 
 
-def run_command(command: Subcommand, args: list[str]) -> int:
+def run_command(command: Subcommand, args: list[str], filter_stderr: bool = False) -> int:
     """One subcommand: settings parsed, composed and checked (each mistake one line, exit 2),
     then its work, which ends in an exit status of the contract (exits.py)."""
     try:
@@ -63,7 +69,7 @@ def run_command(command: Subcommand, args: list[str]) -> int:
         config = typed_config(invocation, composed)
     except USER_ERRORS as e:
         return exits.refused(e)
-    quiet_logging()
+    quiet_logging(filter_stderr)
     with interruptible() as received:
         try:
             return command.run(config)

@@ -7,4 +7,4 @@ import sys
 from ..cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["report", *sys.argv[1:]]))
+    sys.exit(main(["report", *sys.argv[1:]], filter_stderr=True))

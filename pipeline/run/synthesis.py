@@ -14,6 +14,7 @@ from actors.storage import retries_spent
 from actors.synth.job_settings import ClusterSettings
 
 from ..cluster import TASK_CPUS
+from ..errors import Interrupted
 from ..output import space
 from ..output.compaction import RunningCompaction
 from ..output.parts import write_block
@@ -174,6 +175,8 @@ def synthesize(job: Job, todo: list, arguments: dict, pending: int, check=lambda
         for seen, stats in enumerate(watched(dataset.iter_rows(), every_second), 1):
             driver.take(seen, stats, dataset)
         ended = True
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (pipeline/cli/interrupt.py): the rows written so far
+        raise Interrupted(driver.progress.rows) from None
     except Exception as e:
         full = space.full_disk(e)  # a task's or an actor's write beside a local output
         if full is None or not job.layout.local:
