@@ -3,7 +3,7 @@ directory (`quality.asr_model`; nothing is downloaded), run batched over finishe
 actor's device, giving each row `asr_text`, `wer` and `cer` against its own text.
 
 Imported only when `quality.asr` is set: transformers costs seconds to import and is an
-optional dependency (`pip install chorus[asr]`).
+optional dependency (`pip install "chorus-tts[asr]"`).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ _REGISTRY = {
     "lhotse": "lhotse_shar:LhotseFormat",
     "hf": "hf:HubParquetFormat",
 }
-INSTALL_HINT = "pip install 'chorus[export]'"
+INSTALL_HINT = "pip install 'chorus-tts[export]'"
 
 
 class Format:
