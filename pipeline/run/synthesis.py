@@ -5,6 +5,7 @@ O(1) per block."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -58,7 +59,7 @@ def build_dataset(job: Job, todo: list, arguments: dict, gate):
     ds = read_dataset(scan, todo, rows_per_block, chunk, gate, scope=run_id)
     with warnings.catch_warnings():
         # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
-        # "use the named remote parameters" warning has nothing to point to); pinned <2.61
+        # "use the named remote parameters" warning has nothing to point to; 2.49 has no warning)
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
         ds = _synth_stage(ds, cluster, arguments, scan.total_rows)
     return ds.map_batches(
@@ -71,8 +72,6 @@ def build_dataset(job: Job, todo: list, arguments: dict, gate):
 
 
 def _synth_stage(ds, cluster: ClusterSettings, arguments: dict, rows: int):
-    from ray.data import ActorPoolStrategy
-
     from actors.synth import SynthStage
 
     blocks = arguments["settings"].engine.max_concurrent_blocks  # resolved by actor_arguments
@@ -82,9 +81,7 @@ def _synth_stage(ds, cluster: ClusterSettings, arguments: dict, rows: int):
         # an async callable class: up to `blocks` calls run in one actor at once (Ray Data sets
         # the actor's max_concurrency to max_concurrent_calls_per_actor), and no more are sent
         # to it than that, so a waiting block never sits in one actor's queue while another idles
-        compute=ActorPoolStrategy(
-            size=cluster.num_actors, max_concurrent_calls_per_actor=blocks, max_tasks_in_flight_per_actor=blocks
-        ),
+        compute=_actor_pool(cluster.num_actors, blocks),
         # bounded restarts: a row that kills its actor must end as an error row, not loop forever;
         # a block's own retries (null: unbounded) then end with its actor's, and outlast the
         # tries Ray spends at an actor on a lost node before it notices (config.py)
@@ -94,7 +91,30 @@ def _synth_stage(ds, cluster: ClusterSettings, arguments: dict, rows: int):
         num_gpus=cluster.gpus_per_actor,
         batch_size=cluster.rows_per_block,
         batch_format="pyarrow",
+        **_concurrency_options(blocks),
     )
+
+
+def _actor_pool(actors: int, blocks: int):
+    """Ray Data's actor pool of `actors` taking `blocks` calls at once each. Ray 2.60 sets the
+    actor's concurrency from max_concurrent_calls_per_actor; before it (2.49), max_concurrency in
+    the actor's options does (_concurrency_options)."""
+    from ray.data import ActorPoolStrategy
+
+    if "max_concurrent_calls_per_actor" in inspect.signature(ActorPoolStrategy).parameters:
+        return ActorPoolStrategy(
+            size=actors, max_concurrent_calls_per_actor=blocks, max_tasks_in_flight_per_actor=blocks
+        )
+    return ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=blocks)
+
+
+def _concurrency_options(blocks: int) -> dict:
+    """The actor options that let one actor run `blocks` calls at once on a Ray before 2.60."""
+    from ray.data import ActorPoolStrategy
+
+    if "max_concurrent_calls_per_actor" in inspect.signature(ActorPoolStrategy).parameters:
+        return {}
+    return {"max_concurrency": blocks}
 
 
 def start_read_ahead(cluster: ClusterSettings, arguments: dict):
