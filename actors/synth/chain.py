@@ -30,7 +30,7 @@ from actors.engine.types import STOP_ERROR, Request, Result
 from actors.synth.rows import RowError, RowSpec, escape_special_tokens, frame_budget, row_seed
 from actors.synth.settings import ActorSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 
 @dataclass(frozen=True)

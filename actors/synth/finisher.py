@@ -30,7 +30,7 @@ from actors.synth.jobs import RowJob
 from actors.synth.output import RowWriter
 from actors.synth.settings import ActorSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 
 class Finisher:

@@ -20,7 +20,7 @@ from actors import schema as S
 from actors.files import write_atomically
 from actors.synth.settings import ActorSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 
 class AttemptLedger:

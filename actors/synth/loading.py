@@ -11,7 +11,7 @@ from typing import Any
 
 from actors.synth.settings import ActorSettings, ModelSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 
 @dataclass
