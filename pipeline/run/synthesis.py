@@ -133,7 +133,7 @@ class _Driver:
     def __init__(self, job: Job, pending: int, gate):
         output, total = job.output, job.scan.total_rows
         self.gate = gate
-        self.events = ClusterEvents()
+        self.events = ClusterEvents(job.run_id)
         self.store_retries = 0  # the write tasks' and compactions' (the driver's own: steps.py)
         self.driver_retries_from = retries_spent()
         self.progress = Progress(
@@ -167,6 +167,7 @@ class _Driver:
     def close(self, wait: bool) -> dict:
         """The stream's figures; a stopped run (wait=False) does not wait for its compactions."""
         self.progress.close()
+        self.events.close(read=wait)
         compacted = self.compaction.finish(wait=wait)
         self.store_retries += compacted.pop("store_retries", 0)
         return {**self.stream, **compacted, "cluster": self.events.figures(), "store_retries": self.store_retries}
@@ -188,7 +189,7 @@ def synthesize(job: Job, todo: list, arguments: dict, pending: int, check=lambda
 
     def every_second() -> None:
         check()
-        driver.events.poll(dataset)
+        driver.events.poll()
 
     ended = False
     try:

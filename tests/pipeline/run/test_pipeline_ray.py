@@ -231,6 +231,9 @@ def test_actor_killed_mid_batch(ray_cluster, tmp_path, small_settings, read_rows
     assert_each_once(rows, DEMO_IDS)
     assert all(r[S.STATUS] == S.STATUS_OK for r in rows), [(r[S.ID], r[S.ERROR]) for r in rows if r[S.ERROR]]
     assert len({r[S.ACTOR] for r in rows}) >= 2  # a restarted actor (a new process) finished the job
+    # the driver counted it: the restarted actor told it, and so did the block it ran again
+    infrastructure = json.loads((tmp_path / "out" / SUMMARY_FILE).read_text())["infrastructure"]
+    assert infrastructure["actors_restarted"] == 1 and infrastructure["blocks_retried"] >= 1, infrastructure
 
 
 def test_driver_killed_then_resumed(ray_cluster, driver_env, demo_table, tmp_path, small_settings, read_rows):
