@@ -58,8 +58,12 @@ def build_dataset(job: Job, todo: list, arguments: dict, gate):
     chunk = readahead.chunk_rows(arguments["settings"].engine.max_concurrent_blocks, rows_per_block)
     ds = read_dataset(scan, todo, rows_per_block, chunk, gate, scope=run_id)
     with warnings.catch_warnings():
-        # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
-        # "use the named remote parameters" warning has nothing to point to; 2.49 has no warning)
+        # max_restarts / max_task_retries reach the actors only through **ray_remote_args: Ray
+        # 2.60's map_batches names label_selector, fallback_strategy, max_calls, resources,
+        # accelerator_type and runtime_env, not these, and its warning ("use the named remote
+        # parameters") has nothing to point to; ActorPoolStrategy and DataContext have no such
+        # setting either. Ray Data itself reads them from ray_remote_args (its actors default to
+        # restarting forever). 2.49 does not warn; pyproject's <2.61 stays below the removal (2.64)
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
         ds = _synth_stage(ds, cluster, arguments, scan.total_rows)
     return ds.map_batches(
