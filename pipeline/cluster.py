@@ -143,9 +143,14 @@ def _deaf_to_ctrl_c(started_here: bool):
 def data_context():
     """Ray Data's settings for every dataset of a run (planning, synthesis, the run's end)."""
     import ray
+    from ray.data.context import ShuffleStrategy
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # ours counts rows, audio and errors instead
+    # the planning's and the run end's shuffles by id are key-based repartitions, which need a
+    # hash shuffle: Ray 2.60's default (SHUFFLE_V2) is one, Ray 2.49's (a sort shuffle) refuses them
+    if context.shuffle_strategy in (ShuffleStrategy.SORT_SHUFFLE_PULL_BASED, ShuffleStrategy.SORT_SHUFFLE_PUSH_BASED):
+        context.shuffle_strategy = ShuffleStrategy.HASH_SHUFFLE
     return context
 
 
