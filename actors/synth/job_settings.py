@@ -200,6 +200,10 @@ class ClusterSettings(RayConnection):
     # rows the job's read may run ahead of the rows written (pipeline/run/readahead.py); null =
     # three times what the actors hold at once (num_actors x blocks per actor x rows_per_block)
     read_ahead_rows: Optional[int] = field(default=None, metadata=at_least(1, or_null=True))
+    # the stream runs as Ray Data datasets of at most this many blocks, one after another: Ray Data
+    # keeps a record of every block a running dataset's operators output (pipeline/run/
+    # executor_stats.py), so this bounds the driver's memory; each dataset starts its actors anew
+    blocks_per_dataset: int = field(default=50_000, metadata=at_least(1))
     # inputs of at least this many rows are planned as distributed Ray Data work (hash
     # shuffles by id and ref_id); smaller ones in-process, where a shuffle's start-up would
     # cost more than the planning (same decisions either way; 0 = always distributed)

@@ -1,7 +1,8 @@
-"""The synthesis stream of a run: the Ray Data dataset (the chosen rows' read, admitted by the
-read-ahead window -> the actor pool -> the block writer) and the driver's loop over its
-per-block stats: progress, compaction, the read-ahead's release and Ray Data's stats trim, each
-O(1) per block."""
+"""The synthesis stream of a run: Ray Data datasets (the chosen rows' read, admitted by the
+read-ahead window -> the actor pool -> the block writer), one after another, each of at most
+cluster.blocks_per_dataset blocks (executor_stats.py: Ray Data's bookkeeping stays bounded),
+and the driver's loop over their per-block stats: progress, compaction and the read-ahead's
+release, each O(1) per block."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from ..output.compaction import RunningCompaction
 from ..output.parts import write_block
 from . import readahead
 from .actor_settings import blocks_per_actor
-from .chosen_rows import read_dataset
+from .chosen_rows import Chunk, chunks, read_chunks
 from .cluster_events import ClusterEvents
 from .context import Job
-from .executor_stats import TRIM_EVERY_BLOCKS, trim_block_stats
+from .executor_stats import segments
 from .progress import Progress
 from .watch import watched
 
@@ -51,12 +52,16 @@ def actor_restarts(cluster: ClusterSettings, rows: int) -> int:
     return BASE_ACTOR_RESTARTS + (cluster.crash_quarantine_after + 1) * tolerated
 
 
-def build_dataset(job: Job, todo: list, arguments: dict, gate):
-    """The run's Ray Data dataset: read (admitted by `gate`) -> actors -> part writer."""
+def read_work(job: Job, todo: list, arguments: dict) -> list[Chunk]:
+    """The run's rows to synthesize as read chunks (chosen_rows.py), numbered for the run."""
+    blocks = arguments["settings"].engine.max_concurrent_blocks  # resolved by actor_arguments
+    return chunks(todo, readahead.chunk_rows(blocks, job.config.cluster.rows_per_block))
+
+
+def build_dataset(job: Job, work: list[Chunk], arguments: dict, gate):
+    """A Ray Data dataset of these chunks: read (admitted by `gate`) -> actors -> part writer."""
     cluster, scan, run_id = job.config.cluster, job.scan, job.run_id
-    rows_per_block = cluster.rows_per_block
-    chunk = readahead.chunk_rows(arguments["settings"].engine.max_concurrent_blocks, rows_per_block)
-    ds = read_dataset(scan, todo, rows_per_block, chunk, gate, scope=run_id)
+    ds = read_chunks(scan, work, cluster.rows_per_block, gate, scope=run_id)
     with warnings.catch_warnings():
         # max_restarts / max_task_retries reach the actors only through **ray_remote_args: Ray
         # 2.60's map_batches names label_selector, fallback_strategy, max_calls, resources,
@@ -131,8 +136,7 @@ def start_read_ahead(cluster: ClusterSettings, arguments: dict):
 
 class _Driver:
     """The driver's side of the stream, O(1) per block: progress, compaction, the read-ahead's
-    release, Ray Data's stats trim, what the cluster did (cluster_events.py), and the figures
-    only the stream sees."""
+    release, what the cluster did (cluster_events.py), and the figures only the stream sees."""
 
     def __init__(self, job: Job, pending: int, gate):
         output, total = job.output, job.scan.total_rows
@@ -152,14 +156,12 @@ class _Driver:
         retries = self.store_retries + retries_spent() - self.driver_retries_from
         return ", ".join(filter(None, [said, f"{retries} store retries" if retries else ""]))
 
-    def take(self, seen: int, stats: dict, dataset) -> None:
+    def take(self, stats: dict) -> None:
         """One finished block (write_block's stats row)."""
         self.gate.release.remote(stats["rows"])
         stream = self.stream
         if stream["first_block_s"] is None:
             stream["first_block_s"] = time.monotonic() - self.began
-        if seen % TRIM_EVERY_BLOCKS == 0:
-            trim_block_stats(dataset)
         stream["write_s"] += (stats["write_ms"] or 0.0) / 1000.0
         stream["last_block_at"] = time.time()
         self.store_retries += stats["store_retries"] or 0
@@ -188,7 +190,8 @@ def synthesize(job: Job, todo: list, arguments: dict, pending: int, check=lambda
     job.cluster.connect()
     job.cluster.check_resources()
     gate = start_read_ahead(job.config.cluster, arguments)
-    dataset = build_dataset(job, todo, arguments, gate)
+    cluster = job.config.cluster
+    datasets = segments(read_work(job, todo, arguments), cluster.rows_per_block, cluster.blocks_per_dataset)
     driver = _Driver(job, pending, gate)
 
     def every_second() -> None:
@@ -197,8 +200,9 @@ def synthesize(job: Job, todo: list, arguments: dict, pending: int, check=lambda
 
     ended = False
     try:
-        for seen, stats in enumerate(watched(dataset.iter_rows(), every_second), 1):
-            driver.take(seen, stats, dataset)
+        for work in datasets:  # one after another: each one's bookkeeping goes when it ends
+            for stats in watched(build_dataset(job, work, arguments, gate).iter_rows(), every_second):
+                driver.take(stats)
         ended = True
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (pipeline/cli/interrupt.py): the rows written so far
         raise Interrupted(driver.progress.rows) from None
