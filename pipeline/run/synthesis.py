@@ -6,6 +6,7 @@ release, each O(1) per block."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -201,8 +202,12 @@ def synthesize(job: Job, todo: list, arguments: dict, pending: int, check=lambda
     ended = False
     try:
         for work in datasets:  # one after another: each one's bookkeeping goes when it ends
-            for stats in watched(build_dataset(job, work, arguments, gate).iter_rows(), every_second):
-                driver.take(stats)
+            # closed here, whatever ends it: Ray Data's execution stops before Ray does (watch.py)
+            with contextlib.closing(
+                watched(build_dataset(job, work, arguments, gate).iter_rows(), every_second)
+            ) as rows:
+                for stats in rows:
+                    driver.take(stats)
         ended = True
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (pipeline/cli/interrupt.py): the rows written so far
         raise Interrupted(driver.progress.rows) from None
