@@ -81,14 +81,12 @@ def test_the_wheel_runs_the_demo_and_exports_it_from_anywhere(tmp_path):
     ).stdout.split()
     assert all(str(tmp_path / "venv") in path for path in where), where  # the wheel's, not the checkout's
 
-    ran = subprocess.run(
-        [str(chorus), "run", "cluster.address=local", "output.progress_bar=off"],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    def chorus_in(folder: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(chorus), *args], cwd=folder, env=env, capture_output=True, text=True, timeout=timeout
+        )
+
+    ran = chorus_in(elsewhere, "run", "cluster.address=local", "output.progress_bar=off", timeout=600)
     assert ran.returncode == 0, ran.stderr
     output = elsewhere / "outputs" / "demo"
     summary = json.loads((output / "summary.json").read_text())
@@ -97,13 +95,6 @@ def test_the_wheel_runs_the_demo_and_exports_it_from_anywhere(tmp_path):
 
     other = tmp_path / "other"
     other.mkdir()
-    exported = subprocess.run(
-        [str(chorus), "export", str(output), "export.dir=files"],
-        cwd=other,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    exported = chorus_in(other, "export", str(output), "export.dir=files", timeout=300)
     assert exported.returncode == 0, exported.stderr
     assert len(list((other / "files").rglob("*.flac"))) == 30

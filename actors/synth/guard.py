@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from actors import schema as S
 from actors.files import write_atomically
-from actors.synth.run_events import RunEventsClient, restarted_actor
+from actors.synth.run_events import RunEventsClient, actor_id
 from actors.synth.settings import ActorSettings
 
 log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
@@ -111,8 +111,7 @@ class CrashGuard:
         self._lock = SuspectLock()
         # the driver counts restarts and retried blocks from these (pipeline/run/cluster_events.py)
         self.events = RunEventsClient(settings.run.run_id)
-        if restarted_actor():
-            self.events.restarted(actor)
+        self.events.started(actor_id())
 
     def run(self, batch: pa.Table, number: int, process: Process) -> pa.Table:
         """`process(batch, number)` under the guard."""

@@ -1,12 +1,12 @@
-"""What an actor tells the run's driver about the cluster's doings: that it is a restarted
-actor (its process died: a crash, out of memory, its node lost) and that a block it runs had
-been running on an actor that died (Ray runs the blocks a dead actor held again).
+"""What an actor tells the run's driver about the cluster's doings: that it started (a second
+start of the same Ray actor is a restart: its process died of a crash, out of memory, its node
+lost) and that a block it runs had been running on an actor that died (Ray runs the blocks a
+dead actor held again).
 
 The driver starts one small actor per run under `events_actor_name(run_id)`
-(pipeline/run/cluster_events.py) and reads its counters; an actor finds it by that name. Best
-effort: outside Ray, or with no such actor (a bench, encode-refs), nothing is sent, and a
-failed send never costs a row. Public Ray only: the runtime context says whether this actor
-process is a restart."""
+(pipeline/run/cluster_events.py), which counts what it is told; an actor finds it by that name.
+Best effort: outside Ray, or with no such actor (a bench, encode-refs), nothing is sent, and a
+failed send never costs a row. Public Ray only (the runtime context's actor id)."""
 
 from __future__ import annotations
 
@@ -20,30 +20,30 @@ def events_actor_name(run_id: str) -> str:
     return f"chorus-run-events-{run_id}"
 
 
-def restarted_actor() -> bool:
-    """Whether this process is a restart of its Ray actor (False outside an actor)."""
+def actor_id() -> str | None:
+    """This process's Ray actor id (None outside an actor): the same across its restarts."""
     import sys
 
     if "ray" not in sys.modules:
-        return False
+        return None
     import ray
 
     if not ray.is_initialized():
-        return False
-    context = ray.get_runtime_context()
-    return bool(context.get_actor_id()) and bool(context.was_current_actor_reconstructed)
+        return None
+    return ray.get_runtime_context().get_actor_id()
 
 
 class RunEventsClient:
-    """The actor's side: `restarted(actor)` once per restarted actor process, `retried()` once per
-    block it runs that had been running on an actor that died."""
+    """The actor's side: `started(actor_id)` once per actor process, `retried()` once per block it
+    runs that had been running on an actor that died."""
 
     def __init__(self, run_id: str):
         self.name = events_actor_name(run_id) if run_id else None
         self._handle = None
 
-    def restarted(self, actor: str) -> None:
-        self._send("restarted", actor)
+    def started(self, actor: str | None) -> None:
+        if actor:
+            self._send("started", actor)
 
     def retried(self) -> None:
         self._send("retried")

@@ -9,10 +9,10 @@ part, whole); the driver's read-ahead actor lives on the driver's own node.
 
 `ClusterEvents.poll` runs every second on the driver: `ray.nodes()` (every NODES_EVERY_S) for
 nodes that were alive and are not, and the counters of the run's RunEvents actor, which the
-synthesis actors tell (actors/synth/run_events.py): a restarted actor process once it is
-built again (Ray's runtime context says it is a restart), and each block it begins that was
-running on an actor that died (the crash guard's attempts ledger says so:
-actors/synth/guard.py). Public Ray APIs and chorus's own counters only; O(nodes) per poll.
+synthesis actors tell (actors/synth/run_events.py): each actor process once it is built (a
+second start of the same Ray actor id is a restart), and each block it begins that was running
+on an actor that died (the crash guard's attempts ledger says so: actors/synth/guard.py).
+Public Ray APIs and chorus's own counters only; O(nodes) per poll.
 """
 
 from __future__ import annotations
@@ -36,14 +36,18 @@ def _alive_nodes() -> dict[str, str]:
 
 class RunEvents:
     """A run's counters of what its synthesis actors tell (a Ray actor, one per run, on the
-    driver's node): restarted actor processes and blocks run again after their actor died."""
+    driver's node): restarted actor processes and blocks run again after their actor died.
+    Keeps one entry per synthesis actor of the run (not per block)."""
 
     def __init__(self):
         self.actors_restarted = 0
         self.blocks_retried = 0
+        self._started: set[str] = set()  # the actor ids that started once
 
-    def restarted(self, actor: str) -> None:
-        self.actors_restarted += 1
+    def started(self, actor: str) -> None:
+        if actor in self._started:
+            self.actors_restarted += 1
+        self._started.add(actor)
 
     def retried(self) -> None:
         self.blocks_retried += 1

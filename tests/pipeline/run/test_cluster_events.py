@@ -62,7 +62,7 @@ def test_a_restarted_actor_and_its_retried_block_are_counted(ray_cluster, tmp_pa
 
 def test_actors_outside_a_run_send_nothing(ray_cluster):
     client = RunEventsClient("no-such-run")  # no events actor of that name: nothing sent, nothing raised
-    client.restarted("worker")
+    client.started("some-actor-id")
     client.retried()
     assert client.name is None
     RunEventsClient("").retried()  # no run id (a bench, encode-refs)
