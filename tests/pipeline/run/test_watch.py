@@ -12,23 +12,29 @@ import time
 
 import pytest
 
+from pipeline.cli.interrupt import interruptible
 from pipeline.run.watch import watched
 
 
 class Stream:
     """A stream that hands out `ready` items, then blocks on an empty queue (no timeout) as a
-    stream waiting for a block does; `closed` once its generator's finally ran."""
+    stream waiting for a block does, until a signal ends the wait (or `release`, which a test
+    calls only to fail instead of hanging); `closed` once its generator's finally ran."""
 
     def __init__(self, ready: int):
         self.ready, self.closed, self.blocked = ready, threading.Event(), threading.Event()
+        self.waiting: queue.Queue = queue.Queue()
 
     def __iter__(self):
         try:
             yield from range(self.ready)
             self.blocked.set()
-            queue.Queue().get()  # for ever, unless a signal ends it
+            yield self.waiting.get()
         finally:
             self.closed.set()
+
+    def release_after(self, seconds: float) -> None:
+        threading.Timer(seconds, self.waiting.put, args=("released: the wait was never ended",)).start()
 
 
 def test_every_item_once_checked_from_the_start_then_the_stream_is_closed():
@@ -53,10 +59,11 @@ def test_a_check_that_fails_while_the_stream_blocks_ends_the_wait():
             raise RuntimeError("the lease was lost")
 
     got = []
+    stream.release_after(30)
     with pytest.raises(RuntimeError, match="the lease was lost"):
         for item in watched(iter(stream), check, every_s=0.1):
             got.append(item)
-    assert got == [0, 1]
+    assert got == [0, 1]  # not the release's item: the failed check ended the wait
     assert time.monotonic() - began < 5
     assert stream.closed.is_set()  # closed before the error left
 
@@ -87,8 +94,10 @@ def test_ctrl_c_while_the_stream_blocks_closes_it_first():
         signal.pthread_kill(main, signal.SIGINT)
 
     threading.Thread(target=press_ctrl_c, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        for _ in watched(iter(stream), lambda: None, every_s=0.1):
-            pass
+    stream.release_after(30)
+    # chorus's own Ctrl-C handler (a process started in the background may inherit SIGINT ignored)
+    with pytest.raises(KeyboardInterrupt), interruptible():
+        for item in watched(iter(stream), lambda: None, every_s=0.1):
+            assert item == 0, item
     assert stream.closed.is_set()
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the wake handler is gone again
