@@ -14,7 +14,7 @@ from typing import Optional, TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 
 def each_alone(

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from filelock import FileLock
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 # inductor's own variable; set, it wins over the default directory below
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"

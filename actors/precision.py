@@ -22,7 +22,7 @@ import torch
 
 from actors.dtype_names import AUTO, DTYPE_NAMES
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 DTYPES = {name: getattr(torch, attribute) for name, attribute in DTYPE_NAMES.items()}
 

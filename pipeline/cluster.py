@@ -10,8 +10,11 @@ run's end if this run started it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
@@ -72,9 +75,14 @@ class Cluster:
                     "include_dashboard": False,
                     "_system_config": LOCAL_RAY_SYSTEM_CONFIG,
                 }
-            ray.init(address=address, **options)
+            # Ray's INFO lines (its start, each dataset's plan) describe its machinery: a run says
+            # what it does in its own log
+            with _deaf_to_ctrl_c(started_here=address == "local"):
+                ray.init(address=address, logging_level=logging.WARNING, **options)
             self.started = True
         import ray.data  # noqa: F401  (~0.7 s: once per driver, with the cluster, not inside a run's clock)
+
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
 
         data_context()
         self.connected = True
@@ -101,6 +109,10 @@ class Cluster:
         if self.started:
             import ray
 
+            # a stream stopped early (Ctrl-C, a lost lease) leaves Ray Data's threads running into
+            # the shutdown, and they log that Ray is gone: nothing a user can act on
+            for name in ("ray", "ray.data"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
             ray.shutdown()
         self.started = self.connected = False
 
@@ -111,13 +123,34 @@ class Cluster:
         self.close()
 
 
+@contextlib.contextmanager
+def _deaf_to_ctrl_c(started_here: bool):
+    """Ray's processes started here ignore SIGINT: a terminal's Ctrl-C reaches the whole
+    foreground process group, and a raylet or GCS killed by it under the driver crashes the
+    driver mid-stream (a segfault). The driver alone takes the signal and stops the run in
+    order; `close()` then shuts them down (pipeline/cli/interrupt.py). The disposition is
+    inherited through exec, by Ray's workers and their children too."""
+    if not started_here or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def data_context():
     """Ray Data's settings for every dataset of a run (planning, synthesis, the run's end)."""
     import ray
+    from ray.data.context import ShuffleStrategy
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # ours counts rows, audio and errors instead
-    context.use_datasource_v2 = False  # read_parquet's V2 listing task wants a whole CPU: hangs beside actors
+    # the planning's and the run end's shuffles by id are key-based repartitions, which need a
+    # hash shuffle: Ray 2.60's default (SHUFFLE_V2) is one, Ray 2.49's (a sort shuffle) refuses them
+    if context.shuffle_strategy in (ShuffleStrategy.SORT_SHUFFLE_PULL_BASED, ShuffleStrategy.SORT_SHUFFLE_PUSH_BASED):
+        context.shuffle_strategy = ShuffleStrategy.HASH_SHUFFLE
     return context
 
 

@@ -4,7 +4,7 @@ in a key or a value of the wrong type is rejected when Hydra composes, before an
 
 Groups: model/ (checkpoint + codec), data/ (input table), engine/ (batching and frame
 budget), long_form (keys only), sampling/, quality/ (checks, regeneration, ASR), output/,
-cluster/ (Ray resources), bench/; and `python -m pipeline.export`'s own schema (ExportConfig).
+cluster/ (Ray resources), bench/; and the export's and the report's own schemas (ExportConfig, ReportConfig).
 The groups the actor receives (model, data, engine, long_form, sampling, quality, output,
 cluster) are defined in actors/synth/settings.py, actors/synth/job_settings.py and
 actors/quality/settings.py, torch- and Hydra-free, and reach it as those dataclasses; the
@@ -19,32 +19,28 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from actors import schema as S
 from actors.bounds import at_least, check_bounds, described, one_of
-from actors.demo import cache_root
 from actors.errors import ConfigError
 from actors.quality.settings import FLAGS
 from actors.synth.job_settings import RayConnection
 from actors.synth.presets import PRESET_GROUPS
 from actors.synth.settings import RunGroups
 
-from .location import absolute, is_local, local_path
-from .names import RUNS_DIR
+from .location import absolute, check_writable, is_local, local_path
+from .shipped import CONF_DIR, DEMO_DIR, PACKAGE_DIR, REPO_ROOT  # noqa: F401 (names the entry points read here)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO_ROOT / "conf"
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a job's driver process
 
 
 @dataclass
 class BenchSettings:
-    """`python -m pipeline.bench` (a synthesis run ignores this group)."""
+    """`chorus bench` (a synthesis run ignores this group)."""
 
     # true in every bench=... option (conf/bench/); pipeline.bench refuses to run without one
     enabled: bool = False
@@ -73,20 +69,30 @@ class BenchSettings:
 
 @dataclass
 class PreviewSettings:
-    """`python -m pipeline.preview` (a synthesis run ignores this group)."""
+    """`chorus preview` (a synthesis run ignores this group)."""
 
-    # a bench.json (python -m pipeline.bench) whose measured frames/s turn the plan's
+    # a bench.json (chorus bench) whose measured frames/s turn the plan's
     # estimated frames into estimated hours; null: no estimate
     bench: Optional[str] = None
 
 
 @dataclass
+class EncodeRefsSettings:
+    """`chorus encode-refs` (a synthesis run ignores this group)."""
+
+    # the table written, required: the input with its ref_codes column (a local path or a URI;
+    # `chorus encode-refs OUT.parquet` sets it)
+    output: Optional[str] = None
+
+
+@dataclass
 class ChorusConfig(RunGroups):
-    """`python -m pipeline`'s configuration: the groups an actor reads (RunGroups,
-    actors/synth/settings.py) and the driver's own commands' groups."""
+    """`chorus run`'s configuration (and preview's, bench's, encode-refs'): the groups an actor
+    reads (RunGroups, actors/synth/settings.py) and the driver's own commands' groups."""
 
     bench: BenchSettings = field(default_factory=BenchSettings)
     preview: PreviewSettings = field(default_factory=PreviewSettings)
+    encode_refs: EncodeRefsSettings = field(default_factory=EncodeRefsSettings)
 
 
 EXPORT_FORMATS = ("files", "webdataset", "lhotse", "hf", "nemo")
@@ -101,7 +107,7 @@ _SPLIT_NAME = r"[A-Za-z0-9][A-Za-z0-9_]{0,63}"  # a split: also a Hub split name
 
 @dataclass
 class ExportSettings:
-    """`python -m pipeline.export`'s own group (pipeline/export/)."""
+    """`chorus export`'s own group (pipeline/export/)."""
 
     # files: one audio file per row + files.csv; webdataset: <prefix>-NNNNNN.tar; lhotse: Lhotse
     # Shar (cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar); hf: data/train-NNNNN-of-NNNNN.parquet +
@@ -193,9 +199,10 @@ def export_settings(**keys) -> ExportSettings:
 
 @dataclass
 class ExportSource:
-    """The run output that `python -m pipeline.export` reads."""
+    """The run output that `chorus export` (and `chorus report`) reads."""
 
-    # the chorus output directory (local or URI), as given to the run's output.dir
+    # the chorus output directory (local or URI), as given to the run's output.dir; a bare
+    # argument sets it (`chorus export OUT`)
     dir: str = MISSING
 
 
@@ -210,11 +217,32 @@ class ExportCluster(RayConnection):
 
 @dataclass
 class ExportConfig:
-    """`python -m pipeline.export`'s configuration: this schema and the command line (no YAML)."""
+    """`chorus export`'s configuration: this schema and the command line (no YAML)."""
 
     output: ExportSource = field(default_factory=ExportSource)
     export: ExportSettings = field(default_factory=ExportSettings)
     cluster: ExportCluster = field(default_factory=ExportCluster)
+
+
+@dataclass
+class ReportSettings:
+    """`chorus report`'s own group: the page written into the output (pipeline/report/page.py)."""
+
+    # the page's title
+    title: str = "chorus run"
+    # ok rows whose audio the page embeds, playable
+    max_audio_rows: int = field(default=12, metadata=at_least(0))
+    # a benchmark's JSON (chorus bench writes bench.json) whose configurations the page shows
+    # as a table; null: none
+    bench: Optional[str] = None
+
+
+@dataclass
+class ReportConfig:
+    """`chorus report`'s configuration: this schema and the command line (no YAML)."""
+
+    output: ExportSource = field(default_factory=ExportSource)
+    report: ReportSettings = field(default_factory=ReportSettings)
 
 
 # the groups with range checks, in the order they are checked: those an actor reads (bench and
@@ -255,10 +283,12 @@ def in_ray_job() -> bool:
 
 def check_for_run(config: ChorusConfig) -> None:
     """What can be checked before Ray starts: the groups' range checks (again: a caller may
-    have replaced a group since `typed`), then what depends on where the run is (a relative
-    output inside a Ray Job, a checkpoint directory without its config or codec)."""
+    have replaced a group since `typed`), then what depends on where the run is (an output that
+    cannot be written, a relative output inside a Ray Job, a checkpoint directory without its
+    config or codec)."""
     validate(config)
     output_dir = config.output.dir
+    check_writable(output_dir, "output.dir")
     if in_ray_job() and is_local(output_dir) and not os.path.isabs(os.path.expanduser(output_dir)):
         raise ConfigError(
             f"output.dir={output_dir!r} is relative: inside a Ray Job that is the job's "
@@ -291,22 +321,12 @@ def _location_tag(path: str) -> str:
     return hashlib.blake2b(where.encode("utf-8", "surrogatepass"), digest_size=3).hexdigest()
 
 
-def _hydra_run_dir(output_dir: str, stamp: str) -> str:
-    """Hydra's own logs: under the output when it is local, else in a local run folder; never
-    inside a Ray Job's working directory, which Ray deletes."""
-    if is_local(output_dir):
-        return str(Path(local_path(output_dir)) / RUNS_DIR / stamp)
-    root = cache_root() / "runs" if in_ray_job() else Path("outputs") / RUNS_DIR
-    return str(root / stamp)
-
-
 def register() -> None:
     """Resolvers and the schema; idempotent (tests compose many times in one process)."""
     resolvers = {
-        "chorus_repo": lambda rel: str(REPO_ROOT / rel),
+        "chorus_demo": lambda name: str(DEMO_DIR / name),
         "chorus_stem": _input_stem,
         "chorus_where": _location_tag,
-        "chorus_run_dir": _hydra_run_dir,
     }
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):
@@ -322,8 +342,13 @@ register()
 
 
 def compose(overrides: Optional[list[str]] = None) -> DictConfig:
-    """The run config for command-line style overrides, without starting a Hydra app (tests,
-    export, notebooks)."""
+    """The run config for command-line style overrides, composed from conf/'s groups (the
+    `chorus` command, tests, notebooks)."""
+    return compose_with_choices(overrides)[0]
+
+
+def compose_with_choices(overrides: Optional[list[str]] = None) -> tuple[DictConfig, dict[str, str]]:
+    """`compose(overrides)` and the option chosen in each of conf/'s groups (`engine` -> `cpu`)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -331,4 +356,17 @@ def compose(overrides: Optional[list[str]] = None) -> DictConfig:
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return hydra_compose(config_name="config", overrides=list(overrides or []))
+        cfg = hydra_compose(config_name="config", overrides=list(overrides or []), return_hydra_config=True)
+    choices = {
+        group: str(option)
+        for group, option in cfg.hydra.runtime.choices.items()
+        if option is not None and (CONF_DIR / group).is_dir()
+    }
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, choices
+
+
+def group_options(group: str) -> list[str]:
+    """The options of one of conf/'s groups (its YAML files' names); [] for a key that is no group."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) if (CONF_DIR / group).is_dir() else []

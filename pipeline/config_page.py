@@ -1,13 +1,15 @@
-"""docs/config.md, every key of the run's and the export's configuration, generated from the
-schema (pipeline/config.py) so that the page cannot drift from it: a key's type and default
-from its dataclass field, its allowed range from the field's metadata (actors/bounds.py), what
-it does from the comment above the field, and the README section that explains it.
+"""docs/config.md, every key of every `chorus` command's configuration, generated from the
+schema (pipeline/config.py) so that the page cannot drift from it: a key's type from its
+dataclass field, its value as the default groups of conf/ compose it (and what each other
+option of a group sets it to), its allowed range from the field's metadata (actors/bounds.py),
+what it does from the comment above the field, and the README section that explains it.
 
     python -m pipeline.config_page            print the page
     python -m pipeline.config_page --write    write docs/config.md
     python -m pipeline.config_page --check    exit 1 when docs/config.md differs
 
-`python -m pipeline --help` prints the same keys for a terminal (`terminal_help`).
+`chorus <command> --help` prints the same keys for a terminal, with the values that invocation
+would use (pipeline/cli/help.py).
 tests/test_config_page.py fails when the committed page and the schema differ.
 """
 
@@ -15,14 +17,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
-import textwrap
 import typing
+from collections import defaultdict
 from dataclasses import dataclass
+
+from omegaconf import OmegaConf
 
 from actors.bounds import allowed_values
 
-from .config import REPO_ROOT, ChorusConfig, ExportConfig
+from .config import REPO_ROOT, ChorusConfig, ExportConfig, ReportConfig, compose_with_choices, group_options
 from .schema_comments import class_intro, field_comments
 
 PAGE = REPO_ROOT / "docs" / "config.md"
@@ -40,9 +45,11 @@ GROUP_SECTIONS = {
     "output": "Output format",
     "cluster": "The cluster",
     "bench": "Configuration groups (`conf/`)",
-    "preview": "Before a large job: `pipeline.preview`",
+    "preview": "Before a large job: `chorus preview`",
+    "encode_refs": "Input",
 }
-EXPORT_SECTION = "Exports for training: `pipeline.export`"
+EXPORT_SECTION = "Exports for training: `chorus export`"
+REPORT_SECTION = "Output format"
 # keys a section other than their group's explains
 KEY_SECTIONS = {
     "data.uri_schemes": "Object storage (S3, GCS, S3-compatible stores)",
@@ -57,14 +64,16 @@ KEY_SECTIONS = {
     "cluster.address": "Running on a Ray cluster (Ray Jobs)",
 }
 
-# each command's schema: its title, the dataclass and where a group's README section comes from
+# each part of the page: the commands it covers, their schema, where a group's README section
+# comes from, and whether conf/'s YAML groups compose it
 COMMANDS = (
-    ("python -m pipeline", ChorusConfig, GROUP_SECTIONS),
+    ("chorus run, preview, bench, encode-refs, config", ChorusConfig, GROUP_SECTIONS),
     (
-        "python -m pipeline.export",
+        "chorus export",
         ExportConfig,
         {"output": EXPORT_SECTION, "export": EXPORT_SECTION, "cluster": EXPORT_SECTION},
     ),
+    ("chorus report", ReportConfig, {"output": REPORT_SECTION, "report": REPORT_SECTION}),
 )
 
 
@@ -74,10 +83,11 @@ class Key:
 
     name: str
     type: str
-    default: str
+    default: str  # its value with the default groups of conf/ (the schema's where no YAML composes it)
     allowed: str
     description: str
     section: str
+    options: tuple[str, ...] = ()  # what other options of conf/'s groups set it to: "engine=gpu: 1024"
 
 
 @dataclass(frozen=True)
@@ -121,23 +131,58 @@ def default_text(item: dataclasses.Field) -> str:
     return value_text(item.default_factory())
 
 
-def _keys(schema: type, prefix: str, section: str) -> typing.Iterator[Key]:
+def flat_values(cfg) -> dict[str, str]:
+    """Each leaf key of a composed config and its value as the page spells it (interpolations
+    as written, `???` for a required value)."""
+    found: dict[str, str] = {}
+
+    def walk(node, prefix: str) -> None:
+        for name, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{name}.")
+            else:
+                found[f"{prefix}{name}"] = value_text(value)
+
+    walk(OmegaConf.to_container(cfg, resolve=False, throw_on_missing=False), "")
+    return found
+
+
+@functools.cache
+def composed_values() -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """The run config's values with the default groups of conf/, and per key what each other
+    option of a group sets it to where that differs ("engine=gpu: 1024")."""
+    cfg, chosen = compose_with_choices()
+    base = flat_values(cfg)
+    options = defaultdict(list)
+    for group, default in sorted(chosen.items()):
+        for option in group_options(group):
+            if option == default:
+                continue
+            for key, text in flat_values(compose_with_choices([f"{group}={option}"])[0]).items():
+                if text != base.get(key):
+                    options[key].append(f"{group}={option}: {text}")
+    return base, {key: tuple(said) for key, said in options.items()}
+
+
+def _keys(schema: type, prefix: str, section: str, composed: bool) -> typing.Iterator[Key]:
     """The leaf keys under a dataclass, in field order; a nested dataclass's keys in its place."""
     hints = typing.get_type_hints(schema)
     comments = field_comments(schema)
+    values, options = composed_values() if composed else ({}, {})
     for item in dataclasses.fields(schema):
         name = f"{prefix}.{item.name}"
         hint = hints[item.name]
         if dataclasses.is_dataclass(hint):
-            yield from _keys(hint, name, section)
+            yield from _keys(hint, name, section, composed)
             continue
         yield Key(
             name=name,
             type=type_name(hint),
-            default=default_text(item),
+            default=values.get(name, default_text(item)),
             allowed=allowed_values(item.metadata),
             description=comments.get(item.name, ""),
             section=KEY_SECTIONS.get(name, section),
+            options=options.get(name, ()),
         )
 
 
@@ -147,7 +192,7 @@ def command_groups(command: str, schema: type, sections: dict[str, str]) -> list
     groups = []
     for item in dataclasses.fields(schema):
         group_class = hints[item.name]
-        keys = tuple(_keys(group_class, item.name, sections[item.name]))
+        keys = tuple(_keys(group_class, item.name, sections[item.name], composed=schema is ChorusConfig))
         groups.append(Group(command, item.name, class_intro(group_class), keys))
     return groups
 
@@ -155,6 +200,16 @@ def command_groups(command: str, schema: type, sections: dict[str, str]) -> list
 def all_groups() -> list[Group]:
     """Every group of every command, in page order."""
     return [group for command in COMMANDS for group in command_groups(*command)]
+
+
+def schema_groups(schema: type) -> list[Group]:
+    """The groups of the page's part that covers `schema`."""
+    return next(command_groups(*command) for command in COMMANDS if command[1] is schema)
+
+
+def key_descriptions(schema: type) -> dict[str, str]:
+    """Key -> what it does, for every leaf key of `schema` (messages and --help quote them)."""
+    return {key.name: key.description for group in schema_groups(schema) for key in group.keys}
 
 
 def heading_anchor(heading: str) -> str:
@@ -174,10 +229,11 @@ def _cell(text: str) -> str:
 
 def _markdown_row(key: Key) -> str:
     link = f"[{key.section}](../README.md#{heading_anchor(key.section)})"
+    value = f"`{key.default}`" + "".join("<br>{}: `{}`".format(*option.split(": ", 1)) for option in key.options)
     cells = (
         f"`{key.name}`",
         _cell(key.type),
-        f"`{key.default}`",
+        value,
         _cell(key.allowed),
         _cell(key.description),
         link,
@@ -189,17 +245,18 @@ PAGE_INTRO = f"""# Configuration: every key
 
 <!-- Generated from the schema by `{WRITE_COMMAND}`; edit the dataclasses, not this page. -->
 
-Every key of `python -m pipeline` (`ChorusConfig`, `pipeline/config.py`) and of
-`python -m pipeline.export` (`ExportConfig`), one table per group, generated from the schema:
-the type, the dataclass's default, the allowed range (checked before anything runs; a key
-whose range involves other keys says so in words), what the key does (the comment above its
-field) and the README section that explains it. `???` is a required value; `${{...}}` is an
-OmegaConf interpolation, resolved when the config is composed. A group option under `conf/`
-(`model=s1_mini`, `engine=gpu`, ...) sets other values; `python -m pipeline --cfg job [overrides]`
-prints the composed config. Set a key on the command line as `group.key=value`.
+Every key of the `chorus` commands (`ChorusConfig`, `ExportConfig`, `ReportConfig` in
+`pipeline/config.py`), one table per group, generated from the schema: the type, the value a
+run uses with the default groups of `conf/` (`model=demo data=demo engine=cpu ...`) and, below
+it, what each other option of a group sets it to (`engine=gpu: ...`), the allowed range
+(checked before anything runs; a key whose range involves other keys says so in words), what
+the key does (the comment above its field) and the README section that explains it. `???` is a
+required value; `${{...}}` is an OmegaConf interpolation, resolved when the config is composed.
+Set a key on the command line as `group.key=value`; `chorus <command> --help [settings]` prints
+the values that invocation would use, and `chorus config [settings]` the whole composed config.
 """
 
-TABLE_HEADER = "| key | type | default | allowed | what it does | README |\n|---|---|---|---|---|---|"
+TABLE_HEADER = "| key | type | value (other options) | allowed | what it does | README |\n|---|---|---|---|---|---|"
 
 
 def _markdown_group(group: Group) -> str:
@@ -216,28 +273,6 @@ def markdown_page(groups: typing.Optional[list[Group]] = None) -> str:
         parts.append(f"## `{command}`\n")
         parts.extend(_markdown_group(group) for group in groups if group.command == command)
     return "\n".join(parts)
-
-
-def _terminal_key(key: Key) -> str:
-    head = f"  {key.name} = {key.default}    ({key.type}; {key.allowed})"
-    body = textwrap.fill(key.description, width=100, initial_indent=" " * 6, subsequent_indent=" " * 6)
-    return f"{head}\n{body}"
-
-
-def terminal_help(command: str = COMMANDS[0][0]) -> str:
-    """One command's keys for a terminal: what `python -m pipeline --help` (and
-    `python -m pipeline.export --help`) prints."""
-    hydra_app = command == COMMANDS[0][0]  # the run reads conf/'s groups; the export its command line
-    lines = [f"usage: {command} {'[group=option ...] ' if hydra_app else ''}[key=value ...]", ""]
-    if hydra_app:
-        lines.append("Hydra's own: --cfg job (the composed config), --info, --hydra-help.")
-    lines.append(f"The same keys as tables, with their README sections: docs/config.md ({WRITE_COMMAND}).")
-    for group in all_groups():
-        if group.command != command:
-            continue
-        lines += ["", f"{group.name}: {group.intro}".rstrip(": "), ""]
-        lines += [_terminal_key(key) for key in group.keys]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: typing.Optional[list[str]] = None) -> int:

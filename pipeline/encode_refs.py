@@ -1,4 +1,5 @@
-"""`python -m pipeline.encode_refs OUT.parquet data.path=IN [any run setting: model.*, data.*]`
+"""`chorus encode-refs OUT.parquet data=parquet data.path=IN [any run setting: model.*, data.*]`
+(`python -m pipeline.encode_refs`).
 
 Writes a copy of the input table with a `ref_codes` column (data.columns.ref_codes names it):
 each row's reference (ref_audio or ref_audio_path) encoded by the run's codec, as a run would
@@ -24,7 +25,7 @@ import pyarrow.parquet as pq
 
 from actors import schema as S
 
-from .config import ChorusConfig, compose_typed
+from .config import ChorusConfig
 from .location import is_local, local_path
 from .plan.inputs import scan_input
 from .run.actor_settings import actor_arguments
@@ -124,21 +125,7 @@ def _with_column(table: pa.Table, name: str, column: pa.Array) -> pa.Table:
     return table.append_column(name, column)
 
 
-def main(argv: list[str]) -> int:
-    if not argv or "=" in argv[0]:
-        print(__doc__.strip().splitlines()[0], file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    counts = encode_refs(argv[0], compose_typed(argv[1:]))
-    log.info(
-        "%d rows, %d references encoded, %d without codes (listed above); written to %s",
-        counts["rows"],
-        counts["encoded"],
-        counts["failed"],
-        counts["output"],
-    )
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from .cli import main
+
+    sys.exit(main(["encode-refs", *sys.argv[1:]], filter_stderr=True))

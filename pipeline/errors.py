@@ -33,6 +33,14 @@ class OutputFull(RuntimeError):
     """The output's filesystem has no space left for the next write."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (or SIGTERM) while it streamed: `rows` were written by then, whole."""
+
+    def __init__(self, rows: int):
+        super().__init__(f"interrupted after {rows} rows")
+        self.rows = rows
+
+
 # what the entry points print as a message (ConfigError: a setting; InputSchemaError: a column;
 # StoreError: an object store that refused a request or kept failing, naming the URI)
 USER_ERRORS = (
@@ -51,6 +59,7 @@ __all__ = [
     "ConfigError",
     "InputError",
     "InputSchemaError",
+    "Interrupted",
     "LeaseLost",
     "OutputFull",
     "OutputInUse",

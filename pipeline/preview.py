@@ -1,5 +1,5 @@
-"""`python -m pipeline.preview [key=value ...]`: what `python -m pipeline` would do with these
-overrides, planned by the same code (pipeline/plan/job.py plan_job), without a model, actors
+"""`chorus preview [settings]` (`python -m pipeline.preview`): what `chorus run` would do with
+these settings, planned by the same code (pipeline/plan/job.py plan_job), without a model, actors
 or writing anything into the output. Prints a table, then as its last line one JSON object:
 rows_total, to_synthesize, done, changed, retry, removed (ids the output holds that the input
 no longer names), rejected (reason -> rows), text_chars,
@@ -19,11 +19,8 @@ import sys
 from dataclasses import asdict
 from typing import Optional
 
-from actors.cli import error
-
 from .cluster import Cluster
-from .config import ChorusConfig, check_for_run, compose_typed
-from .errors import USER_ERRORS
+from .config import ChorusConfig, check_for_run
 from .location import local_path
 from .output.layout import OutputLayout
 from .plan import rules as P
@@ -117,14 +114,7 @@ def preview(config: ChorusConfig) -> dict:
     return figures
 
 
-def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    try:
-        preview(compose_typed(argv))
-    except USER_ERRORS as e:
-        return error(e)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from .cli import main
+
+    sys.exit(main(["preview", *sys.argv[1:]], filter_stderr=True))

@@ -66,7 +66,7 @@ def ray_cluster(s3_store):
     its workers inherit the AWS environment as a user's cluster nodes would have it set."""
     import ray
 
-    from pipeline.cluster import LOCAL_RAY_SYSTEM_CONFIG
+    from pipeline.cluster import LOCAL_RAY_SYSTEM_CONFIG, data_context
 
     if ray.is_initialized():
         ray.shutdown()
@@ -74,6 +74,7 @@ def ray_cluster(s3_store):
     context = ray.init(
         address="local", num_cpus=RAY_CPUS, include_dashboard=False, _system_config=LOCAL_RAY_SYSTEM_CONFIG
     )
+    data_context()  # Ray Data's settings as a run's connection makes them (the tests skip Cluster.connect)
     yield context.address_info["gcs_address"]
     ray.shutdown()
 

@@ -195,6 +195,8 @@ ROOMS = {
 
 
 def _room(module: str) -> str:
+    if module.endswith(".__main__"):  # a package's command line (`python -m pipeline.export`): an entry point
+        return module
     for room in (*ROOMS, *LEAVES):
         if module == room or module.startswith(room + "."):
             return room

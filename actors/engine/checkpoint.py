@@ -25,7 +25,7 @@ import torch
 
 from .architecture import CheckpointError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 PTH_FILE = "model.pth"
 SAFETENSORS_FILE = "model.safetensors"

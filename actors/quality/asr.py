@@ -15,7 +15,7 @@ clip's first 30 s (transformers' `detect_language`, as its generate does by itse
 so the row records it): it picks the normaliser, so set it when the texts' language is known.
 
 Imported only when `quality.asr` is set: transformers costs seconds to import and is an
-optional dependency (`pip install chorus[asr]`).
+optional dependency (`pip install "chorus-tts[asr]"`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ predictor) run through onnxruntime on CPU from its published ONNX file, a local 
 (`quality.mos_model`; nothing is downloaded). Each clip gets OVRL, SIG and BAK on the 1..5 scale.
 
 Imported only when `quality.mos` is set; onnxruntime itself is imported when a model is loaded
-(an optional dependency: `pip install chorus[mos]`).
+(an optional dependency: `pip install "chorus-tts[mos]"`).
 
 The algorithm follows the reference scorer, microsoft/DNS-Challenge DNSMOS/dnsmos_local.py
 (`ComputeScore.__call__`; the same code is in the PyPI package speechmos 0.0.1.1,

@@ -52,7 +52,7 @@ from actors.synth.references import CodecShape, ReferenceStore
 from actors.synth.rows import RefSpec, RowError, RowSpec
 from actors.synth.settings import ActorSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 
 class SynthActor:

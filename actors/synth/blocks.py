@@ -24,7 +24,7 @@ from actors.synth.references import ReferenceStore
 from actors.synth.rows import RowError, RowSpec, parse_row
 from actors.synth.settings import ActorSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 
 def longest_first(job: RowJob) -> int:

@@ -30,7 +30,7 @@ from actors.synth.rows import RowError, RowSpec, escape_special_tokens, row_seed
 from actors.synth.segmenting import Pieces, SegmentingError, Sizing, dialogue_pieces, plain_pieces
 from actors.synth.settings import ActorSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from actors.synth.jobs import RowJob
 from actors.synth.recorder import Recorder
 from actors.synth.settings import ActorSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 
 @dataclass

@@ -33,7 +33,7 @@ from actors.synth.jobs import RowJob
 from actors.synth.output import RowWriter
 from actors.synth.settings import ActorSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 
 # heard batches waiting for the gate: enough that a slow check never stalls the decode at once,

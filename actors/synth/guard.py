@@ -18,9 +18,10 @@ import pyarrow as pa
 
 from actors import schema as S
 from actors.files import write_atomically
+from actors.synth.run_events import RunEventsClient, actor_id
 from actors.synth.settings import ActorSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 
 class AttemptLedger:
@@ -108,11 +109,14 @@ class CrashGuard:
         attempts = settings.run.attempts_dir
         self.ledger = AttemptLedger(attempts) if attempts else None
         self._lock = SuspectLock()
+        # the driver counts restarts and retried blocks from these (pipeline/run/cluster_events.py)
+        self.events = RunEventsClient(settings.run.run_id)
+        self.events.started(actor_id())
 
     def run(self, batch: pa.Table, number: int, process: Process) -> pa.Table:
         """`process(batch, number)` under the guard."""
-        self._maybe_crash(number)
         if self.ledger is None or batch.num_rows == 0:
+            self._maybe_crash(number)
             with self._lock.shared():
                 return self._watched(batch, number, process)
         ids = [i if isinstance(i, str) else "" for i in batch.column(S.ID).to_pylist()]
@@ -121,7 +125,8 @@ class CrashGuard:
         # suspect block to finish alone is not blamed if that one kills the actor
         if self.ledger.count(block_key) < self.cluster.crash_quarantine_after:
             with self._lock.shared():
-                self.ledger.begin(block_key)
+                self._begin(block_key)
+                self._maybe_crash(number)  # after begin: the hook's death is counted as a real one's
                 table = self._watched(batch, number, process)
         else:
             # this block killed the actor that often: run its rows alone -- no other block in
@@ -129,12 +134,16 @@ class CrashGuard:
             # alone) and quarantined on the next try
             log.warning("block of %d rows killed the actor before; running its rows alone", len(ids))
             with self._lock.exclusive():
-                self.ledger.begin(block_key)
+                self._begin(block_key)
                 table = pa.concat_tables(
                     [self._row_alone(batch.slice(i, 1), ids[i], number, process) for i in range(len(ids))]
                 )
         self.ledger.end(block_key)
         return table
+
+    def _begin(self, block_key: str) -> None:
+        if self.ledger.begin(block_key) >= 1:  # it was running on an actor that died
+            self.events.retried()
 
     def _row_alone(self, row_batch: pa.Table, row_id: str, number: int, process: Process) -> pa.Table:
         row_key = "row-" + ids_key([row_id])

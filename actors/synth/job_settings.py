@@ -157,9 +157,22 @@ class OutputSettings:
     # at its end (pipeline/output/shards.py), and of at most this many rows
     shard_bytes: int = field(default=512 * 1024 * 1024, metadata=at_least(1))
     shard_rows: int = field(default=100_000, metadata=at_least(1))
+    # `chorus run` exits 3 when rows of the output end with one of these statuses (summary.json
+    # counts them; docs/operations.md "Exit statuses"); [error]: rejected rows are accepted,
+    # []: the run exits 0 whatever its rows' statuses
+    fail_on: list[str] = field(
+        default_factory=lambda: [schema.STATUS_ERROR, schema.STATUS_REJECTED],
+        metadata=described(f"some of {schema.STATUS_ERROR}, {schema.STATUS_REJECTED}"),
+    )
 
     def validate(self) -> None:
         check_bounds(self, "output")
+        wrong = [s for s in self.fail_on if s not in (schema.STATUS_ERROR, schema.STATUS_REJECTED)]
+        if wrong:
+            raise ConfigError(
+                f"output.fail_on lists the statuses that make the run exit 3: some of {schema.STATUS_ERROR}, "
+                f"{schema.STATUS_REJECTED} (or []), got {wrong}"
+            )
         if not 0 < self.lease_heartbeat_s <= self.lease_stale_s / 4:
             raise ConfigError(
                 f"output.lease_heartbeat_s must be > 0 and at most a quarter of output.lease_stale_s (a failed "
@@ -196,6 +209,10 @@ class ClusterSettings(RayConnection):
     # rows the job's read may run ahead of the rows written (pipeline/run/readahead.py); null =
     # three times what the actors hold at once (num_actors x blocks per actor x rows_per_block)
     read_ahead_rows: Optional[int] = field(default=None, metadata=at_least(1, or_null=True))
+    # the stream runs as Ray Data datasets of at most this many blocks, one after another: Ray Data
+    # keeps a record of every block a running dataset's operators output (pipeline/run/
+    # executor_stats.py), so this bounds the driver's memory; each dataset starts its actors anew
+    blocks_per_dataset: int = field(default=50_000, metadata=at_least(1))
     # inputs of at least this many rows are planned as distributed Ray Data work (hash
     # shuffles by id and ref_id); smaller ones in-process, where a shuffle's start-up would
     # cost more than the planning (same decisions either way; 0 = always distributed)

@@ -20,7 +20,7 @@ import numpy as np
 from actors.quality.settings import QualitySettings
 from actors.synth.rows import RefSpec
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 REFERENCE_EMBEDDINGS = 1024  # reference embeddings an actor keeps (a few KB each)
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from actors.synth.memory_plan import device_plan
 from actors.synth.settings import ActorSettings, ModelSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 
 @dataclass

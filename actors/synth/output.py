@@ -22,7 +22,7 @@ from actors.synth.jobs import BlockShare, RowJob
 from actors.synth.rows import RowSpec
 from actors.synth.settings import ActorSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 # who made a row: on every output row, ok or not
 PROVENANCE = (S.ACTOR, S.NODE, S.DEVICE, S.MODEL, S.RUN)

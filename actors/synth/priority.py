@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 # the lowest a thread can ask for without privileges; Ray starts its workers at 15
 # (RAY_worker_niceness), the engine thread keeps that

@@ -14,9 +14,11 @@ import pyarrow.parquet as pq
 
 from actors import schema as S
 
-# found from this file, not from pipeline.config's REPO_ROOT: config imports Hydra, and
-# scripts/gpu_job.py makes its rows with this module on an image without Hydra
-DEMO_TABLE = Path(__file__).resolve().parents[2] / "data" / "demo" / "demo.parquet"
+# from the Hydra-free leaf: scripts/gpu_job.py makes its rows with this module on an image
+# without Hydra
+from ..shipped import DEMO_DIR
+
+DEMO_TABLE = DEMO_DIR / "demo.parquet"
 VOICE_TYPE = pa.struct([(S.VOICE_AUDIO, pa.binary()), (S.VOICE_TEXT, pa.string())])
 SCHEMA = pa.schema(
     [

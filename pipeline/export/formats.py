@@ -44,7 +44,7 @@ _REGISTRY = {
     "hf": "hf:HubParquetFormat",
     "nemo": "nemo:NemoFormat",
 }
-INSTALL_HINT = "pip install 'chorus[export]'"
+INSTALL_HINT = "pip install 'chorus-tts[export]'"
 
 
 class Format:

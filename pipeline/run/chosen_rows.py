@@ -136,9 +136,14 @@ def read_dataset(
     so that a small table of text is spread over every actor instead of arriving as one block
     for one actor; read a chunk of `chunk_rows` at a time, each once `gate` (a ReadAhead
     actor) admits it, by one read task at a time; `scope` (the run id) keys the workers' caches."""
+    return read_chunks(scan, chunks(todo, chunk_rows), rows_per_block, gate, scope)
+
+
+def read_chunks(scan: InputScan, work: list[Chunk], rows_per_block: int, gate, scope: str = ""):
+    """read_dataset of these chunks (some of a run's `chunks`: their numbers are the run's, so
+    the gate counts each once whichever dataset reads it)."""
     import ray
 
-    work = chunks(todo, chunk_rows)
     blocks = sum(-(-chunk.rows // rows_per_block) for chunk in work)
     return ray.data.read_datasource(
         _datasource(scan, work, gate, scope), num_cpus=TASK_CPUS, concurrency=1, override_num_blocks=max(1, blocks)

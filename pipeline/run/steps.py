@@ -28,7 +28,7 @@ from actors.synth.budget import ACCEPT
 
 from ..cluster import Cluster
 from ..config import ChorusConfig, as_yaml, check_for_run
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreError
 from ..names import ATTEMPTS_DIR, CONFIG_FILE, DATA_DIR, PLAN_DIR, REJECTED_PART, SUMMARY_FILE
 from ..output import shards, space, supersede
 from ..output.layout import OutputLayout
@@ -78,6 +78,9 @@ def run(config: ChorusConfig) -> RunReport:
         lease.acquire()
         try:
             return _run_leased(job, lease)
+        except StoreError as e:
+            e.at_work = True  # the store failed a run at work: exit status 4, not a refusal (pipeline/cli)
+            raise
         except OSError as e:
             full = space.full_disk(e)  # the driver's own writes (the run's end)
             if full is None or not layout.local:

@@ -1,11 +1,14 @@
-"""The synthesis stream of a run: the Ray Data dataset (the chosen rows' read, admitted by the
-read-ahead window -> the actor pool, whose actors write their rows as parts as they finish)
-and the driver's loop: every second the parts written since (their stats, from the read-ahead
-actor that is the run's inbox) for progress and compaction, and per block Ray Data's stats
-trim, each O(1) per part or block."""
+"""The synthesis stream of a run: Ray Data datasets (the chosen rows' read, admitted by the
+read-ahead window -> the actor pool, whose actors write their rows as parts as they finish),
+one after another, each of at most cluster.blocks_per_dataset blocks (executor_stats.py: Ray
+Data's bookkeeping stays bounded), and the driver's loop: every second the parts written since
+(their stats, from the read-ahead actor that is the run's inbox) for progress and compaction,
+each O(1) per part or block."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
 import math
 import time
@@ -14,15 +17,16 @@ import warnings
 from actors.storage import retries_spent
 from actors.synth.job_settings import ClusterSettings
 
+from ..errors import Interrupted
 from ..output import space
 from ..output.compaction import RunningCompaction
 from ..output.parts import PartSink
 from . import readahead
 from .actor_settings import blocks_per_actor
-from .chosen_rows import read_dataset
+from .chosen_rows import Chunk, chunks, read_chunks
 from .cluster_events import ClusterEvents
 from .context import Job
-from .executor_stats import TRIM_EVERY_BLOCKS, trim_block_stats
+from .executor_stats import segments
 from .progress import Progress
 from .watch import watched
 
@@ -49,24 +53,30 @@ def actor_restarts(cluster: ClusterSettings, rows: int) -> int:
     return BASE_ACTOR_RESTARTS + (cluster.crash_quarantine_after + 1) * tolerated
 
 
-def build_dataset(job: Job, todo: list, arguments: dict, gate):
-    """The run's Ray Data dataset: read (admitted by `gate`) -> actors, which write their rows
-    as parts as they finish (PartSink: their stats reach `gate`) and return a row per block."""
+def read_work(job: Job, todo: list, arguments: dict) -> list[Chunk]:
+    """The run's rows to synthesize as read chunks (chosen_rows.py), numbered for the run."""
+    blocks = arguments["settings"].engine.max_concurrent_blocks  # resolved by actor_arguments
+    return chunks(todo, readahead.chunk_rows(blocks, job.config.cluster.rows_per_block))
+
+
+def build_dataset(job: Job, work: list[Chunk], arguments: dict, gate):
+    """A Ray Data dataset of these chunks: read (admitted by `gate`) -> actors, which write their
+    rows as parts as they finish (PartSink: their stats reach `gate`) and return a row per block."""
     cluster, scan, run_id = job.config.cluster, job.scan, job.run_id
-    rows_per_block = cluster.rows_per_block
-    chunk = readahead.chunk_rows(arguments["settings"].engine.max_concurrent_blocks, rows_per_block)
-    ds = read_dataset(scan, todo, rows_per_block, chunk, gate, scope=run_id)
+    ds = read_chunks(scan, work, cluster.rows_per_block, gate, scope=run_id)
     arguments = {**arguments, "sink": PartSink(job.layout.location, run_id, gate)}
     with warnings.catch_warnings():
-        # Ray 2.60 has no named parameter for max_restarts / max_task_retries yet (its
-        # "use the named remote parameters" warning has nothing to point to); pinned <2.61
+        # max_restarts / max_task_retries reach the actors only through **ray_remote_args: Ray
+        # 2.60's map_batches names label_selector, fallback_strategy, max_calls, resources,
+        # accelerator_type and runtime_env, not these, and its warning ("use the named remote
+        # parameters") has nothing to point to; ActorPoolStrategy and DataContext have no such
+        # setting either. Ray Data itself reads them from ray_remote_args (its actors default to
+        # restarting forever). 2.49 does not warn; pyproject's <2.61 stays below the removal (2.64)
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
         return _synth_stage(ds, cluster, arguments, scan.total_rows)
 
 
 def _synth_stage(ds, cluster: ClusterSettings, arguments: dict, rows: int):
-    from ray.data import ActorPoolStrategy
-
     from actors.synth import SynthStage
 
     blocks = arguments["settings"].engine.max_concurrent_blocks  # resolved by actor_arguments
@@ -76,9 +86,7 @@ def _synth_stage(ds, cluster: ClusterSettings, arguments: dict, rows: int):
         # an async callable class: up to `blocks` calls run in one actor at once (Ray Data sets
         # the actor's max_concurrency to max_concurrent_calls_per_actor), and no more are sent
         # to it than that, so a waiting block never sits in one actor's queue while another idles
-        compute=ActorPoolStrategy(
-            size=cluster.num_actors, max_concurrent_calls_per_actor=blocks, max_tasks_in_flight_per_actor=blocks
-        ),
+        compute=_actor_pool(cluster.num_actors, blocks),
         # bounded restarts: a row that kills its actor must end as an error row, not loop forever;
         # a block's own retries (null: unbounded) then end with its actor's, and outlast the
         # tries Ray spends at an actor on a lost node before it notices (config.py)
@@ -88,7 +96,30 @@ def _synth_stage(ds, cluster: ClusterSettings, arguments: dict, rows: int):
         num_gpus=cluster.gpus_per_actor,
         batch_size=cluster.rows_per_block,
         batch_format="pyarrow",
+        **_concurrency_options(blocks),
     )
+
+
+def _actor_pool(actors: int, blocks: int):
+    """Ray Data's actor pool of `actors` taking `blocks` calls at once each. Ray 2.60 sets the
+    actor's concurrency from max_concurrent_calls_per_actor; before it (2.49), max_concurrency in
+    the actor's options does (_concurrency_options)."""
+    from ray.data import ActorPoolStrategy
+
+    if "max_concurrent_calls_per_actor" in inspect.signature(ActorPoolStrategy).parameters:
+        return ActorPoolStrategy(
+            size=actors, max_concurrent_calls_per_actor=blocks, max_tasks_in_flight_per_actor=blocks
+        )
+    return ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=blocks)
+
+
+def _concurrency_options(blocks: int) -> dict:
+    """The actor options that let one actor run `blocks` calls at once on a Ray before 2.60."""
+    from ray.data import ActorPoolStrategy
+
+    if "max_concurrent_calls_per_actor" in inspect.signature(ActorPoolStrategy).parameters:
+        return {}
+    return {"max_concurrency": blocks}
 
 
 def start_read_ahead(cluster: ClusterSettings, arguments: dict):
@@ -101,13 +132,12 @@ def start_read_ahead(cluster: ClusterSettings, arguments: dict):
 
 class _Driver:
     """The driver's side of the stream, O(1) per block: progress, compaction, the read-ahead's
-    release, Ray Data's stats trim, what the cluster did (cluster_events.py), and the figures
-    only the stream sees."""
+    release, what the cluster did (cluster_events.py), and the figures only the stream sees."""
 
     def __init__(self, job: Job, pending: int, gate):
         output, total = job.output, job.scan.total_rows
         self.gate = gate
-        self.events = ClusterEvents()
+        self.events = ClusterEvents(job.run_id)
         self.store_retries = 0  # the write tasks' and compactions' (the driver's own: steps.py)
         self.driver_retries_from = retries_spent()
         self.progress = Progress(
@@ -146,6 +176,7 @@ class _Driver:
     def close(self, wait: bool) -> dict:
         """The stream's figures; a stopped run (wait=False) does not wait for its compactions."""
         self.progress.close()
+        self.events.close(read=wait)
         compacted = self.compaction.finish(wait=wait)
         self.store_retries += compacted.pop("store_retries", 0)
         return {**self.stream, **compacted, "cluster": self.events.figures(), "store_retries": self.store_retries}
@@ -162,21 +193,28 @@ def synthesize(job: Job, todo: list, arguments: dict, pending: int, check=lambda
     job.cluster.connect()
     job.cluster.check_resources()
     gate = start_read_ahead(job.config.cluster, arguments)
-    dataset = build_dataset(job, todo, arguments, gate)
+    cluster = job.config.cluster
+    datasets = segments(read_work(job, todo, arguments), cluster.rows_per_block, cluster.blocks_per_dataset)
     driver = _Driver(job, pending, gate)
 
     def every_second() -> None:
         check()
-        driver.events.poll(dataset)
+        driver.events.poll()
         driver.drain()
 
     ended = False
     try:
-        for seen, _block in enumerate(watched(dataset.iter_rows(), every_second), 1):
-            if seen % TRIM_EVERY_BLOCKS == 0:  # a row per block call: the blocks Ray Data saw
-                trim_block_stats(dataset)
+        for work in datasets:  # one after another: each one's bookkeeping goes when it ends
+            # closed here, whatever ends it: Ray Data's execution stops before Ray does (watch.py)
+            with contextlib.closing(
+                watched(build_dataset(job, work, arguments, gate).iter_rows(), every_second)
+            ) as blocks:
+                for _block in blocks:  # a row per block call; its rows came as parts (drain)
+                    pass
         driver.drain()  # the last parts (in the gate before their blocks' calls returned)
         ended = True
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (pipeline/cli/interrupt.py): the rows written so far
+        raise Interrupted(driver.progress.rows) from None
     except Exception as e:
         full = space.full_disk(e)  # a task's or an actor's write beside a local output
         if full is None or not job.layout.local:

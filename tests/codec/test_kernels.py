@@ -115,7 +115,7 @@ def test_a_kernel_that_cannot_be_built_leaves_torchs_code_with_a_warning(tmp_pat
     builds = []
     real_load = cpp_extension.load
     monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: builds.append(a) or real_load(*a, **k))
-    with caplog.at_level(logging.WARNING, logger="actors.native"):
+    with caplog.at_level(logging.WARNING, logger="chorus.actors.native"):
         assert native.build("chorus_test_broken", broken, tmp_path / "build") is False
         assert native.build("chorus_test_broken", broken, tmp_path / "build") is False
     assert "chorus_test_broken could not be built" in caplog.text

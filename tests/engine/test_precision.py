@@ -51,7 +51,7 @@ def test_an_explicit_dtype_overrides_the_rule(name, dtype):
 
 def test_auto_logs_its_choice_once(monkeypatch, caplog):
     monkeypatch.setattr(precision, "_logged", set())
-    with caplog.at_level(logging.INFO, logger=precision.__name__):
+    with caplog.at_level(logging.INFO, logger=f"chorus.{precision.__name__}"):
         for _ in range(3):
             choose_dtype("auto", "cpu", ZEN4)
         choose_dtype("auto", "cpu", AVX2)

@@ -10,17 +10,18 @@ import ast
 from dataclasses import fields
 from pathlib import Path
 
-from pipeline.config import ChorusConfig, ExportConfig
+from pipeline.config import ChorusConfig, ExportConfig, ReportConfig
 from tests.helpers import REPO
 
 # where Hydra's object is allowed, and why
 ENTRY_POINTS = {
-    "pipeline/__main__.py": "`python -m pipeline`: Hydra's app, converts the run config once",
-    "pipeline/bench/__main__.py": "`python -m pipeline.bench`: Hydra's app, converts the run config once",
-    "pipeline/export/__main__.py": "`python -m pipeline.export`: reads its command line, converts ExportConfig once",
+    "pipeline/cli/compose.py": "`chorus`: composes each command's config from its settings, converts it once",
+    "pipeline/cli/help.py": "`chorus <command> --help`: reads the composed config's values before any conversion",
+    "pipeline/cli/parse.py": "`chorus`: Hydra's override grammar reads the command line",
+    "pipeline/config_page.py": "docs/config.md: the values conf/'s groups compose, as written",
     "pipeline/config.py": "the schema, Hydra's composition and the conversion itself",
 }
-GROUPS = {f.name for schema in (ChorusConfig, ExportConfig) for f in fields(schema)}
+GROUPS = {f.name for schema in (ChorusConfig, ExportConfig, ReportConfig) for f in fields(schema)}
 # names a module gives the raw Hydra object or its plain-container copy
 RAW_NAMES = {"cfg", "run_cfg", "plain"}
 CONVERSIONS = {"to_container", "to_plain"}

@@ -1,5 +1,5 @@
 """The driver's run config, without Ray: the defaults, typos and wrong types, checkpoints a
-real model needs, the engine groups, Hydra's run directory, and settings that cannot work
+real model needs, the engine groups, and settings that cannot work
 refused before any work."""
 
 from __future__ import annotations
@@ -76,17 +76,6 @@ def test_out_of_range_engine_settings_are_named_before_any_work(tmp_path, overri
     with pytest.raises(ConfigError, match=override.split("=")[0]):
         run(compose_typed([override, f"output.dir={tmp_path}/out"]))
     assert not (tmp_path / "out").exists()
-
-
-def test_hydra_run_dir_follows_the_output(tmp_path):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        local = hydra_compose("config", [f"output.dir={tmp_path}/out"], return_hydra_config=True)
-        remote = hydra_compose("config", ["output.dir=s3://bucket/out"], return_hydra_config=True)
-    assert local.hydra.run.dir.startswith(f"{tmp_path}/out/_runs/")
-    assert remote.hydra.run.dir.startswith("outputs/_runs/")
 
 
 def test_settings_that_cannot_work_fail_early(tmp_path):

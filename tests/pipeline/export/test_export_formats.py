@@ -18,9 +18,9 @@ import soundfile as sf
 
 from actors import schema as S
 from helpers import export_in_process, export_settings, export_source, ok_row, two_voice_flac
+from pipeline.cli import main
 from pipeline.export import destination as destination_module
 from pipeline.export import formats, task
-from pipeline.export.__main__ import main
 from pipeline.export.job import export
 from pipeline.names import EXPORT_RECORD, EXPORT_STAGING
 
@@ -232,6 +232,7 @@ def test_the_filters_export_exactly_the_rows_the_thresholds_keep(tmp_path, capsy
     source = export_source(tmp_path / "out", rows, block_rows=7)
     dest = tmp_path / "wds"
     argv = [
+        "export",
         f"output.dir={source.location}",
         "export.format=webdataset",
         f"export.dir={dest}",
@@ -338,13 +339,13 @@ def test_a_missing_writer_library_and_bad_keys_are_clear_errors(source, tmp_path
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lhotse" else real(name, *a))
-    assert main([f"output.dir={source.location}", "export.format=lhotse"]) == 2
-    assert "pip install 'chorus[export]'" in capsys.readouterr().err
-    assert main([f"output.dir={source.location}", "export.format=tfrecord"]) == 2
+    assert main(["export", f"output.dir={source.location}", "export.format=lhotse"]) == 2
+    assert "pip install 'chorus-tts[export]'" in capsys.readouterr().err
+    assert main(["export", f"output.dir={source.location}", "export.format=tfrecord"]) == 2
     assert "export.format must be one of files, webdataset, lhotse, hf" in capsys.readouterr().err
-    assert main([f"output.dir={source.location}", "export.status=[error]"]) == 2
+    assert main(["export", f"output.dir={source.location}", "export.status=[error]"]) == 2
     assert "error rows have no audio" in capsys.readouterr().err
-    assert main([f"output.dir={source.location}", "export.exclude_flags=[clipped]"]) == 2
+    assert main(["export", f"output.dir={source.location}", "export.exclude_flags=[clipped]"]) == 2
     assert "unknown flag(s) ['clipped']" in capsys.readouterr().err
 
 

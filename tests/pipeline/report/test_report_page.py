@@ -225,8 +225,8 @@ def test_cli_without_torch(run_dir, tmp_path):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps(BENCH))
     code = (
-        "import runpy, sys; sys.argv = ['pipeline.report', sys.argv[1], '--title', 'cli run', '--bench', "
-        "sys.argv[2]]\ntry:\n    runpy.run_module('pipeline.report', run_name='__main__')\n"
+        "import runpy, sys; sys.argv = ['pipeline.report', sys.argv[1], 'report.title=cli run', "
+        "'report.bench=' + sys.argv[2]]\ntry:\n    runpy.run_module('pipeline.report', run_name='__main__')\n"
         "except SystemExit as e:\n    assert not e.code, e.code\n"
         "assert 'torch' not in sys.modules, 'pipeline.report imported torch'\n"
     )

@@ -231,6 +231,30 @@ def test_actor_killed_mid_batch(ray_cluster, tmp_path, small_settings, read_rows
     assert_each_once(rows, DEMO_IDS)
     assert all(r[S.STATUS] == S.STATUS_OK for r in rows), [(r[S.ID], r[S.ERROR]) for r in rows if r[S.ERROR]]
     assert len({r[S.ACTOR] for r in rows}) >= 2  # a restarted actor (a new process) finished the job
+    # the driver counted it: the restarted actor told it, and so did the block it ran again
+    infrastructure = json.loads((tmp_path / "out" / SUMMARY_FILE).read_text())["infrastructure"]
+    assert infrastructure["actors_restarted"] == 1 and infrastructure["blocks_retried"] >= 1, infrastructure
+
+
+def test_the_stream_in_several_datasets_writes_every_row_once(
+    ray_cluster, demo_table, tmp_path, small_settings, read_rows
+):
+    """cluster.blocks_per_dataset=1: each of the input's three row groups (one read chunk each)
+    streams as a dataset of its own, with actors of its own, one after another."""
+    source = tmp_path / "groups.parquet"
+    pq.write_table(demo_table, source, row_group_size=10)
+    summary = synthesize(
+        small_settings,
+        f"data.path={source}",
+        f"data.audio_root={DEMO_TABLE.parent}",
+        f"output.dir={tmp_path}/out",
+        "cluster.rows_per_block=4",
+        "cluster.blocks_per_dataset=1",
+    )
+    rows = read_rows(tmp_path / "out")
+    assert_each_once(rows, DEMO_IDS)
+    assert {r[S.STATUS] for r in rows} == {S.STATUS_OK}
+    assert len({r[S.ACTOR] for r in rows}) == 3, summary  # three datasets, three actors (one each)
 
 
 def test_driver_killed_then_resumed(ray_cluster, driver_env, demo_table, tmp_path, small_settings, read_rows):

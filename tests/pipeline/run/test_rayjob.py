@@ -47,12 +47,14 @@ def test_the_manifest_is_a_rayjob_as_the_readme_asks():
     ray_pods = [c for c in containers(spec) if c["name"] != "ray-job-submitter"]
     assert all(c["envFrom"] == [{"secretRef": {"name": "chorus-s3"}}] for c in ray_pods)
     command = shlex.split(spec["entrypoint"])
-    assert command[:3] == ["python", "-m", "pipeline"]
-    compose_typed(command[3:])  # every override is a key of the run's schema, in range
+    assert command[:2] == ["chorus", "run"]  # the installed command
+    compose_typed(command[2:])  # every override is a key of the run's schema, in range
 
 
 def demo_entrypoint(entrypoint: str, table: str, output: str, small_settings: list[str]) -> list[str]:
-    """The manifest's command with the demo's checkpoint and S3 values (and CPU in place of GPUs)."""
+    """The manifest's command with the demo's checkpoint and S3 values (and CPU in place of GPUs);
+    `chorus run` as `python -m pipeline run`, the same command run from the job's working_dir
+    upload (this checkout) rather than from an installed wheel (tests/test_wheel.py runs that)."""
     replaced = {
         "model": "model=demo",
         "model.checkpoint": None,  # the demo's own
@@ -62,8 +64,10 @@ def demo_entrypoint(entrypoint: str, table: str, output: str, small_settings: li
         "cluster": "cluster=local",
         "cluster.num_actors": "cluster.num_actors=1",
     }
-    command = []
-    for token in shlex.split(entrypoint):
+    tokens = shlex.split(entrypoint)
+    assert tokens[:2] == ["chorus", "run"], tokens
+    command = ["python", "-m", "pipeline", "run"]
+    for token in tokens[2:]:
         key = token.split("=", 1)[0]
         if key in replaced:
             if replaced[key] is not None:

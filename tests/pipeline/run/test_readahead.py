@@ -1,6 +1,7 @@
 """The job's read runs at most a window of rows ahead of the rows written (pipeline/readahead.py,
-pipeline/todo_read.py), and Ray Data's per-block stats lists stay bounded while a run streams
-(pipeline/executor_stats.py). Real Ray, real Parquet."""
+pipeline/todo_read.py), and a run's stream is cut into datasets of a bounded number of blocks
+that read every chosen row once through one window (pipeline/executor_stats.py). Real Ray,
+real Parquet."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from pipeline.plan.inputs import scan_input
 from pipeline.plan.keys import FRAGMENT, ROW
 from pipeline.plan.todo import TodoFragment
 from pipeline.run import readahead
-from pipeline.run.chosen_rows import chunks, read_dataset
-from pipeline.run.executor_stats import trim_block_stats
+from pipeline.run.chosen_rows import chunks, read_chunks, read_dataset
+from pipeline.run.executor_stats import blocks_of, segments
 
 
 def test_window_follows_the_actors_blocks_and_holds_three_chunks():
@@ -108,18 +109,29 @@ def test_the_read_stops_at_the_window_until_rows_are_released(ray_cluster, tmp_p
     assert all(r[S.CONTENT_HASH] == "h" + str(int(r[S.ID][4:])) for r in rows)  # each with its own hash
 
 
-def test_ray_datas_per_block_stats_are_cleared_while_streaming(ray_cluster):
+def test_segments_cut_the_chunks_in_order_within_the_block_bound(tmp_path):
+    scan, todo = _input(tmp_path, rows=1000, row_group=200)  # 5 fragments of 100 chosen rows
+    work = chunks(todo, 32)  # 4 chunks a fragment: 32, 32, 32, 4 rows
+    groups = segments(work, rows_per_block=16, max_blocks=5)
+    assert [c for group in groups for c in group] == work  # each chunk once, in order
+    assert all(sum(blocks_of(c, 16) for c in group) <= 5 for group in groups)
+    assert [sum(blocks_of(c, 16) for c in group) for group in groups][:3] == [4, 5, 5]  # 2+2, 2+1+2, 2+2+1
+    assert segments(work, rows_per_block=16, max_blocks=1) == [[c] for c in work]  # a chunk never splits
+    assert segments(work, rows_per_block=16, max_blocks=10**6) == [work]
+
+
+def test_datasets_one_after_another_read_every_chosen_row_once(ray_cluster, tmp_path):
+    """The stream as several datasets through one gate: the chunks' numbers are the run's, so no
+    dataset's chunk is taken for another's already admitted (it would run outside the window)."""
     import ray
 
-    ds = ray.data.range(4000, override_num_blocks=200).map_batches(lambda b: b, batch_size=None)
-    dropped = []
-    for i, _ in enumerate(ds.iter_batches(batch_size=None, prefetch_batches=0)):
-        if i % 50 == 49:
-            dropped.append(trim_block_stats(ds))
-    # on the pinned Ray the lists exist and are emptied: what stays is at most what arrived since
-    assert sum(dropped) >= 150, dropped
-    topology = ds._current_executor._topology if ds._current_executor else {}
-    assert all(len(getattr(op, "_output_blocks_stats", [])) <= 200 for op in topology)
+    scan, todo = _input(tmp_path, rows=600, row_group=200)  # 300 chosen rows
+    gate = readahead.start(1000)
+    rows = []
+    for work in segments(chunks(todo, 32), rows_per_block=16, max_blocks=8):
+        rows.extend(read_chunks(scan, work, rows_per_block=16, gate=gate).take_all())
+    assert sorted(r[S.ID] for r in rows) == [f"spk/{i:05d}" for i in range(0, 600, 2)]
+    assert ray.get(gate.state.remote())["admitted_rows"] == 300
 
 
 @pytest.mark.parametrize("configured", [0, -5])
