@@ -53,3 +53,30 @@ def test_the_scan_finds_a_planted_duplicate():
 
 def test_no_class_name_is_defined_twice():
     assert defined_twice(project_sources()) == {}
+
+
+def loggers_outside_the_namespace(files: Iterable[tuple[str, str]]) -> list[str]:
+    """Each module-level `logging.getLogger(...)` whose name does not start with "chorus"
+    (a literal or an f-string), as "path: source": configuring the "chorus" logger must reach
+    every module's lines."""
+    outside = []
+    for path, source in files:
+        for node in ast.parse(source).body:
+            call = node.value if isinstance(node, ast.Assign) else None
+            if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "logging.getLogger"):
+                continue
+            first = call.args[0] if call.args else None
+            if isinstance(first, ast.JoinedStr) and first.values:
+                first = first.values[0]
+            if not (isinstance(first, ast.Constant) and str(first.value).startswith("chorus")):
+                outside.append(f"{path}: {ast.unparse(node)}")
+    return outside
+
+
+def test_every_module_logs_under_chorus():
+    assert loggers_outside_the_namespace(project_sources()) == []
+    # the rule catches a module named by __name__ alone, and passes the namespace's forms
+    planted = [("a.py", "import logging\nlog = logging.getLogger(__name__)\n")]
+    assert loggers_outside_the_namespace(planted) == ["a.py: log = logging.getLogger(__name__)"]
+    fine = 'import logging\nlog = logging.getLogger("chorus")\nlog2 = logging.getLogger(f"chorus.{__name__}")\n'
+    assert loggers_outside_the_namespace([("b.py", fine)]) == []

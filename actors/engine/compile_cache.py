@@ -27,7 +27,7 @@ import torch
 from ..files import write_atomically
 from ..native import cpu_capability
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
 _SOURCE = Path(__file__).resolve().parent  # actors/engine: its modules and kernels shape the graphs

@@ -33,7 +33,7 @@ from actors.quality import hearing
 from actors.quality.settings import QualitySettings
 from actors.synth.child import ChildProcess, child_connection, serve
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"chorus.{__name__}")  # one namespace: configuring "chorus" reaches every module
 
 # CPU seconds listening costs per second of audio (the checks and FLAC; the measurement
 # on the demo's rows, docs/performance.md "The job on a GPU" measures it per run)
