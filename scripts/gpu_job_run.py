@@ -17,8 +17,13 @@ from pathlib import Path
 BLOCK_ROWS = {False: 64, True: 8}
 # the quick mode's engine, over engine=gpu's preset: sizes a 2-core CPU runs in seconds; the
 # listen pool on (on a CPU its default is none), so CI runs the GPU's path
-QUICK_ENGINE = {"max_rows": 8, "max_tokens": 512, "prefill_chunk": 256, "max_frames": 48,
-                "frames_per_char": 0.5, "min_frames": 8, "listen_processes": 2}  # fmt: skip
+QUICK_ENGINE = {"max_rows": 8, "max_tokens": 512, "prefill_chunk": 256, "listen_processes": 2}
+# the frame budgets (model.budget): random weights babble to their budget, so each segment is
+# given read speech's length (2.15 frames a UTF-8 byte: actors/synth/budget.py) and kept when
+# it fills it (on_cut=accept; a real checkpoint's default would regenerate it up to the
+# ceiling); the quick mode's are the demo's short ones
+BUDGET = {False: {"frames_per_byte": 2.15, "on_cut": "accept"},
+          True: {"max_frames": 48, "frames_per_byte": 0.5, "min_frames": 8, "on_cut": "accept"}}  # fmt: skip
 GiB = 1 << 30
 
 
@@ -67,11 +72,19 @@ def build_actor(size: str, checkpoint: Path, codec: str, device: str, quick: boo
     """The actor as a Ray Data stage gets it, without Ray or Hydra: its settings dataclasses,
     engine=gpu's preset (actors/synth/presets.py), the quick mode's sizes over it."""
     from actors.synth import SynthActor
+    from actors.synth.budget import FrameBudget
     from actors.synth.presets import engine_settings
     from actors.synth.settings import ActorSettings, ModelSettings, RunContext
 
+    model = ModelSettings(
+        name=f"random-{size}",
+        checkpoint=str(checkpoint),
+        codec=codec,
+        device=device,
+        budget=FrameBudget(**BUDGET[quick]),
+    )
     settings = ActorSettings(
-        model=ModelSettings(name=f"random-{size}", checkpoint=str(checkpoint), codec=codec, device=device),
+        model=model,
         engine=engine_settings("gpu", **(QUICK_ENGINE if quick else {})),
         run=RunContext(run_id="gpu-job", input_dir=input_dir, threads=1 if device == "cpu" else None),
     )
