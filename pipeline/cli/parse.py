@@ -49,7 +49,7 @@ def nearest(key: str, known: list[str], descriptions: dict[str, str]) -> str:
     """The known key a misspelled one most likely meant ("" when none is close), tried in turn:
     a key of the same group that starts with it or is spelled close to it; a key of that group whose description uses the
     misspelled word (`engine.slots` -> engine.max_rows, "... KV-cache slots"); a close spelling
-    anywhere; a key with the same last part in another group (`max_frames` -> engine.max_frames)."""
+    anywhere; a key with the same last part in another group (`max_frames` -> model.budget.max_frames)."""
     group, _, word = key.rpartition(".")
     siblings = {k.rpartition(".")[2]: k for k in known if group and k.rpartition(".")[0] == group}
     close = [name for name in siblings if name.startswith(word)] or difflib.get_close_matches(word, siblings, n=1)

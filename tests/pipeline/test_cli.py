@@ -69,7 +69,7 @@ def test_the_overview_names_every_command_and_the_exit_statuses(capsys):
     [
         (["run", "engine.slots=0"], "unknown key 'engine.slots' (did you mean engine.max_rows?)"),
         (["run", "+engine.slots=0"], "unknown key 'engine.slots' (did you mean engine.max_rows?)"),
-        (["run", "max_frames=3"], "(did you mean engine.max_frames?)"),
+        (["run", "max_frames=3"], "(did you mean model.budget.max_frames?)"),
         (["export", "out", "export.fromat=hf"], "unknown key 'export.fromat' (did you mean export.format?)"),
         (["run", "engine=warp"], "engine=warp: no such option of engine; the options are cpu, gpu"),
         (["run", "data=parquet"], "data.path is required with data=parquet: pass data.path=..."),
