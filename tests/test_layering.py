@@ -178,6 +178,7 @@ def test_no_import_cycle_in_the_driver_or_the_actors():
 LEAVES = {
     "pipeline.location",
     "pipeline.names",
+    "pipeline.shipped",
     "pipeline.errors",
     "pipeline.config",
     "pipeline.config_page",

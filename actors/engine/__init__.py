@@ -9,7 +9,7 @@ The names below load lazily, so `from actors.engine.types import Request` or
 
 from __future__ import annotations
 
-import importlib
+from actors.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "CheckpointError": "architecture",
@@ -35,11 +35,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'actors.engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -9,7 +9,7 @@ codec and the leaves; none of them imports it."""
 
 from __future__ import annotations
 
-import importlib
+from actors.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "SynthActor": "actor",
@@ -26,11 +26,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'actors.synth' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
