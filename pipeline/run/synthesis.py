@@ -11,6 +11,7 @@ import contextlib
 import inspect
 import logging
 import math
+import threading
 import time
 import warnings
 
@@ -146,6 +147,7 @@ class _Driver:
         self.compaction = RunningCompaction(job.layout.location, job.run_id, output.shard_bytes, output.shard_rows)
         self.stream = {"write_s": 0.0, "first_block_s": None, "last_block_at": None}
         self.began = time.monotonic()
+        self.draining = threading.Lock()
 
     def status(self) -> str:
         said = self.events.text()
@@ -153,11 +155,14 @@ class _Driver:
         return ", ".join(filter(None, [said, f"{retries} store retries" if retries else ""]))
 
     def drain(self) -> None:
-        """The parts the actors wrote since the last drain (the gate holds their stats)."""
+        """The parts the actors wrote since the last drain (the gate holds their stats). The
+        checks' thread drains every second and the main thread once a dataset's blocks are in;
+        the lock keeps a check still running at that moment from taking parts alongside."""
         import ray
 
-        for stats in ray.get(self.gate.drain.remote()):
-            self.take(stats)
+        with self.draining:
+            for stats in ray.get(self.gate.drain.remote()):
+                self.take(stats)
 
     def take(self, stats: dict) -> None:
         """One part written (pipeline/output/parts.py PartSink's stats; its rows already left
