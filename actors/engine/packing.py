@@ -182,3 +182,17 @@ def unpack_cpu_linears(model: nn.Module) -> int:
             module.__dict__.pop("_chorus_packed", None)
             unpacked += 1
     return unpacked
+
+
+def prepare_linears(model: nn.Module, head: nn.Module, fp8_weights: bool, cpu_packed: bool) -> int:
+    """The model's linears as an engine runs them: W8A8 FP8 products (kernels/fp8.py: quantized
+    in place, once) and, on CPU with `cpu_packed`, oneDNN-packed; returns how many were packed."""
+    from .kernels.fp8 import quantize_slow_linears
+
+    if fp8_weights:
+        quantize_slow_linears(model)
+    device = next(model.parameters()).device
+    if cpu_packed and device.type == "cpu":
+        return pack_cpu_linears(model) + pack_cpu_linears(head)
+    unpack_cpu_linears(model)  # another engine on this model may have packed it
+    return 0

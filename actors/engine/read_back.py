@@ -35,3 +35,17 @@ class TokenReadBack:
             return host.numpy().copy()
 
         return wait
+
+
+class StepBuffers:
+    """A decode step's inputs and outputs: buffers that live as long as the engine, so a captured
+    step reads and writes the same addresses every time (graphs.py). `positions` on the device
+    and `host` (pinned on CUDA) to stage them; `out`, the frame's tokens; `read_back`, their copy
+    to the host; `reach`, the keys a static CPU frame's rows reach (read at run time)."""
+
+    def __init__(self, rows: int, width: int, device: torch.device):
+        self.positions = torch.zeros(rows, 1, dtype=torch.int64, device=device)
+        self.host = torch.zeros(rows, 1, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.out = torch.zeros(rows, width, dtype=torch.int64, device=device)
+        self.read_back = TokenReadBack(rows, width, device)
+        self.reach = torch.zeros((), dtype=torch.int64, device=device)

@@ -28,12 +28,11 @@ from .compiling import compiled_frame, compiles, use_cache_dir
 from .decoding import BatchFacts, BatchSampling, Candidates, SlotSampling, pick_code, pick_main_token
 from .graphs import StepGraphs, kv_bucket, kv_buckets
 from .kernels import kernel_path
-from .kernels.fp8 import quantize_slow_linears
 from .kernels.stack import gate_up_weight
 from .loader import LoadedModel
-from .packing import load_native_ops, pack_cpu_linears, unpack_cpu_linears
+from .packing import load_native_ops, pack_cpu_linears, prepare_linears
 from .prefill import PackedPrefill
-from .read_back import TokenReadBack
+from .read_back import StepBuffers
 from .settings import EngineConfig
 
 
@@ -79,8 +78,7 @@ class FrameOutput:
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, cache: SlotKVCache):
         self.loaded, self.config, self.cache = loaded, config, cache
-        self.model, self.mc = loaded.model, loaded.config
-        self.device = loaded.device
+        self.model, self.mc, self.device = loaded.model, loaded.config, loaded.device
         c = self.mc
         self.candidates = Candidates(c, loaded.im_end_id, self.device)
         limits = config.codebook_limits
@@ -96,13 +94,7 @@ class ModelRunner:
         self.prefixes = PrefixCache(config.prefix_cache_entries)
         self.steps: list[StepRecord] = []
         self.logit_head = self.model.candidate_head(self.candidates.ids)
-        if config.fp8_weights:  # W8A8 products (kernels/fp8.py): the model is quantized in place, once
-            quantize_slow_linears(self.model)
-        packed = 0
-        if config.cpu_packed_linears and self.device.type == "cpu":
-            packed = pack_cpu_linears(self.model) + pack_cpu_linears(self.logit_head)
-        else:
-            unpack_cpu_linears(self.model)  # another engine on this model may have packed it
+        packed = prepare_linears(self.model, self.logit_head, config.fp8_weights, config.cpu_packed_linears)
         self.compiled = compiles(config, self.device, packed_linears=packed > 0)
         # the fused kernels (kernels/): each row attends to its own keys, so a captured step
         # needs no key bucket (one graph per batch bucket)
@@ -136,28 +128,26 @@ class ModelRunner:
             self.packed = PackedPrefill(
                 self.model, cache, config.max_tokens, self.device, self.graphs, self.kernel_path
             )
-        # the step's tables, built once before any captured frame (a step may not keep what it makes)
+        self._build_step_tables(config)
+        self._frame = compiled_frame(self._decode_frame, self.device) if self.compiled else self._decode_frame
+        # the step's inputs and outputs, living as long as the engine (read_back.py)
+        buffers = StepBuffers(config.max_rows, 1 + c.num_codebooks, self.device)
+        self.positions, self._positions_host, self.frame_out = buffers.positions, buffers.host, buffers.out
+        self.read_back, self.reach = buffers.read_back, buffers.reach
+        # a context manager each eager device step runs in (audit.audit_steps watches steps)
+        self.watch_step = None
+
+    def _build_step_tables(self, config: EngineConfig) -> None:
+        """The step's tables, built once before any captured frame (a step may not keep what it
+        makes): RoPE, codebook offsets, row slots, the fused path's joined gate/up weights."""
         self.model._slow_rope(config.max_tokens, self.device)
         self.model._fast_rope(self.device)
         self.model.codebook_offsets(self.device)
-        self.model.row_slots(slice(0, max(config.max_rows, c.num_codebooks + 1)), 0, self.device)
+        self.model.row_slots(slice(0, max(config.max_rows, self.mc.num_codebooks + 1)), 0, self.device)
         if self.fused:
             for layer in [*self.model.layers, *self.model.fast_layers]:
                 if "_gate_up_fp8" not in layer.feed_forward.__dict__:  # FP8 layers keep their own
                     gate_up_weight(layer.feed_forward)
-        self._frame = compiled_frame(self._decode_frame, self.device) if self.compiled else self._decode_frame
-        # the step's inputs and outputs: buffers that live as long as the engine, so a captured
-        # step reads and writes the same addresses every time (graphs.py)
-        rows, width = config.max_rows, 1 + c.num_codebooks
-        self.positions = torch.zeros(rows, 1, dtype=torch.int64, device=self.device)
-        pinned = self.device.type == "cuda"
-        self._positions_host = torch.zeros(rows, 1, dtype=torch.int64, pin_memory=pinned)
-        self.frame_out = torch.zeros(rows, width, dtype=torch.int64, device=self.device)
-        self.read_back = TokenReadBack(rows, width, self.device)
-        # a static CPU frame reads the keys its rows reach: their count, read at run time
-        self.reach = torch.zeros((), dtype=torch.int64, device=self.device)
-        # a context manager each eager device step runs in (audit.audit_steps watches steps)
-        self.watch_step = None
 
     # -- slots -------------------------------------------------------------------------
     def admit(self, slot: int, prompt: np.ndarray, sampling, stop_on_eos: bool) -> None:
