@@ -253,33 +253,22 @@ class DualARModel(nn.Module):
         key position <= query position.
 
         `fused` (with a cache: "fused" or "compiled", kernels.kernel_path; True is "fused") runs the
-        blocks through the kernels package's stack (kernels/stack.py): each
-        token attends to its own slot's keys 0..position, no mask, no key count. `slots` [B, T]
-        then names each token's slot (a packed prefill of several rows in one sequence); else
-        every token of batch row i is in slot `rows`[i]."""
+        blocks through kernels/stack.py: each token attends to its own slot's keys 0..position, no
+        mask, no key count. `slots` [B, T] then names each token's slot (a packed prefill of several
+        rows in one sequence); else every token of batch row i is in slot `rows`[i]."""
         b, _, t = tokens.shape
         x = self.embed(tokens)
         if _path(fused) != "eager" and cache is not None:
             if slots is None:
                 slots = self.row_slots(rows, b, x.device).unsqueeze(1).expand(b, t)
-            flat = positions.reshape(-1)
-            view = TokenView(slots.reshape(-1), flat, self._slow_rope(attend_len, x.device), _path(fused))
-            x, delta = fused_layers(self.layers, x, cache, view)
-            if select is not None:
-                pick = torch.arange(b, device=x.device), select
-                x, delta = x[pick].unsqueeze(1), delta[pick].unsqueeze(1)
-            elif last_only and t > 1:
-                x, delta = x[:, -1:], delta[:, -1:]
-            x, normed = finish(x, delta, self.norm, view.path)
+            x, normed = self._fused_slow(x, positions, cache, slots, attend_len, select, last_only, _path(fused))
             return self._slow_output(x, normed, want_logits, logit_head, logit_rows)
         # every position is below attend_len (cached) or T (uncached, positions from 0): the
         # table size is known without reading `positions`, so compiled steps never sync
         n_pos = t if cache is None else attend_len
         rotation = self._slow_rope(n_pos, x.device)[positions]
-        if cache is None:
-            key_pos = positions  # [B, T]
-            view = None
-        else:
+        key_pos, view = positions, None  # [B, T], uncached
+        if cache is not None:
             key_pos = torch.arange(attend_len, device=x.device).expand(b, attend_len)
             view = CacheView(cache, rows, positions, attend_len, reach)
         mask = key_pos.unsqueeze(1) <= positions.unsqueeze(2)  # [B, T, L]
@@ -290,6 +279,19 @@ class DualARModel(nn.Module):
         elif last_only and t > 1:
             x = x[:, -1:]
         return self._slow_output(x, self.norm(x), want_logits, logit_head, logit_rows)
+
+    def _fused_slow(self, x, positions, cache, slots, attend_len, select, last_only, path) -> tuple[Tensor, Tensor]:
+        """forward_slow's blocks through the kernels package's stack: (the kept columns' residual
+        stream, their final norm), each token attending to its own slot's keys."""
+        b, t = x.shape[0], x.shape[1]
+        view = TokenView(slots.reshape(-1), positions.reshape(-1), self._slow_rope(attend_len, x.device), path)
+        x, delta = fused_layers(self.layers, x, cache, view)
+        if select is not None:
+            pick = torch.arange(b, device=x.device), select
+            x, delta = x[pick].unsqueeze(1), delta[pick].unsqueeze(1)
+        elif last_only and t > 1:
+            x, delta = x[:, -1:], delta[:, -1:]
+        return finish(x, delta, self.norm, view.path)
 
     def _slow_output(self, x, normed, want_logits, logit_head, logit_rows) -> SlowOutput:
         logits = None

@@ -111,6 +111,9 @@ class SynthActor:
         self.init_ms = (time.perf_counter() - constructed) * 1000.0
         self.feeder.start()
         self.finisher.start(functools.partial(yield_to_engine, str(self.lm.device)))
+        self._log_ready(loaded)
+
+    def _log_ready(self, loaded: loading.Loaded) -> None:
         log.info(
             "SynthActor %s ready on %s in %.1fs: %s (%s), codec %s, kv %s",
             self.writer.actor,
