@@ -27,6 +27,7 @@ def _check(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     return proc, json.loads((tmp_path / "gpu_check.json").read_text())
 
 
+@pytest.mark.slow  # ~20 s; .ci/run runs the quick check itself
 def test_the_cpu_run_writes_each_steps_figures(tmp_path):
     proc, report = _check(tmp_path, "--device", "cpu", "--quick", "--only", "ceilings,frame_check,keys")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -100,6 +100,7 @@ def test_a_static_frame_reads_only_the_keys_its_rows_reach_with_the_eager_number
     )
 
 
+@pytest.mark.slow  # ~12 s a dtype: 32 rows against each alone
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_fast_stacks_attention_gives_a_row_alone_what_it_gives_it_among_32(dtype):
     # bfloat16 batched products gave some rows other results at 4 keys (Sapphire Rapids)

@@ -75,7 +75,7 @@ def test_cached_equals_uncached_logits_then_codes(lm64, lm32, dtype, tol, ref_fr
     assert np.array_equal(result.codes, ref.codes) and result.frames == 12
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 16, 1000])
+@pytest.mark.parametrize("chunk", [pytest.param(1, marks=pytest.mark.slow), 3, 16, 1000])  # 1: ~20 s
 def test_chunked_prefill_equals_one_shot(lm64, lm32, chunk):
     for lm, tol in ((lm64, 1e-9), (lm32, 1e-4)):
         p = prompt_for(lm, TEXTS[4], ref_frames=5)
@@ -146,6 +146,7 @@ def test_bad_requests_error_without_killing_the_batch(lm32):
     assert "max_frames" in res[2].error and "top_p" in res[3].error
 
 
+@pytest.mark.slow  # ~30 s: every stop rule through full generations
 def test_stop_semantics(lm32, ckpt):
     engine = Engine(lm32, EngineConfig(max_rows=4, max_tokens=256))
     p = prompt_for(lm32, TEXTS[0]).tokens

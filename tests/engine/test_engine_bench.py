@@ -17,6 +17,7 @@ def _bench(tmp_path, *args: str, timeout: float = 300):
     return proc, json.loads(out.read_text())
 
 
+@pytest.mark.slow  # ~9 s: a bench in a subprocess
 def test_bench_cli_reports_every_mode_side_by_side(tmp_path):
     """`python -m actors.engine bench`: the modes run interleaved --repeats times on the same
     requests, each reports its median run, and the figures agree with each other."""
@@ -77,6 +78,7 @@ def test_bench_compiles_by_default_on_cpu_and_its_batch_sizes_agree(tmp_path):
     assert "decode frame compiled (--compile auto)" in proc.stdout
 
 
+@pytest.mark.slow  # ~11 s: two dtypes end to end
 def test_bench_runs_dtypes_side_by_side(tmp_path):
     args = ["--size", "tiny", "--rows", "4", "--max-rows", "2", "--prompt-len", "8", "--frames", "3"]
     proc, report = _bench(tmp_path, *args, "--dtype", "float32,bfloat16", "--threads", "1", "--compile", "off")

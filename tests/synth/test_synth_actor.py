@@ -303,6 +303,7 @@ print("returned")
 """
 
 
+@pytest.mark.slow  # ~20 s: waits out the watchdog
 def test_a_stuck_block_trips_the_watchdog_and_counts_as_a_crash(tmp_path):
     """Finding 8's per-block watchdog: a block stuck past cluster.block_timeout_s makes its
     actor exit (Ray then restarts it and retries the block), and the block's crash count is

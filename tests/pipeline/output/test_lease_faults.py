@@ -28,6 +28,7 @@ def record(s3_store, location: str) -> dict:
     return json.loads(s3_store.get(f"{location}/{LEASE_FILE}"))
 
 
+@pytest.mark.slow  # ~8 s: waits out the retry policy
 def test_a_first_lease_write_answered_500_after_it_took_effect_is_this_drivers_own(fault_proxy, s3_store):
     fault_proxy.set_rates(slowdown=0.10, ambiguous=0.10, drop=0.05)
     for round_ in range(2):
