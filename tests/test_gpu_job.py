@@ -73,7 +73,9 @@ def test_the_quick_mode_writes_flac_rows_that_read_back_without_ray_or_hydra(tmp
         for row in table.to_pylist():
             wave, rate = sf.read(io.BytesIO(row[S.AUDIO][S.AUDIO_BYTES]), dtype="float32")
             assert rate == row[S.SAMPLE_RATE] == 44100 and len(wave) == row[S.N_FRAMES] * 2048 > 0
-            assert row[S.DEVICE] == "cpu" and row[S.MODEL] == "random-s1-mini" and row[S.LOUDNESS_LUFS] is not None
+            assert row[S.DEVICE] == "cpu" and row[S.MODEL] == "random-s1-mini"
+            # the checks ran in the listen pool: loudness is measured on every row of 400 ms or more
+            assert (row[S.LOUDNESS_LUFS] is not None) == (row[S.AUDIO_SECONDS] >= 0.4), row
     assert "ImportError" not in (tmp_path / "out" / "gpu_job.log").read_text()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_job.json", "gpu_job.log"]
 
