@@ -298,15 +298,22 @@ def write_report(path: Path, report: dict) -> None:
     tmp.replace(path)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def step_parser(doc: str, name: str, quick_help: str, deadline_s: float) -> argparse.ArgumentParser:
+    """The options of both GPU scripts (this one and gpu_job.py): the device, the quick mode,
+    where the JSON and log go, the whole run's time limit, and a child's step and JSON."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a check that every step still runs")
-    parser.add_argument("--out", default=str(REPO / "artifacts" / "gpu_check"), help="folder for the JSON and log")
-    parser.add_argument("--deadline-s", type=float, default=470.0, help="the whole run's time limit")
-    parser.add_argument("--only", default="", help="comma list of steps to run (default: all)")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--out", default=str(REPO / "artifacts" / name), help="folder for the JSON and the log")
+    parser.add_argument("--deadline-s", type=float, default=deadline_s, help="the whole run's time limit")
     parser.add_argument("--run-step", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = step_parser(__doc__, "gpu_check", "tiny sizes: a check that every step still runs", 470.0)
+    parser.add_argument("--only", default="", help="comma list of steps to run (default: all)")
     args = parser.parse_args(argv)
     if args.run_step:  # a child: one step
         sys.path.insert(0, str(REPO))

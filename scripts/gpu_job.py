@@ -33,7 +33,6 @@ audio; peak memory (torch's allocated and reserved, the device's used); rows by 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -44,7 +43,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from gpu_check import Sink, run_steps  # noqa: E402  (the GPU check's step runner, shared)
+from gpu_check import Sink, run_steps, step_parser  # noqa: E402  (the GPU check's step runner, shared)
 from gpu_check import _run as run_killable  # noqa: E402
 
 MODELS = ("s1-mini", "s2-pro")
@@ -141,16 +140,10 @@ def plan(args) -> list[tuple[str, float]]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    parser.add_argument("--quick", action="store_true", help="tiny models and rows: a check the path still runs")
-    parser.add_argument("--out", default=str(REPO / "artifacts" / "gpu_job"), help="folder for the JSON and the log")
-    parser.add_argument("--deadline-s", type=float, default=420.0, help="the whole run's time limit")
+    parser = step_parser(__doc__, "gpu_job", "tiny models and rows: a check the path still runs", 420.0)
     parser.add_argument("--models", default=",".join(MODELS), help="comma list of s1-mini, s2-pro")
     parser.add_argument("--rows", type=int, default=0, help="input rows (0: 1536, 16 with --quick)")
     parser.add_argument("--codec-writer", default="", help="MODULE:FUNCTION writing the real-size codec")
-    parser.add_argument("--run-step", help=argparse.SUPPRESS)
-    parser.add_argument("--json", help=argparse.SUPPRESS)
     parser.add_argument("--work", help="folder for the rows, checkpoints and parts (default: a temporary one)")
     args = parser.parse_args(argv)
     if args.run_step:  # a child: one step
