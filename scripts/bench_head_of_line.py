@@ -17,7 +17,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -30,7 +29,7 @@ from pipeline.cluster import Cluster  # noqa: E402
 from pipeline.config import compose_typed  # noqa: E402
 from pipeline.output.layout import OutputLayout  # noqa: E402
 from pipeline.run.steps import run  # noqa: E402
-from tests.helpers import first_seen  # noqa: E402
+from tests.helpers import watching_output  # noqa: E402
 
 SENTENCE = "The long row goes on and on, one clause after another, until the very end. "
 VARIANTS = {"as they finish": "5", "with the block": "1e9"}
@@ -57,15 +56,8 @@ def one_run(source: Path, out: Path, rows_per_block: int, within: str) -> dict:
         "output.progress_bar=off",
         "output.progress_interval_s=0",
     ]
-    seen: dict = {}
-    stop = threading.Event()
-    watcher = threading.Thread(target=first_seen, args=(str(out), stop, seen), daemon=True)
-    watcher.start()
-    try:
+    with watching_output(str(out)) as seen:
         report = run(compose_typed(settings))
-    finally:
-        stop.set()
-        watcher.join()
     rows = OutputLayout(str(out)).read([S.ID, S.FINISHED_AT, S.BATCH]).to_pylist()
     finished = {r[S.ID]: r[S.FINISHED_AT] for r in rows}
     waits = [seen[i] - finished[i] for i in finished if "short" in i and i in seen]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -490,3 +492,18 @@ def first_seen(output: str, stop, seen: dict, every_s: float = 0.1) -> None:
         for row_id in ids:
             seen.setdefault(row_id, now)
         stop.wait(every_s)
+
+
+@contextlib.contextmanager
+def watching_output(output: str):
+    """While the block runs, `first_seen` in a thread of its own; yields its `seen` dict (id ->
+    the unix time it first showed up on disk), complete once the block has left."""
+    seen: dict = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=first_seen, args=(output, stop, seen), daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        watcher.join()

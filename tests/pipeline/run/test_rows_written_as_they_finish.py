@@ -5,7 +5,6 @@ user (or a crash) would see the output: the live files polled while the run goes
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import pyarrow as pa
@@ -16,7 +15,7 @@ from actors import schema as S
 from pipeline.config import compose_typed
 from pipeline.output.layout import OutputLayout
 from pipeline.run.steps import run
-from tests.helpers import first_seen
+from tests.helpers import watching_output
 
 pytestmark = pytest.mark.slow
 
@@ -34,15 +33,8 @@ def test_short_rows_are_written_before_the_long_row_of_their_block_finishes(ray_
         "cluster.rows_per_block=3",  # one block holds all three
         "output.write_within_s=0.5",
     ]
-    seen: dict = {}
-    stop = threading.Event()
-    watcher = threading.Thread(target=first_seen, args=(output, stop, seen), daemon=True)
-    watcher.start()
-    try:
+    with watching_output(output) as seen:
         done = run(compose_typed(settings))
-    finally:
-        stop.set()
-        watcher.join()
     rows = {r[S.ID]: r for r in OutputLayout(output).read([S.ID, S.STATUS, S.FINISHED_AT, S.BATCH]).to_pylist()}
     assert all(r[S.STATUS] == S.STATUS_OK for r in rows.values()) and done.summary["run_rows"] == 3
     held = Counter(r[S.ID] for r in OutputLayout(output).read([S.ID], latest_only=False).to_pylist())
