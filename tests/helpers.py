@@ -250,6 +250,21 @@ def console_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
 
 
+HOST_DISK_NOTICE = "file_system_monitor.cc"  # the raylet's "disk over 95% full": the host's, not chorus's
+
+
+def run_lines(stderr: str) -> list[str]:
+    """A run's stderr lines less the raylet's notices that the machine's disk is nearly full, which
+    a busy CI host prints whatever the run does."""
+    return [ln for ln in stderr.strip().splitlines() if HOST_DISK_NOTICE not in ln]
+
+
+def noisy_lines(stderr: str, *markers: str) -> list[str]:
+    """The run's own lines holding any of `markers` ("Traceback", "WARNING", " E " for a Ray C++
+    error line)."""
+    return [ln for ln in run_lines(stderr) if any(m in ln for m in markers)]
+
+
 def audio_check(page: Path, work: Path) -> tuple[list[dict], list[str]]:
     """Every <audio> of the page at `page` loaded and played in headless Chromium: (one result
     per player: id, readyState, duration, played or error; the console lines other than the
