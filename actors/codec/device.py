@@ -198,6 +198,12 @@ class DeviceDecode:
                 return self.forward(codes)
             return self.graphs.run(codes, self.forward)
 
+    def decode_latent(self, latent: Tensor) -> Tensor:
+        """The decoder alone over a latent (a long row's piece, model.decode_long), uncaptured:
+        each piece's shape comes once a row."""
+        with self.lock:
+            return self.fused(latent) if self.fused is not None else self.codec.decoder(latent)
+
     def warm_up(self, frames: int = 16, rows: int = 1) -> float:
         """Decode one batch of zeros, so what the first real call would pay -- Triton's compile
         of each layer (cached on disk for the next process), cuDNN's autotuning -- is paid at

@@ -15,6 +15,7 @@ from . import kernels
 from .config import CodecConfig
 from .device import DeviceDecode
 from .layers import Decoder, Encoder, ResidualUnit
+from .pieces import decode_in_pieces, receptive_steps
 from .quantizer import DownsampleResidualVectorQuantize
 
 # On CPU decode_batch / encode_batch group rows so that one forward pass holds at most
@@ -51,6 +52,7 @@ class Codec(nn.Module):
         self._device_decode: Optional[DeviceDecode] = None
         self._stream = None
         self._code_limits: dict[str, torch.Tensor] = {}
+        self.decoder_reach = receptive_steps(self.decoder)  # latent steps a piece's context needs
 
     # ---- sizes ----------------------------------------------------------
     @property
@@ -173,12 +175,25 @@ class Codec(nn.Module):
             raise ValueError(f"decode expects codes [B, {self.num_codebooks}, F], got {tuple(codes.shape)}")
         if codes.dtype.is_floating_point or codes.dtype == torch.bool:
             raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
-        safe = torch.minimum(codes.to(device=self.device, dtype=torch.long).clamp(min=0), self._limits())
+        safe = self._in_range(codes)
         if safe.shape[-1] == 0:
             return torch.zeros(codes.shape[0], 1, 0, dtype=self.dtype, device=self.device)
         if self.device_decode is not None:
             return self.device_decode.run(safe)
         return self.decoder(self.quantizer.decode(safe))
+
+    def _in_range(self, codes: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(codes.to(device=self.device, dtype=torch.long).clamp(min=0), self._limits())
+
+    @torch.inference_mode()
+    def decode_long(self, codes: torch.Tensor, max_samples: int) -> torch.Tensor:
+        """codes [B, C, F] -> audio [B, 1, F * frame_length] as decode gives it, with the decoder
+        run over pieces of at most max_samples samples (pieces.py): a row longer than one call
+        may hold stays within the call's memory."""
+        latent = self.quantizer.decode(self._in_range(codes))
+        decoder = self.device_decode.decode_latent if self.device_decode is not None else self.decoder
+        hop = self.frame_length * codes.shape[-1] // latent.shape[-1]  # samples per latent step
+        return decode_in_pieces(latent, decoder, hop, self.decoder_reach, max_samples)
 
     def _limits(self) -> torch.Tensor:
         """[1, C, 1] largest code per codebook, made once per device (no host copy per call)."""
@@ -280,7 +295,9 @@ class Codec(nn.Module):
             batch = torch.zeros(len(group), self.num_codebooks, longest, dtype=torch.long)
             for row, i in enumerate(group):
                 batch[row, :, : frames[i]] = torch.from_numpy(arrays[i])
-            audio = self.decode(batch).float().cpu().numpy()
+            # a group over the cap is one row alone (_length_groups): decoded in pieces
+            too_long = longest * self.frame_length > max_samples
+            audio = (self.decode_long(batch, max_samples) if too_long else self.decode(batch)).float().cpu().numpy()
             for row, i in enumerate(group):
                 results[i] = np.ascontiguousarray(audio[row, 0, : samples[i]])
         return results  # type: ignore[return-value]

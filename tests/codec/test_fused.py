@@ -141,6 +141,19 @@ def test_the_fused_decoder_equals_the_eager_one_in_float32(codes_and_reference, 
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
+def test_a_long_row_decodes_through_the_fused_kernel_in_pieces(codes_and_reference):
+    config, codes, expected = codes_and_reference  # 3 frames
+    codec = random_codec(config, seed=3)
+    codec.configure_decode("triton")
+    two_frames = 2 * codec.frame_length  # under the decoder's reach: pieces of twice the reach
+    (row,) = codec.decode_batch([codes[0].numpy()], max_batch_samples=two_frames)
+    torch.testing.assert_close(torch.from_numpy(row), expected[0, 0], rtol=0, atol=1e-5)
+    long_row = _codes(codec, 1, 9, seed=4)  # 36 latent steps: two pieces of up to 20 new steps
+    (pieces,) = codec.decode_batch([long_row[0].numpy()], max_batch_samples=two_frames)
+    torch.testing.assert_close(torch.from_numpy(pieces), random_codec(config, seed=3).decode(long_row)[0, 0],
+                               rtol=0, atol=1e-5)  # fmt: skip
+
+
 def test_the_fused_decoder_in_bfloat16_stays_within_the_eager_bf16_bound(codes_and_reference):
     config, codes, expected = codes_and_reference
     codec = random_codec(config, seed=3, dtype=torch.bfloat16)
