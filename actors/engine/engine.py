@@ -32,7 +32,7 @@ from .loader import LoadedModel
 from .runner import ModelRunner
 from .scheduler import LogitObserver, Scheduler
 from .settings import EngineConfig
-from .slots import sized_to_memory
+from .slots import sized_to_memory, slow_kv_dtype
 from .types import Request, Result, SamplingParams, upstream_sampling
 
 # the largest value a float32 holds: a setting above it would become inf on the device
@@ -48,10 +48,9 @@ class Engine:
         self.device, self.dtype = loaded.device, loaded.dtype
         config = sized_to_memory(config, self.mc, self.device, self.dtype)
         self.loaded, self.config = loaded, config
-        kv_dtype = torch.float8_e4m3fn if config.kv_dtype == "fp8" else None
         self.cache = SlotKVCache(
             self.mc, config.max_rows, config.max_tokens, self.device, self.dtype, model_id=id(self.model),
-            kv_dtype=kv_dtype,
+            kv_dtype=slow_kv_dtype(config, self.dtype),
         )  # fmt: skip
         self.runner = ModelRunner(loaded, config, self.cache)
         self.scheduler = Scheduler(config, self.mc, self.cache, self.runner)

@@ -2,8 +2,8 @@
 slots that fit in the memory the device has left (as vLLM sizes its KV cache from
 gpu_memory_utilization).
 
-A slot costs its K/V (slow: 2 x layers x max_tokens x kv heads x head_dim; fast: one frame of
-the fast stack's) plus an allowance for the activations a row can add to a step: a prefill chunk
+A slot costs its K/V (slow: 2 x layers x max_tokens x kv heads x head_dim, at one byte an element
+with engine.kv_dtype=fp8; fast: one frame of the fast stack's) plus an allowance for the activations a row can add to a step: a prefill chunk
 of `prefill_chunk` columns through one block (the SwiGLU's two wide products, the residual
 stream, q/k/v) and a decode step's float32 logits. The budget is the share of the device's
 whole memory the engine may fill, less everything already on it (the weights, the codec, other
@@ -16,12 +16,26 @@ from dataclasses import replace
 import torch
 
 from .architecture import ModelArchitecture
+from .kernels.fp8 import FP8
 from .settings import EngineConfig
+
+# engine.kv_dtype -> the slow stack's K/V element type ("auto": the model's own)
+KV_DTYPES = {"fp8": FP8}
+
+
+def slow_kv_dtype(config: EngineConfig, model_dtype: torch.dtype) -> torch.dtype:
+    return KV_DTYPES.get(config.kv_dtype, model_dtype)
+
+
+def slot_kv_bytes(mc: ModelArchitecture, config: EngineConfig, element_size: int) -> int:
+    """A slot's K/V: the slow stack's max_tokens (at engine.kv_dtype's size), the fast stack's frame."""
+    slow_size = KV_DTYPES[config.kv_dtype].itemsize if config.kv_dtype in KV_DTYPES else element_size
+    return config.max_tokens * mc.slow_kv_bytes_per_token(slow_size) + mc.fast_kv_bytes_per_frame(element_size)
 
 
 def slot_bytes(mc: ModelArchitecture, config: EngineConfig, element_size: int) -> int:
     """Device bytes one slot costs: its K/V and the activations its row may add to a step."""
-    kv = config.max_tokens * mc.slow_kv_bytes_per_token(element_size) + mc.fast_kv_bytes_per_frame(element_size)
+    kv = slot_kv_bytes(mc, config, element_size)
     width = 2 * mc.intermediate_size + 4 * mc.dim + (mc.n_head + 2 * mc.n_local_heads) * mc.head_dim
     prefill = min(config.prefill_chunk, config.max_tokens) * width * element_size
     logits = 4 * (mc.vocab_size + mc.num_codebooks * mc.codebook_size)

@@ -5,14 +5,17 @@ steps are replayed and give the plain step's codes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from actors.engine import Engine, EngineConfig, Request, SamplingParams
 from actors.engine.audit import audit_steps
+from actors.engine.cache import SlotKVCache
 from actors.engine.graphs import kv_bucket, kv_buckets
-from actors.engine.slots import slot_bytes, slots_that_fit
+from actors.engine.slots import slot_bytes, slot_kv_bytes, slots_that_fit, slow_kv_dtype
 from helpers import TEST_DEVICE
 
 CUDA = TEST_DEVICE.startswith("cuda")
@@ -47,7 +50,15 @@ def test_slots_fit_the_share_of_memory_left_after_what_the_device_already_holds(
     mc = lm32.config
     config = EngineConfig(max_rows=4, max_tokens=256, prefill_chunk=64)
     kv = 256 * mc.slow_kv_bytes_per_token(4) + mc.fast_kv_bytes_per_frame(4)
-    assert slot_bytes(mc, config, 4) > kv  # the K/V and the activations' allowance
+    assert slot_bytes(mc, config, 4) > kv == slot_kv_bytes(mc, config, 4)  # the K/V and the activations' allowance
+    for kv_dtype in ("auto", "fp8"):  # what a slot is counted is what the cache allocates for it
+        sized = replace(config, kv_dtype=kv_dtype)
+        cache = SlotKVCache(
+            mc, 4, 256, torch.device("cpu"), torch.float32, model_id=0, kv_dtype=slow_kv_dtype(sized, torch.float32)
+        )
+        assert cache.allocated_bytes() == 4 * slot_kv_bytes(mc, sized, 4), kv_dtype
+    fp8 = slot_kv_bytes(mc, replace(config, kv_dtype="fp8"), 2)
+    assert fp8 == 256 * mc.slow_kv_bytes_per_token(2) // 2 + mc.fast_kv_bytes_per_frame(2)  # half of bf16's slow K/V
     # off the GPU the setting changes nothing: exactly max_rows slots
     engine = Engine(lm32, EngineConfig(max_rows=3, max_tokens=64, memory_fraction=0.5))
     assert engine.config.max_rows == 3 or CUDA
