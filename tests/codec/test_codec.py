@@ -603,6 +603,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow  # CLI processes: ~9 s
 def test_cli_round_trip_make_tiny_encode_decode(tmp_path):
     model_dir = tmp_path / "codec"
     _cli("make-tiny", "--out", str(model_dir), "--seed", "2")
@@ -629,6 +630,7 @@ def test_cli_round_trip_make_tiny_encode_decode(tmp_path):
     assert float(wav.std()) > 0.01
 
 
+@pytest.mark.slow  # CLI processes: ~8 s
 def test_cli_bad_input_is_one_error_line(tmp_path):
     # the CLI style every chorus tool shares (actors/cli.py): `error: ...` on stderr, status 2
     model_dir = tmp_path / "codec"

@@ -60,7 +60,9 @@ SMALL_TILES = triton_conv.Tiles(block_co=16, block_t=16, block_ci=16)  # many pr
 
 
 @pytest.mark.parametrize(
-    "dilation, tiles", [(1, None), (3, None), (9, None), (9, SMALL_TILES)], ids=["1", "3", "9", "9-small-tiles"]
+    "dilation, tiles",
+    [(1, None), (3, None), (9, None), pytest.param(9, SMALL_TILES, marks=pytest.mark.slow)],
+    ids=["1", "3", "9", "9-small-tiles"],
 )
 def test_a_causal_conv_with_its_snakes_and_residual_equals_the_eager_layers(dilation, tiles):
     channels_in, channels_out, length = 24, 40, 75  # not multiples of the blocks: masks at every edge
@@ -300,6 +302,7 @@ def test_every_kernel_of_the_real_decoder_compiles_for_sm90(monkeypatch):
         assert "cubin" in compiled.asm and math.isfinite(compiled.metadata.shared)
 
 
+@pytest.mark.slow  # ~5 s; .ci/run runs the GPU check (its codec step) anyway
 def test_the_quick_gpu_bench_runs_every_step_on_cpu(tmp_path):
     from actors.codec.gpu_bench import GpuBenchOptions, run_gpu_bench
 

@@ -80,7 +80,7 @@ def test_a_batch_reads_whole_chunks_on_cpu_and_whole_blocks_elsewhere():
     assert attend_length(100, 90, "cpu") == 90  # never past the slot's capacity
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow), torch.bfloat16])  # f32: ~15 s
 def test_a_static_frame_reads_only_the_keys_its_rows_reach_with_the_eager_numbers(dtype):
     """chorus::attend_reached over a whole 512-position cache, 2 chunks reached: the eager
     chunked attention's numbers bit for bit, and the keys past the reach are never read (NaN

@@ -46,6 +46,7 @@ def _tokens(lm_dir):
     return t
 
 
+@pytest.mark.slow  # three CLI processes each: ~28 s
 @pytest.mark.parametrize("fmt", ["s1", "s2"])
 def test_make_tiny_round_trips_through_cli(fmt, tmp_path):
     out = tmp_path / fmt

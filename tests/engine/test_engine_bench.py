@@ -99,6 +99,7 @@ def test_bench_runs_dtypes_side_by_side(tmp_path):
     assert "bfloat16 / float32 frames/s" in proc.stdout and "decode steps alone" in proc.stdout
 
 
+@pytest.mark.slow  # ~7 s
 def test_bench_step_time_leaves_out_the_prefill_before_the_first_frame(tmp_path):
     """A row admitted with others waits for all of their prefills before its first frame (its
     `decode_ms` counts that wait): the bench's step is each row's time per frame after its

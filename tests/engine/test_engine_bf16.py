@@ -53,7 +53,7 @@ def wide_ckpt(tmp_path_factory):
 
 
 @pytest.mark.parametrize("compile", ["off", pytest.param("on", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.slow), "bfloat16"])
 def test_row_codes_do_not_depend_on_the_batch(wide_ckpt, dtype, compile):
     """Eager and compiled (one graph per batch size: 4, 2 and 1 rows, which inductor may build
     differently: it once fused the fast stack's attention at 1 row only)."""

@@ -98,6 +98,7 @@ def test_bad_and_empty_requests_come_back_from_the_next_step(lm32):
     assert not engine.has_unfinished()
 
 
+@pytest.mark.slow  # a thousand requests: ~7 s
 def test_a_thousand_requests_keep_kv_memory_flat(lm32):
     """1,000 requests streamed through add/step with 8 slots: the K/V buffers are the same
     allocation throughout, every slot comes back, and the engine keeps no per-request state."""

@@ -154,8 +154,8 @@ def _sampling_rows(b: int, v: int, seed: int):
 @triton_kernels
 @pytest.mark.parametrize(  # bf16 logits tie often: ties rank by id, as the stable sort
     "dtype,penalty",
-    [(torch.float32, False), (torch.bfloat16, True), *(pytest.param(d, p, marks=pytest.mark.slow) for d, p in
-                                                       [(torch.float32, True), (torch.bfloat16, False)])],
+    [(torch.float32, False), *(pytest.param(d, p, marks=pytest.mark.slow) for d, p in
+                               [(torch.bfloat16, True), (torch.float32, True), (torch.bfloat16, False)])],
 )  # fmt: skip
 def test_sampling_kernels_draw_the_references_ids(dtype, penalty):
     b, v = 6, 96

@@ -90,6 +90,7 @@ def test_auto_loads_the_engine_and_the_codec_in_the_rules_dtype(ckpt, tmp_path):
     assert next(load_codec(codec_path, dtype="float32").parameters()).dtype == torch.float32
 
 
+@pytest.mark.slow  # ~6 s
 def test_info_reports_autos_choice_and_its_reason(ckpt):
     expected = auto_dtype("cpu")
     info = json.loads(

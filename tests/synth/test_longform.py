@@ -65,6 +65,7 @@ def tune(monkeypatch, actor: SynthActor, group: str, **changes) -> None:
     monkeypatch.setattr(actor.settings, group, replace(getattr(actor.settings, group), **changes))
 
 
+@pytest.mark.slow  # ~10 s
 def test_long_row_and_40_short_rows_share_the_slots(actor, demo_table):
     clip = next(p for p in demo_table.column(S.REF_AUDIO_PATH).to_pylist() if p)
     # the clip encoded once before, as for a speaker seen earlier in a run: the long row then

@@ -103,6 +103,7 @@ def segment_stretch_silencer(segment: int):
     return fault
 
 
+@pytest.mark.slow  # ~5 s
 def test_a_long_row_is_regenerated_from_its_silent_segment_on(actor, monkeypatch):
     tune(monkeypatch, actor, "long_form", segment_bytes=24)
     tune(monkeypatch, actor, "quality", max_silence_ratio=0.9)  # one segment's stretch of four: not the row
@@ -123,6 +124,7 @@ def test_a_long_row_is_regenerated_from_its_silent_segment_on(actor, monkeypatch
     assert after[2][1].request_id.endswith("#2~1") and after[3][1].request_id.endswith("#3~1")
 
 
+@pytest.mark.slow  # ~6 s
 def test_regeneration_stops_at_the_share_of_frames_it_may_take(actor, monkeypatch):
     tune(monkeypatch, actor, "long_form", segment_bytes=24)
     tune(monkeypatch, actor, "quality", max_silence_ratio=0.2, max_regenerated_share=0.5)

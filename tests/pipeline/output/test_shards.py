@@ -151,7 +151,7 @@ def _steps(tmp_path, location: str = "") -> list[str]:
     return steps
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def store(request, tmp_path):
     """Where a test's output lives: a local folder, or a prefix in a bucket of the session's S3
     server (tests/object_store.py), where a shard is committed by its upload completing."""

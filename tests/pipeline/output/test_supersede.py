@@ -81,7 +81,9 @@ def on_disk(layout: OutputLayout) -> list[tuple]:
     return sorted(rows, key=lambda r: (r[0] or "", r[1] or "", r[3] or ""))
 
 
-@pytest.mark.parametrize("driver_drops", [None, 0], ids=["drops-grouped-here", "drops-grouped-by-ray"])
+@pytest.mark.parametrize(
+    "driver_drops", [pytest.param(None, marks=pytest.mark.slow), 0], ids=["drops-grouped-here", "drops-grouped-by-ray"]
+)
 def test_both_ways_leave_the_same_rows(ray_cluster, tmp_path, driver_drops):
     here = copies_output(tmp_path / "here")
     shutil.copytree(tmp_path / "here", tmp_path / "ray")
