@@ -99,6 +99,16 @@ def hashes(path, settings: str) -> dict:
     return dict(zip(decided.column(S.ID).to_pylist(), decided.column(S.CONTENT_HASH).to_pylist()))
 
 
+def random_codes(sizes, frames: int, seed: int, batch=None):
+    """Codes [C, frames] (or [batch, C, frames], the same rows repeated) drawn within each
+    codebook's size."""
+    import numpy as np
+
+    generator = np.random.default_rng(seed)
+    codes = np.stack([generator.integers(0, size, size=frames) for size in sizes]).astype(np.int64)
+    return codes if batch is None else np.stack([codes] * batch)
+
+
 def ok_row(row_id: str, seconds: float = 0.25, rate: int = 44100) -> dict:
     """An ok output row of `seconds` of FLAC audio, as an actor writes it."""
     import io

@@ -3,11 +3,12 @@ slots that fit in the memory the device has left (as vLLM sizes its KV cache fro
 gpu_memory_utilization).
 
 A slot costs its K/V (slow: 2 x layers x max_tokens x kv heads x head_dim, at one byte an element
-with engine.kv_dtype=fp8; fast: one frame of the fast stack's) plus an allowance for the activations a row can add to a step: a prefill chunk
-of `prefill_chunk` columns through one block (the SwiGLU's two wide products, the residual
-stream, q/k/v) and a decode step's float32 logits. The budget is the share of the device's
-whole memory the engine may fill, less everything already on it (the weights, the codec, other
-processes), so whatever was loaded first is counted."""
+with engine.kv_dtype=fp8; fast: one frame of the fast stack's) plus an allowance for the
+activations a row can add to a step: a prefill chunk of `prefill_chunk` columns through one
+block (the SwiGLU's two wide products, the residual stream, q/k/v) and a decode step's float32
+logits. The budget is the share of the device's whole memory the engine may fill, less
+everything already on it (the weights, the codec, other processes), so whatever was loaded
+first is counted."""
 
 from __future__ import annotations
 

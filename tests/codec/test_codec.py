@@ -27,7 +27,7 @@ from actors.codec import (
 )
 from actors.codec.model import _length_groups
 from actors.codec.tiny import make_tiny, random_codec, random_state_dict
-from helpers import REPO, VECTORS
+from helpers import REPO, VECTORS, random_codes
 
 TINY = VECTORS / "codec-tiny"
 
@@ -40,24 +40,7 @@ ATOL = 1e-4
 SAME_MODEL_ATOL = 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The vectors were made with one thread; it also keeps runs steady on a
-    # shared 2-core machine.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module", params=["torch", "kernels"])
-def codec(request) -> Codec:
-    """The tiny codec twice: torch's layers alone, and its narrow layers through chorus's C++
-    kernel (actors/codec/kernels.py), as the pipeline runs it on CPU."""
-    loaded = load_codec(TINY)
-    if request.param == "kernels":
-        assert loaded.use_native_layers() > 0, "the codec's C++ kernel did not build"
-    return loaded
+pytestmark = pytest.mark.usefixtures("one_thread")  # every test here (conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -116,13 +99,6 @@ def assert_close(actual, expected, atol=ATOL, what=""):
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     worst = float(np.max(np.abs(actual - expected))) if actual.size else 0.0
     assert worst <= atol, f"{what}: max |diff| {worst:.3g} > {atol:g}"
-
-
-def random_codes(sizes, frames, seed, batch=None):
-    generator = np.random.default_rng(seed)
-    rows = [generator.integers(0, size, size=frames) for size in sizes]
-    codes = np.stack(rows).astype(np.int64)
-    return codes if batch is None else np.stack([codes] * batch)
 
 
 # ---------------------------------------------------------------- vectors

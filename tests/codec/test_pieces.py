@@ -1,5 +1,5 @@
 """A row longer than one decode call may hold is decoded in pieces (actors/codec/pieces.py): the
-decoder's reach, counted from its layers, covers what a change really moves; the pieces' audio
+decoder's reach, counted from its layers (the `codec` fixture: conftest.py), covers what a change really moves; the pieces' audio
 is the whole row's; no decoder call holds more than the cap (or twice the reach, when the cap is
 smaller than that)."""
 
@@ -9,30 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from actors.codec import Codec, load_codec
+from actors.codec import Codec
 from actors.codec.pieces import receptive_steps
-from helpers import VECTORS
+from helpers import VECTORS, random_codes
 
 TINY = VECTORS / "codec-tiny"
 SAME_MODEL_ATOL = 1e-5  # as test_codec.py: the same model run two ways, summation order aside
 
 pytestmark = pytest.mark.skipif(not (TINY / "codec.pth").is_file(), reason=f"codec vectors not found at {TINY}")
-
-
-@pytest.fixture(scope="module", params=["torch", "kernels"])
-def codec(request) -> Codec:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    loaded = load_codec(TINY)
-    if request.param == "kernels":
-        assert loaded.use_native_layers() > 0, "the codec's C++ kernel did not build"
-    yield loaded
-    torch.set_num_threads(previous)
-
-
-def random_codes(codec: Codec, frames: int, seed: int) -> np.ndarray:
-    generator = np.random.default_rng(seed)
-    return np.stack([generator.integers(0, size, size=frames) for size in codec.codebook_sizes]).astype(np.int64)
 
 
 @torch.inference_mode()
@@ -55,7 +39,7 @@ def test_the_counted_reach_covers_what_a_change_moves(codec):
 
 @pytest.mark.parametrize("cap_frames", [3, 37])
 def test_a_long_row_in_pieces_is_the_whole_rows_audio(codec, cap_frames, monkeypatch):
-    rows = [random_codes(codec, 90, seed=1), random_codes(codec, 2, seed=2), random_codes(codec, 41, seed=3)]
+    rows = [random_codes(codec.codebook_sizes, frames, seed=seed) for frames, seed in ((90, 1), (2, 2), (41, 3))]
     whole = codec.decode_batch(rows, max_padding=None)  # the default cap holds each row at once
     widths = []
     decoder_forward = codec.decoder.forward
