@@ -51,7 +51,7 @@ def test_a_first_lease_write_answered_500_after_it_took_effect_is_this_drivers_o
     "rules, kind, said",
     [
         # faults on the probe's creates: retried, and the store's real answers decide
-        ([Rule(AMBIGUOUS, PROBE, method="PUT", times=1), Rule(SLOWDOWN, PROBE, times=2)], "exact-object", None),
+        ([Rule(AMBIGUOUS, PROBE, method="PUT", times=1), Rule(SLOWDOWN, PROBE, times=4)], "exact-object", None),
         ([Rule(NOT_IMPLEMENTED, PROBE, method="PUT", times=None)], "read-back", "does not implement conditional"),
         ([Rule(UNCONDITIONAL, PROBE, method="PUT", times=None)], "read-back", "accepted a second create"),
     ],
