@@ -189,7 +189,9 @@ class DeviceDecode:
         self.graphs = DecodeGraphs(device) if use_graphs else None
 
     def _eager(self, codes: Tensor) -> Tensor:
-        latent = self.codec.quantizer.decode(codes)
+        return self._decoder(self.codec.quantizer.decode(codes))
+
+    def _decoder(self, latent: Tensor) -> Tensor:
         return self.fused(latent) if self.fused is not None else self.codec.decoder(latent)
 
     def run(self, codes: Tensor) -> Tensor:
@@ -202,7 +204,7 @@ class DeviceDecode:
         """The decoder alone over a latent (a long row's piece, model.decode_long), uncaptured:
         each piece's shape comes once a row."""
         with self.lock:
-            return self.fused(latent) if self.fused is not None else self.codec.decoder(latent)
+            return self._decoder(latent)
 
     def warm_up(self, frames: int = 16, rows: int = 1) -> float:
         """Decode one batch of zeros, so what the first real call would pay -- Triton's compile
